@@ -1,0 +1,152 @@
+//! The job definition: what config files and the runtime API declare, as validated domain values.
+//!
+//! A [`JobSpec`] is stored as JSON in `chime_jobs.spec`; its serde form is the same as the config
+//! file form (durations as humantime strings such as "30s"), so a stored job reads like its file.
+
+use chrono::{DateTime, FixedOffset};
+use chrono_tz::Tz;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+use crate::schedule::{Schedule, ScheduleError};
+
+/// A validated job definition.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    /// Unique job name; also the handler name workers register.
+    pub name: String,
+    /// Executor group: the RabbitMQ queue its triggers go to.
+    pub group: String,
+    /// Cron expression (exclusive with `every` and `at`; none of the three = manual only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<String>,
+    /// Fixed rate, aligned to the Unix epoch ("30s" fires at :00 and :30).
+    #[serde(default, with = "opt_duration", skip_serializing_if = "Option::is_none")]
+    pub every: Option<Duration>,
+    /// One-shot instant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<DateTime<FixedOffset>>,
+    /// IANA time zone the cron expression is read in.
+    #[serde(default = "utc")]
+    pub timezone: Tz,
+    /// JSON parameters handed to the handler.
+    #[serde(default)]
+    pub params: serde_json::Value,
+    /// Handler timeout.
+    #[serde(default, with = "opt_duration", skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Duration>,
+    /// What to do with fires missed while no leader could publish them.
+    #[serde(default)]
+    pub misfire: MisfirePolicy,
+    /// A fire published later than this after its instant counts as missed.
+    #[serde(default = "default_misfire_grace", with = "humantime_serde_compat")]
+    pub misfire_grace: Duration,
+    /// Missed fires older than this are skipped whatever the policy.
+    #[serde(default = "default_catchup_window", with = "humantime_serde_compat")]
+    pub catchup_window: Duration,
+    /// At most this many missed fires are run by `fire_all`.
+    #[serde(default = "default_max_catchup")]
+    pub max_catchup: u32,
+    /// Cluster-wide overlap policy.
+    #[serde(default)]
+    pub concurrency: ConcurrencyPolicy,
+    /// Whether the job starts paused.
+    #[serde(default)]
+    pub paused: bool,
+    /// Free text shown in listings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+/// Misfire (catch-up) policy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MisfirePolicy {
+    /// Record missed fires as skipped; resume with the next future fire.
+    Skip,
+    /// Run the latest missed fire once; record the others as skipped.
+    #[default]
+    FireOnce,
+    /// Run every missed fire inside the catch-up window, up to `max_catchup`.
+    FireAll,
+}
+
+/// Cluster-wide overlap policy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConcurrencyPolicy {
+    /// Runs may overlap.
+    #[default]
+    Allow,
+    /// Skip a fire while a run of the job is still going.
+    Forbid,
+    /// Start the new run after the current one.
+    Queue,
+    /// Cancel the running one and start the new one.
+    Replace,
+}
+
+impl JobSpec {
+    /// Builds the schedule this spec describes.
+    pub fn schedule(&self) -> Result<Schedule, ScheduleError> {
+        if let Some(expr) = &self.schedule {
+            Schedule::cron(expr, self.timezone)
+        } else if let Some(period) = self.every {
+            Schedule::every(period)
+        } else if let Some(at) = self.at {
+            Ok(Schedule::At(at.to_utc()))
+        } else {
+            Ok(Schedule::Manual)
+        }
+    }
+}
+
+fn utc() -> Tz {
+    Tz::UTC
+}
+fn default_misfire_grace() -> Duration {
+    Duration::from_secs(5)
+}
+fn default_catchup_window() -> Duration {
+    Duration::from_secs(3600)
+}
+fn default_max_catchup() -> u32 {
+    100
+}
+
+/// Serde for `Duration` as a humantime string ("30s", "5m").
+mod humantime_serde_compat {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        humantime::parse_duration(&text).map_err(|e| {
+            serde::de::Error::custom(format!(
+                "invalid duration {text:?}: {e}; write a number with a unit, such as \"30s\", \"5m\" or \"1h\""
+            ))
+        })
+    }
+}
+
+/// Serde for `Option<Duration>` as a humantime string.
+mod opt_duration {
+    use serde::{Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => super::humantime_serde_compat::serialize(d, s),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        super::humantime_serde_compat::deserialize(d).map(Some)
+    }
+}

@@ -1,0 +1,5 @@
+//! Chime scheduler: a leader-elected planner that turns job schedules into runs and publishes
+//! trigger messages to RabbitMQ. See ARCHITECTURE.md for the module map and invariants.
+
+pub mod job;
+pub mod schedule;

@@ -1,0 +1,131 @@
+//! The wire contract between the scheduler and workers: the trigger message and its headers.
+//!
+//! Only these types go on the wire. They are versioned (`v`) and documented in `docs/protocol.md`
+//! so that workers in other languages can join; change them only by adding optional fields or by
+//! bumping [`PROTOCOL_VERSION`].
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// Version of the trigger message format carried in [`Trigger::v`].
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// AMQP content type of a trigger message body.
+pub const CONTENT_TYPE: &str = "application/json";
+
+/// Header carrying the attempt number (1-based) of this delivery. The body carries the same value;
+/// the header lets operators see it in the RabbitMQ management UI and lets retry tiers rewrite it
+/// without re-encoding the body.
+pub const HEADER_ATTEMPT: &str = "x-chime-attempt";
+
+/// Header carrying the leader term that published the trigger (diagnostics only: RabbitMQ cannot
+/// check fencing tokens; the worker's claim in PostgreSQL is what makes duplicates harmless).
+pub const HEADER_TERM: &str = "x-chime-term";
+
+/// Header set on messages a worker dead-letters itself, saying why (for example "unknown job").
+pub const HEADER_DEAD_REASON: &str = "x-chime-dead-reason";
+
+/// Header naming the worker that dead-lettered a message.
+pub const HEADER_DEAD_BY: &str = "x-chime-dead-by";
+
+/// A trigger: "run attempt `attempt` of run `run_id` of job `job`, scheduled for `scheduled_at`".
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Trigger {
+    /// Protocol version, [`PROTOCOL_VERSION`].
+    pub v: u32,
+    /// Run id: the primary key of the run in PostgreSQL and the handler's idempotency key.
+    pub run_id: i64,
+    /// Job name, used to pick the handler.
+    pub job: String,
+    /// Executor group (queue) this trigger was published to.
+    pub group: String,
+    /// Attempt number, 1-based.
+    pub attempt: u32,
+    /// The instant the run was scheduled for (the manual trigger's request instant for manual runs).
+    pub scheduled_at: DateTime<Utc>,
+    /// Parameters handed to the handler.
+    #[serde(default)]
+    pub params: serde_json::Value,
+    /// Handler timeout in milliseconds, if the job has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+}
+
+impl Trigger {
+    /// Encodes the trigger as the JSON body of an AMQP message.
+    pub fn to_body(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a Trigger always serialises")
+    }
+
+    /// Decodes a message body, rejecting unknown protocol versions.
+    pub fn from_body(body: &[u8]) -> Result<Self, DecodeError> {
+        let trigger: Trigger = serde_json::from_slice(body).map_err(DecodeError::Json)?;
+        if trigger.v != PROTOCOL_VERSION {
+            return Err(DecodeError::Version(trigger.v));
+        }
+        if trigger.attempt == 0 {
+            return Err(DecodeError::Attempt);
+        }
+        Ok(trigger)
+    }
+}
+
+/// Why a message body is not a trigger this worker understands.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// The body is not JSON or lacks a required field.
+    #[error("message body is not a Chime trigger: {0}")]
+    Json(#[source] serde_json::Error),
+    /// The protocol version is not one this SDK speaks.
+    #[error("unsupported trigger protocol version {0} (this worker speaks {PROTOCOL_VERSION})")]
+    Version(u32),
+    /// Attempt numbers start at 1.
+    #[error("trigger attempt must be at least 1")]
+    Attempt,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn trigger() -> Trigger {
+        Trigger {
+            v: PROTOCOL_VERSION,
+            run_id: 42,
+            job: "close-unpaid-orders".into(),
+            group: "orders".into(),
+            attempt: 1,
+            scheduled_at: "2026-12-01T00:00:00Z".parse().unwrap(),
+            params: serde_json::json!({"batch": 500}),
+            timeout_ms: Some(300_000),
+        }
+    }
+
+    #[test]
+    fn round_trips_through_the_body() {
+        let t = trigger();
+        assert_eq!(Trigger::from_body(&t.to_body()).unwrap(), t);
+    }
+
+    #[test]
+    fn rejects_malformed_json_naming_the_problem() {
+        let err = Trigger::from_body(b"{not json").unwrap_err();
+        assert!(err.to_string().starts_with("message body is not a Chime trigger"), "{err}");
+    }
+
+    #[test]
+    fn rejects_a_future_protocol_version() {
+        let mut t = trigger();
+        t.v = 2;
+        let err = Trigger::from_body(&t.to_body()).unwrap_err();
+        assert_eq!(err.to_string(), "unsupported trigger protocol version 2 (this worker speaks 1)");
+    }
+
+    #[test]
+    fn rejects_attempt_zero() {
+        let mut t = trigger();
+        t.attempt = 0;
+        assert!(matches!(Trigger::from_body(&t.to_body()), Err(DecodeError::Attempt)));
+    }
+}
