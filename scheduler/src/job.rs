@@ -22,7 +22,11 @@ pub struct JobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule: Option<String>,
     /// Fixed rate, aligned to the Unix epoch ("30s" fires at :00 and :30).
-    #[serde(default, with = "opt_duration", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        with = "opt_duration",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub every: Option<Duration>,
     /// One-shot instant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -34,7 +38,11 @@ pub struct JobSpec {
     #[serde(default)]
     pub params: serde_json::Value,
     /// Handler timeout.
-    #[serde(default, with = "opt_duration", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        with = "opt_duration",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub timeout: Option<Duration>,
     /// What to do with fires missed while no leader could publish them.
     #[serde(default)]

@@ -3,3 +3,12 @@
 
 pub mod job;
 pub mod schedule;
+pub mod misfire;
+pub mod leader;
+pub mod publish;
+pub mod store;
+pub mod config;
+pub mod check;
+pub mod planner;
+pub mod service;
+pub mod cli;

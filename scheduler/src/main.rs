@@ -1,1 +1,117 @@
-fn main(){}
+//! `chime`: parse arguments, load settings, set up logging, dispatch to the command.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use chime_scheduler::cli::{Cli, Command};
+use chime_scheduler::config::Settings;
+use chime_scheduler::leader::LeaseTimings;
+use chime_scheduler::planner::PlannerTimings;
+use chime_scheduler::service::{self, JobLoader, ServiceConfig};
+use chime_scheduler::store::Store;
+use clap::Parser as _;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio_util::sync::CancellationToken;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    match run(cli).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    if let Command::Check { files } = &cli.command {
+        let mut out = std::io::stdout().lock();
+        let ok = chime_scheduler::check::check(files, chrono::Utc::now(), &mut out)?;
+        out.flush()?;
+        return Ok(if ok {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
+    }
+    let settings = Settings::load(cli.config.as_deref()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    match cli.command {
+        Command::Scheduler { jobs } => {
+            scheduler(settings, jobs).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Migrate => {
+            let store = Store::connect(&settings.database_url, 2).await?;
+            store.migrate().await?;
+            println!("database is up to date");
+            Ok(ExitCode::SUCCESS)
+        }
+        command => {
+            let store = Store::connect(&settings.database_url, 2).await?;
+            let mut out = std::io::stdout().lock();
+            chime_scheduler::cli::control(&store, cli.output, command, &mut out).await
+        }
+    }
+}
+
+async fn scheduler(settings: Settings, extra_jobs: Vec<PathBuf>) -> anyhow::Result<()> {
+    let config = ServiceConfig {
+        database_url: settings.database_url.clone(),
+        amqp_url: settings.amqp_url.clone(),
+        instance_id: settings.resolved_instance_id(),
+        queue_prefix: settings.queue_prefix.clone(),
+        lease: LeaseTimings {
+            ttl: settings.leader.lease_ttl,
+            renew_interval: settings.leader.renew_interval,
+            ..LeaseTimings::default()
+        },
+        planner: PlannerTimings {
+            lookahead: settings.planner.lookahead,
+            ..PlannerTimings::default()
+        },
+    };
+    let mut settings = settings;
+    settings.jobs.extend(extra_jobs);
+    let loader: JobLoader =
+        Arc::new(move || settings.load_jobs().map_err(|e| anyhow::anyhow!("{e}")));
+
+    let shutdown = CancellationToken::new();
+    let (reload_tx, reload_rx) = tokio::sync::mpsc::channel(4);
+    let mut hangup = signal(SignalKind::hangup())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = hangup.recv() => {
+                    tracing::info!("SIGHUP: reloading job files");
+                    let _ = reload_tx.send(()).await;
+                }
+                _ = terminate.recv() => break,
+                _ = tokio::signal::ctrl_c() => break,
+            }
+        }
+        stop.cancel();
+    });
+    service::run(config, loader, reload_rx, shutdown).await
+}
+
+/// Logs go to stderr; `RUST_LOG` filters (default `info`), `CHIME_LOG_FORMAT=json` switches to
+/// JSON lines.
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn,lapin=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if std::env::var("CHIME_LOG_FORMAT").is_ok_and(|f| f == "json") {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}

@@ -1,1 +1,8 @@
-//! x
+//! End-to-end tests of Chime against the real local PostgreSQL and RabbitMQ: schedulers, the
+//! broker and SDK workers together. One test binary; every test has its own database and queue
+//! prefix, so they run in parallel.
+
+mod common;
+mod fires;
+mod ha;
+mod outage;

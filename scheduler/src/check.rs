@@ -1,0 +1,197 @@
+//! `chime check`: validates job files and shows what each job will do (its group, schedule and
+//! next fire times in its own time zone), or every mistake found. Pure except for reading the
+//! files: the current instant is passed in, so the output is reproducible.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+
+use crate::config::{ConfigErrors, LoadedJob, expand_job_patterns, load_located_jobs};
+
+/// How many upcoming fires are listed per job.
+pub const UPCOMING_FIRES: usize = 5;
+
+/// Checks the job files (or patterns, see [`crate::config::expand_job_patterns`]) at `paths`
+/// and writes a report to `out`: each job with its next [`UPCOMING_FIRES`] fire times after
+/// `now`, or, if anything is wrong, every mistake, one per line. Returns whether all files are
+/// valid; the caller exits non-zero when they are not. Errors only when `out` fails.
+pub fn check(paths: &[PathBuf], now: DateTime<Utc>, out: &mut dyn Write) -> anyhow::Result<bool> {
+    let loaded = expand_job_patterns(paths)
+        .and_then(|files| load_located_jobs(&files).map(|jobs| (files.len(), jobs)));
+    match loaded {
+        Ok((files, jobs)) => {
+            for job in &jobs {
+                write_job(out, job, now)?;
+                writeln!(out)?;
+            }
+            writeln!(
+                out,
+                "OK: {} in {}",
+                plural(jobs.len(), "job"),
+                plural(files, "file")
+            )?;
+            Ok(true)
+        }
+        Err(ConfigErrors(errors)) => {
+            for error in &errors {
+                writeln!(out, "{error}")?;
+            }
+            writeln!(out, "FAILED: {}", plural(errors.len(), "error"))?;
+            Ok(false)
+        }
+    }
+}
+
+fn write_job(out: &mut dyn Write, job: &LoadedJob, now: DateTime<Utc>) -> std::io::Result<()> {
+    let spec = &job.spec;
+    writeln!(out, "job {:?} ({})", spec.name, job.origin)?;
+    writeln!(out, "  group:      {}", spec.group)?;
+    if spec.paused {
+        writeln!(
+            out,
+            "  paused:     yes; fires start once the job is resumed"
+        )?;
+    }
+    let schedule = match spec.schedule() {
+        Ok(schedule) => schedule,
+        // Loading validated the schedule; keep going rather than panic if that ever changes.
+        Err(e) => return writeln!(out, "  schedule:   {e}"),
+    };
+    writeln!(out, "  schedule:   {}", schedule.describe())?;
+    let fires = schedule.upcoming(now, UPCOMING_FIRES);
+    if fires.is_empty() {
+        let why = match (&spec.schedule, spec.every, spec.at) {
+            (None, None, None) => "manual only: runs when triggered",
+            (None, None, Some(_)) => "its one-shot instant has passed",
+            _ => "the schedule never fires again",
+        };
+        return writeln!(out, "  next fires: none ({why})");
+    }
+    for (i, fire) in fires.iter().enumerate() {
+        let label = if i == 0 { "next fires:" } else { "" };
+        let local = fire
+            .with_timezone(&spec.timezone)
+            .to_rfc3339_opts(SecondsFormat::AutoSi, false);
+        writeln!(out, "  {label:<11} {local} {}", spec.timezone.name())?;
+    }
+    Ok(())
+}
+
+/// "1 job", "2 jobs".
+fn plural(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn fixture(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(name)
+    }
+
+    fn run(paths: &[PathBuf], now: &str) -> (bool, String) {
+        let now = DateTime::parse_from_rfc3339(now).unwrap().to_utc();
+        let mut out = Vec::new();
+        let ok = check(paths, now, &mut out).unwrap();
+        (ok, String::from_utf8(out).unwrap())
+    }
+
+    #[test]
+    fn good_file_lists_each_job_with_its_next_fires_in_its_zone() {
+        let path = fixture("good.toml");
+        let (ok, out) = run(std::slice::from_ref(&path), "2026-03-26T12:00:00Z");
+        let file = path.display();
+        // Berlin moves to summer time on 2026-03-29: the offset changes between fires.
+        let want = format!(
+            r#"job "close-unpaid-orders" ({file})
+  group:      orders
+  schedule:   cron "0 */2 * * * *" (Asia/Shanghai)
+  next fires: 2026-03-26T20:02:00+08:00 Asia/Shanghai
+              2026-03-26T20:04:00+08:00 Asia/Shanghai
+              2026-03-26T20:06:00+08:00 Asia/Shanghai
+              2026-03-26T20:08:00+08:00 Asia/Shanghai
+              2026-03-26T20:10:00+08:00 Asia/Shanghai
+
+job "weekday-report" ({file})
+  group:      reports
+  schedule:   cron "30 9 * * MON-FRI" (Europe/Berlin)
+  next fires: 2026-03-27T09:30:00+01:00 Europe/Berlin
+              2026-03-30T09:30:00+02:00 Europe/Berlin
+              2026-03-31T09:30:00+02:00 Europe/Berlin
+              2026-04-01T09:30:00+02:00 Europe/Berlin
+              2026-04-02T09:30:00+02:00 Europe/Berlin
+
+job "heartbeat" ({file})
+  group:      ops
+  schedule:   every 30s
+  next fires: 2026-03-26T12:00:30+00:00 UTC
+              2026-03-26T12:01:00+00:00 UTC
+              2026-03-26T12:01:30+00:00 UTC
+              2026-03-26T12:02:00+00:00 UTC
+              2026-03-26T12:02:30+00:00 UTC
+
+job "new-year-banner" ({file})
+  group:      web
+  paused:     yes; fires start once the job is resumed
+  schedule:   at 2026-12-31T16:00:00Z
+  next fires: 2026-12-31T16:00:00+00:00 UTC
+
+job "rebuild-search-index" ({file})
+  group:      search
+  schedule:   manual
+  next fires: none (manual only: runs when triggered)
+
+OK: 5 jobs in 1 file
+"#
+        );
+        assert_eq!(out, want);
+        assert!(ok);
+    }
+
+    #[test]
+    fn a_one_shot_in_the_past_has_no_next_fire() {
+        let (ok, out) = run(&[fixture("good.toml")], "2027-06-01T00:00:00Z");
+        assert!(ok);
+        assert!(
+            out.contains(
+                "  schedule:   at 2026-12-31T16:00:00Z\n  next fires: none (its one-shot instant has passed)\n"
+            ),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn broken_file_prints_every_mistake_and_fails() {
+        let path = fixture("broken.toml");
+        let (ok, out) = run(std::slice::from_ref(&path), "2026-03-26T12:00:00Z");
+        let file = path.display();
+        let want = format!(
+            r#"{file}: job "close-unpaid-orders": field "timezone" = "Europe/Berln": unknown time zone; use an IANA name such as "Europe/Berlin"
+{file}: job "send-reminders": field "shedule" = "0 9 * * *": unknown field; did you mean "schedule"?
+{file}: job #3: field "name": missing; every job needs a unique name, such as "close-unpaid-orders"
+{file}: job "nightly-export": field "timeout" = "5 minutes please": invalid duration (expected a number at "please"); write a number with a unit, such as "30s", "5m" or "1h30m"
+{file}: job "nightly-export": field "misfire" = "sometimes": unknown value; use "skip", "fire_once" or "fire_all"
+{file}: job "close-unpaid-orders": field "name" = "close-unpaid-orders": duplicate job name, first defined in job #1 of this file; job names must be unique across all job files, so rename one of them
+FAILED: 6 errors
+"#
+        );
+        assert_eq!(out, want);
+        assert!(!ok);
+    }
+
+    #[test]
+    fn patterns_are_expanded() {
+        let (ok, out) = run(&[fixture("jobs.d/*")], "2026-03-26T12:00:00Z");
+        assert!(ok, "{out}");
+        assert!(out.ends_with("OK: 2 jobs in 2 files\n"), "{out}");
+    }
+}

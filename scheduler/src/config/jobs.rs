@@ -1,0 +1,849 @@
+//! Job files: TOML or YAML holding a top-level `jobs` list, validated field by field into
+//! [`JobSpec`]s, with every mistake of every file reported, not just the first.
+//!
+//! `config` parses the file into a generic value tree; each job table is then converted to JSON
+//! (the form a [`JobSpec`] is stored and sent in) and checked by [`validate_job`], which knows
+//! nothing about files, so the runtime API can give the same messages for a job sent as JSON.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use chrono::{DateTime, NaiveDate, NaiveDateTime};
+use chrono_tz::Tz;
+use serde_json::{Map, Value};
+
+use super::suggest::closest;
+use super::{ConfigError, ConfigErrors, FieldError, JobRef, render, render_config, to_json};
+use crate::job::JobSpec;
+use crate::schedule::{Schedule, ScheduleError};
+
+/// Every field a job table may have, in the order messages and docs list them. A test keeps
+/// this in step with [`JobSpec`]'s serde form.
+pub const JOB_FIELDS: &[&str] = &[
+    "name",
+    "group",
+    "schedule",
+    "every",
+    "at",
+    "timezone",
+    "params",
+    "timeout",
+    "misfire",
+    "misfire_grace",
+    "catchup_window",
+    "max_catchup",
+    "concurrency",
+    "paused",
+    "description",
+];
+
+/// Allowed values of `misfire`, as `MisfirePolicy` spells them.
+const MISFIRE_VALUES: &[&str] = &["skip", "fire_once", "fire_all"];
+/// Allowed values of `concurrency`, as `ConcurrencyPolicy` spells them.
+const CONCURRENCY_VALUES: &[&str] = &["allow", "forbid", "queue", "replace"];
+/// Longest job or group name: group names become part of RabbitMQ queue names (255 bytes at
+/// most) next to a prefix and a suffix, and short names read well in the dashboard.
+const MAX_IDENTIFIER_LEN: usize = 63;
+
+/// The syntax of a settings or job file, chosen by its extension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceFormat {
+    /// `.toml`
+    Toml,
+    /// `.yaml` or `.yml`
+    Yaml,
+}
+
+impl SourceFormat {
+    /// The format a file's extension names, or `None` for any other extension.
+    pub fn from_path(path: &Path) -> Option<SourceFormat> {
+        match path.extension()?.to_str()? {
+            "toml" => Some(SourceFormat::Toml),
+            "yaml" | "yml" => Some(SourceFormat::Yaml),
+            _ => None,
+        }
+    }
+
+    /// Parses `text` into `config`'s value tree; a syntax error becomes one line.
+    pub(super) fn parse(
+        self,
+        origin: &str,
+        text: &str,
+    ) -> Result<config::Map<String, config::Value>, ConfigError> {
+        use config::Format;
+        let uri = origin.to_owned();
+        match self {
+            SourceFormat::Toml => config::FileFormat::Toml
+                .parse(Some(&uri), text)
+                .map_err(|e| {
+                    ConfigError::at(
+                        origin,
+                        format!("not valid TOML: {}", one_line(&e.to_string())),
+                    )
+                }),
+            SourceFormat::Yaml => config::FileFormat::Yaml
+                .parse(Some(&uri), text)
+                .map_err(|e| {
+                    let mut message = format!("not valid YAML: {}", one_line(&e.to_string()));
+                    // Cron expressions start with `*` or `@`, which YAML reserves for aliases and
+                    // future use: the most common YAML mistake in a job file.
+                    if message.contains("alias")
+                        || message.contains("anchor")
+                        || message.contains("cannot start any token")
+                    {
+                        message.push_str(
+                            "; quote values that start with \"*\", \"@\", \"&\" or \"!\", \
+                             such as schedule: \"*/5 * * * *\"",
+                        );
+                    }
+                    ConfigError::at(origin, message)
+                }),
+        }
+    }
+}
+
+/// Squeezes a parser's multi-line message (TOML errors quote the offending line and point at it
+/// with a caret) into one line: the position, then the explanation.
+fn one_line(message: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for line in message.lines() {
+        let trimmed = line.trim();
+        let is_snippet = trimmed.is_empty()
+            || trimmed.starts_with('|')
+            || trimmed
+                .split_once(" |")
+                .is_some_and(|(number, _)| number.chars().all(|c| c.is_ascii_digit()));
+        if !is_snippet {
+            parts.push(trimmed.trim_end_matches([':', ' ']));
+        }
+    }
+    parts.join(": ")
+}
+
+/// A job read from a file, with where it was read from.
+pub(crate) struct LoadedJob {
+    /// The file, as given.
+    pub(crate) origin: String,
+    /// The validated job.
+    pub(crate) spec: JobSpec,
+}
+
+/// Expands the `jobs` setting: a path without wildcards is kept as it is; a pattern (`*`, `?`,
+/// `[…]`, `**` for any depth of directories) becomes the TOML and YAML files it matches, in
+/// alphabetical order. A file named twice is kept once. A pattern that matches no job file is a
+/// mistake, so a typo in a directory name cannot silently load no jobs.
+pub fn expand_job_patterns(patterns: &[PathBuf]) -> Result<Vec<PathBuf>, ConfigErrors> {
+    let mut errors = Vec::new();
+    let mut paths = Vec::new();
+    for pattern in patterns {
+        let text = pattern.to_string_lossy();
+        if !text.contains(['*', '?', '[']) {
+            paths.push(pattern.clone());
+            continue;
+        }
+        let entries = match glob::glob(&text) {
+            Ok(entries) => entries,
+            Err(e) => {
+                errors.push(ConfigError::at(
+                    text,
+                    format!(
+                        "invalid file pattern: {} at character {}; use * and ? as wildcards, \
+                         such as \"jobs.d/*.toml\"",
+                        e.msg,
+                        e.pos + 1
+                    ),
+                ));
+                continue;
+            }
+        };
+        let before = paths.len();
+        for entry in entries {
+            match entry {
+                Ok(path) if path.is_file() && SourceFormat::from_path(&path).is_some() => {
+                    paths.push(path);
+                }
+                Ok(_) => {}
+                Err(e) => errors.push(ConfigError::at(
+                    e.path().display().to_string(),
+                    format!("cannot read: {}", e.error()),
+                )),
+            }
+        }
+        if paths.len() == before {
+            errors.push(ConfigError::at(
+                text,
+                "no .toml, .yaml or .yml file matches this pattern; check the path (relative \
+                 paths in a settings file are read from that file's directory)",
+            ));
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    paths.retain(|path| seen.insert(path.canonicalize().unwrap_or_else(|_| path.clone())));
+    if errors.is_empty() {
+        Ok(paths)
+    } else {
+        Err(ConfigErrors(errors))
+    }
+}
+
+/// Reads and validates job files (no wildcards; see [`expand_job_patterns`]). Job names must be
+/// unique across all of them. Returns every job, or every mistake.
+pub fn load_job_files(paths: &[PathBuf]) -> Result<Vec<JobSpec>, ConfigErrors> {
+    load_located_jobs(paths).map(|jobs| jobs.into_iter().map(|job| job.spec).collect())
+}
+
+/// [`load_job_files`], keeping which file each job came from.
+pub(crate) fn load_located_jobs(paths: &[PathBuf]) -> Result<Vec<LoadedJob>, ConfigErrors> {
+    let mut reader = Reader::default();
+    for path in paths {
+        let origin = path.display().to_string();
+        let Some(format) = SourceFormat::from_path(path) else {
+            reader.errors.push(ConfigError::at(
+                origin,
+                "unsupported file type; job files end in .toml, .yaml or .yml",
+            ));
+            continue;
+        };
+        match std::fs::read_to_string(path) {
+            Ok(text) => reader.read(&origin, &text, format),
+            Err(e) => reader
+                .errors
+                .push(ConfigError::at(origin, format!("cannot read: {e}"))),
+        }
+    }
+    reader.finish()
+}
+
+/// Validates the text of one job file; `origin` names it in messages. Pure: reads no file.
+pub fn parse_job_file(
+    origin: &str,
+    text: &str,
+    format: SourceFormat,
+) -> Result<Vec<JobSpec>, ConfigErrors> {
+    let mut reader = Reader::default();
+    reader.read(origin, text, format);
+    reader
+        .finish()
+        .map(|jobs| jobs.into_iter().map(|job| job.spec).collect())
+}
+
+/// Accumulates jobs and mistakes over several files.
+#[derive(Default)]
+struct Reader {
+    jobs: Vec<LoadedJob>,
+    errors: Vec<ConfigError>,
+    /// Job name → (file, position) of its first definition.
+    names: HashMap<String, (String, usize)>,
+}
+
+impl Reader {
+    fn read(&mut self, origin: &str, text: &str, format: SourceFormat) {
+        let root = match format.parse(origin, text) {
+            Ok(root) => root,
+            Err(e) => {
+                self.errors.push(e);
+                return;
+            }
+        };
+        let mut keys: Vec<&String> = root.keys().filter(|key| *key != "jobs").collect();
+        keys.sort();
+        for key in keys {
+            let message = if super::SETTINGS_KEYS
+                .iter()
+                .any(|setting| setting.split('.').next() == Some(key.as_str()))
+            {
+                "unknown key; a job file holds only a \"jobs\" list (this looks like a setting: \
+                 it belongs in the settings file)"
+                    .to_owned()
+            } else if let Some(near) = closest(key, ["jobs"]) {
+                format!("unknown key; did you mean {near:?}?")
+            } else {
+                "unknown key; a job file holds only a \"jobs\" list".to_owned()
+            };
+            self.errors.push(ConfigError::key(
+                origin,
+                key.as_str(),
+                Some(render_config(&root[key])),
+                message,
+            ));
+        }
+        let items = match root.get("jobs").map(|jobs| &jobs.kind) {
+            None | Some(config::ValueKind::Nil) => return,
+            Some(config::ValueKind::Array(items)) => items,
+            Some(_) => {
+                self.errors.push(ConfigError::key(
+                    origin,
+                    "jobs",
+                    Some(render_config(&root["jobs"])),
+                    "expected a list of job tables: [[jobs]] sections in TOML, \
+                     \"- name: …\" items under \"jobs:\" in YAML",
+                ));
+                return;
+            }
+        };
+        for (i, item) in items.iter().enumerate() {
+            self.read_job(origin, i + 1, item);
+        }
+    }
+
+    fn read_job(&mut self, origin: &str, index: usize, item: &config::Value) {
+        let mut not_json = Vec::new();
+        let json = to_json(item, "", &mut not_json);
+        let Value::Object(table) = json else {
+            self.errors.push(ConfigError {
+                origin: origin.to_owned(),
+                job: Some(JobRef::Index(index)),
+                key: None,
+                value: Some(render_config(item)),
+                message: "expected a table of job fields, such as name, group and schedule"
+                    .to_owned(),
+            });
+            return;
+        };
+        let job = match table.get("name") {
+            Some(Value::String(name)) if !name.is_empty() => JobRef::Name(name.clone()),
+            _ => JobRef::Index(index),
+        };
+        let before = self.errors.len();
+        for bad in not_json {
+            self.errors.push(ConfigError::in_job(
+                origin,
+                &job,
+                FieldError::new(&bad.path, Some(bad.value), bad.message),
+            ));
+        }
+        let result = validate_job(&table);
+        if let Err(field_errors) = &result {
+            self.errors.extend(
+                field_errors
+                    .iter()
+                    .cloned()
+                    .map(|e| ConfigError::in_job(origin, &job, e)),
+            );
+        }
+        if let Some(Value::String(name)) = table.get("name")
+            && identifier_problem(name).is_none()
+        {
+            match self.names.get(name) {
+                Some((first_origin, first_index)) => {
+                    let place = if first_origin == origin {
+                        format!("job #{first_index} of this file")
+                    } else {
+                        format!("{first_origin} (job #{first_index})")
+                    };
+                    self.errors.push(ConfigError::in_job(
+                        origin,
+                        &job,
+                        FieldError::new(
+                            "name",
+                            Some(render(&Value::String(name.clone()))),
+                            format!(
+                                "duplicate job name, first defined in {place}; job names must \
+                                 be unique across all job files, so rename one of them"
+                            ),
+                        ),
+                    ));
+                }
+                None => {
+                    self.names.insert(name.clone(), (origin.to_owned(), index));
+                }
+            }
+        }
+        if let Ok(spec) = result
+            && self.errors.len() == before
+        {
+            self.jobs.push(LoadedJob {
+                origin: origin.to_owned(),
+                spec,
+            });
+        }
+    }
+
+    fn finish(self) -> Result<Vec<LoadedJob>, ConfigErrors> {
+        if self.errors.is_empty() {
+            Ok(self.jobs)
+        } else {
+            Err(ConfigErrors(self.errors))
+        }
+    }
+}
+
+/// Validates one job given as a JSON object (a job table of a file, or an API request body) and
+/// builds its [`JobSpec`]; returns every mistake, each naming the field, the value and the fix.
+/// A `null` field counts as absent.
+pub fn validate_job(table: &Map<String, Value>) -> Result<JobSpec, Vec<FieldError>> {
+    let mut check = Check {
+        table,
+        errors: Vec::new(),
+        clean: Map::new(),
+    };
+    check.unknown_fields();
+
+    check.identifier("name", IdentifierKind::Name);
+    check.identifier("group", IdentifierKind::Group);
+
+    let timezone = check.timezone();
+    let kinds: Vec<&str> = ["schedule", "every", "at"]
+        .into_iter()
+        .filter(|field| check.get(field).is_some())
+        .collect();
+    if kinds.len() > 1 {
+        check.errors.push(FieldError {
+            field: None,
+            value: None,
+            message: format!(
+                "{} are {} set, but a job has at most one of \"schedule\", \"every\" and \
+                 \"at\"; keep one, or none for a job that runs only when triggered",
+                quoted_list(&kinds, "and"),
+                if kinds.len() == 2 { "both" } else { "all" }
+            ),
+        });
+    }
+    if let Some(expr) = check.string("schedule") {
+        // Cron syntax does not depend on the zone: check it even when the zone is wrong, so
+        // both mistakes are reported at once.
+        match Schedule::cron(expr, timezone.unwrap_or(Tz::UTC)) {
+            Ok(_) => check.keep("schedule"),
+            Err(ScheduleError::Cron { reason, .. }) => {
+                check.fail("schedule", format!("invalid cron expression: {reason}"));
+            }
+            Err(other) => check.fail("schedule", other.to_string()),
+        }
+    }
+    if let Some(period) = check.duration("every")
+        && period < Duration::from_millis(1)
+    {
+        check.fail(
+            "every",
+            "the period must be at least 1ms; use a duration such as \"30s\" or \"5m\"",
+        );
+    }
+    check.at();
+    check.params();
+    if let Some(timeout) = check.duration("timeout")
+        && timeout.is_zero()
+    {
+        check.fail(
+            "timeout",
+            "a timeout must be longer than 0s; remove the field for no timeout",
+        );
+    }
+    let misfire = check.one_of("misfire", MISFIRE_VALUES);
+    check.duration("misfire_grace");
+    check.duration("catchup_window");
+    if let Some(max) = check.whole_number("max_catchup")
+        && max == 0
+        && misfire == Some("fire_all")
+    {
+        check.fail(
+            "max_catchup",
+            "with misfire = \"fire_all\" at least one missed fire must be allowed; set \
+             max_catchup to 1 or more, or use misfire = \"skip\"",
+        );
+    }
+    check.one_of("concurrency", CONCURRENCY_VALUES);
+    check.boolean("paused");
+    if check.string("description").is_some() {
+        check.keep("description");
+    }
+
+    if !check.errors.is_empty() {
+        return Err(check.errors);
+    }
+    serde_json::from_value(Value::Object(check.clean)).map_err(|e| {
+        // Unreachable unless JOB_FIELDS and the checks above lag behind JobSpec.
+        vec![FieldError {
+            field: None,
+            value: None,
+            message: format!("cannot build the job: {e}"),
+        }]
+    })
+}
+
+/// Field-by-field checks of one job table. Each checker records mistakes in `errors` and copies
+/// good values (normalised where useful) into `clean`, from which the `JobSpec` is built.
+struct Check<'a> {
+    table: &'a Map<String, Value>,
+    errors: Vec<FieldError>,
+    clean: Map<String, Value>,
+}
+
+#[derive(Clone, Copy)]
+enum IdentifierKind {
+    Name,
+    Group,
+}
+
+impl<'a> Check<'a> {
+    /// The field's value; `null` counts as absent.
+    fn get(&self, field: &str) -> Option<&'a Value> {
+        self.table.get(field).filter(|value| !value.is_null())
+    }
+
+    fn fail(&mut self, field: &str, message: impl Into<String>) {
+        let value = self.get(field).map(render);
+        self.errors.push(FieldError::new(field, value, message));
+    }
+
+    fn keep(&mut self, field: &str) {
+        if let Some(value) = self.get(field) {
+            self.clean.insert(field.to_owned(), value.clone());
+        }
+    }
+
+    fn unknown_fields(&mut self) {
+        let mut unknown: Vec<&String> = self
+            .table
+            .keys()
+            .filter(|key| !JOB_FIELDS.contains(&key.as_str()))
+            .collect();
+        unknown.sort();
+        for key in unknown {
+            let message = match closest(key, JOB_FIELDS.iter().copied()) {
+                Some(near) => format!("unknown field; did you mean {near:?}?"),
+                None if key == "<<" => "unknown field; YAML merge keys (\"<<\") are not \
+                                        supported, so write the shared fields out in each job"
+                    .to_owned(),
+                None => format!(
+                    "unknown field; remove it, or use one of the job fields: {}",
+                    JOB_FIELDS.join(", ")
+                ),
+            };
+            let value = Some(render(&self.table[key]));
+            self.errors.push(FieldError::new(key, value, message));
+        }
+    }
+
+    /// A string field; anything else is a mistake.
+    fn string(&mut self, field: &str) -> Option<&'a str> {
+        match self.get(field)? {
+            Value::String(text) => Some(text),
+            other => {
+                let message = match other {
+                    Value::Number(_) | Value::Bool(_) => {
+                        format!(
+                            "expected a string, found {}; quote it: \"{other}\"",
+                            kind(other)
+                        )
+                    }
+                    _ => format!("expected a string, found {}", kind(other)),
+                };
+                self.fail(field, message);
+                None
+            }
+        }
+    }
+
+    fn identifier(&mut self, field: &str, what: IdentifierKind) {
+        if self.get(field).is_none() {
+            let message = match what {
+                IdentifierKind::Name => {
+                    "missing; every job needs a unique name, such as \"close-unpaid-orders\""
+                }
+                IdentifierKind::Group => {
+                    "missing; name the executor group whose workers run this job, such as \
+                     \"orders\""
+                }
+            };
+            self.errors.push(FieldError::new(field, None, message));
+            return;
+        }
+        let Some(text) = self.string(field) else {
+            return;
+        };
+        match identifier_problem(text) {
+            None => self.keep(field),
+            Some(problem) => {
+                let why = match what {
+                    IdentifierKind::Name => "",
+                    IdentifierKind::Group => " (a group name is part of RabbitMQ queue names)",
+                };
+                let mut message = format!(
+                    "invalid {field}: {problem}{why}; use 1 to {MAX_IDENTIFIER_LEN} characters \
+                     from a-z, 0-9, \"_\", \".\" and \"-\", starting with a letter or digit"
+                );
+                let fixed = slug(text);
+                if !fixed.is_empty() {
+                    message.push_str(&format!(", such as {fixed:?}"));
+                }
+                self.fail(field, message);
+            }
+        }
+    }
+
+    fn timezone(&mut self) -> Option<Tz> {
+        let text = self.string("timezone")?;
+        match text.parse::<Tz>() {
+            Ok(tz) => {
+                self.keep("timezone");
+                Some(tz)
+            }
+            Err(_) => {
+                self.fail(
+                    "timezone",
+                    format!(
+                        "unknown time zone; use an IANA name such as {}",
+                        zone_suggestion(text)
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    /// A humantime duration string ("30s", "5m", "1h30m").
+    fn duration(&mut self, field: &str) -> Option<Duration> {
+        let value = self.get(field)?;
+        if let Value::Number(n) = value {
+            self.fail(
+                field,
+                format!("a duration needs a unit; write it as a string such as \"{n}s\""),
+            );
+            return None;
+        }
+        let text = self.string(field)?;
+        match humantime::parse_duration(text) {
+            Ok(duration) => {
+                self.keep(field);
+                Some(duration)
+            }
+            Err(e) => {
+                let reason = duration_problem(text, &e);
+                self.fail(
+                    field,
+                    format!(
+                        "invalid duration ({reason}); write a number with a unit, such as \
+                         \"30s\", \"5m\" or \"1h30m\""
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    fn at(&mut self) {
+        let Some(text) = self.string("at") else {
+            return;
+        };
+        match DateTime::parse_from_rfc3339(text) {
+            Ok(at) => {
+                self.clean
+                    .insert("at".to_owned(), Value::String(at.to_rfc3339()));
+            }
+            Err(_) => {
+                let trimmed = text.trim();
+                let message = if NaiveDateTime::parse_from_str(trimmed, "%Y-%m-%dT%H:%M:%S%.f")
+                    .or_else(|_| NaiveDateTime::parse_from_str(trimmed, "%Y-%m-%d %H:%M:%S%.f"))
+                    .is_ok()
+                {
+                    format!(
+                        "no UTC offset, so the instant is ambiguous; add one, such as \
+                         \"{trimmed}Z\" or \"{trimmed}+08:00\""
+                    )
+                } else if NaiveDate::parse_from_str(trimmed, "%Y-%m-%d").is_ok() {
+                    format!(
+                        "a date alone is not an instant; add a time and a UTC offset, such as \
+                         \"{trimmed}T00:00:00Z\""
+                    )
+                } else {
+                    "not an RFC 3339 instant; write a date, a time and a UTC offset, such as \
+                     \"2026-12-01T00:00:00+08:00\" or \"2026-12-01T00:00:00Z\""
+                        .to_owned()
+                };
+                self.fail("at", message);
+            }
+        }
+    }
+
+    fn params(&mut self) {
+        let Some(value) = self.get("params") else {
+            return;
+        };
+        if value.is_object() {
+            self.keep("params");
+            return;
+        }
+        let mut message = format!(
+            "params must be a table of named values (a JSON object), found {}",
+            kind(value)
+        );
+        if let Value::String(text) = value
+            && serde_json::from_str::<Map<String, Value>>(text).is_ok()
+        {
+            message.push_str(
+                "; this string holds JSON: write the table itself instead of quoting it, such \
+                 as params = { batch = 500 } in TOML or params: { batch: 500 } in YAML",
+            );
+        } else {
+            message.push_str(
+                "; wrap the value in a table, such as params = { batch = 500 } in TOML or \
+                 params: { batch: 500 } in YAML",
+            );
+        }
+        self.fail("params", message);
+    }
+
+    /// One of a fixed set of lowercase words.
+    fn one_of(&mut self, field: &str, allowed: &'static [&'static str]) -> Option<&'static str> {
+        let text = self.string(field)?;
+        if let Some(word) = allowed.iter().find(|word| **word == text) {
+            self.keep(field);
+            return Some(word);
+        }
+        let normalised = text.trim().to_lowercase().replace(['-', ' '], "_");
+        let near = allowed
+            .iter()
+            .copied()
+            .find(|word| *word == normalised)
+            .or_else(|| closest(&normalised, allowed.iter().copied()));
+        let choices = quoted_list(allowed, "or");
+        let message = match near {
+            Some(near) => format!("unknown value; did you mean {near:?}? (use {choices})"),
+            None => format!("unknown value; use {choices}"),
+        };
+        self.fail(field, message);
+        None
+    }
+
+    fn whole_number(&mut self, field: &str) -> Option<u32> {
+        let value = self.get(field)?;
+        match value.as_u64().and_then(|n| u32::try_from(n).ok()) {
+            Some(n) => {
+                self.keep(field);
+                Some(n)
+            }
+            None => {
+                self.fail(
+                    field,
+                    format!("expected a whole number from 0 to {}", u32::MAX),
+                );
+                None
+            }
+        }
+    }
+
+    fn boolean(&mut self, field: &str) {
+        match self.get(field) {
+            None => {}
+            Some(Value::Bool(_)) => self.keep(field),
+            Some(other) => {
+                let message = format!("expected true or false, found {}", kind(other));
+                self.fail(field, message);
+            }
+        }
+    }
+}
+
+/// What kind of value this is, for "expected …, found …" messages.
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "nothing",
+        Value::Bool(_) => "true/false",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "a table",
+    }
+}
+
+/// `"a", "b" and "c"` (or `or`, as `conjunction` says).
+fn quoted_list(words: &[&str], conjunction: &str) -> String {
+    let quoted: Vec<String> = words.iter().map(|word| format!("{word:?}")).collect();
+    match quoted.split_last() {
+        Some((last, rest)) if !rest.is_empty() => {
+            format!("{} {conjunction} {last}", rest.join(", "))
+        }
+        _ => quoted.join(""),
+    }
+}
+
+/// What is wrong with a job or group name (or queue prefix), or `None` if it is valid.
+pub(super) fn identifier_problem(text: &str) -> Option<String> {
+    let Some(first) = text.chars().next() else {
+        return Some("it is empty".to_owned());
+    };
+    let len = text.chars().count();
+    if len > MAX_IDENTIFIER_LEN {
+        return Some(format!("{len} characters is too long"));
+    }
+    let allowed = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || "_.-".contains(c);
+    if let Some(c) = text.chars().find(|c| !allowed(*c)) {
+        return Some(format!("{c:?} is not allowed"));
+    }
+    if !(first.is_ascii_lowercase() || first.is_ascii_digit()) {
+        return Some(format!("starts with {first:?}"));
+    }
+    None
+}
+
+/// A valid name derived from an invalid one ("Close Orders" → "close-orders"), possibly empty.
+fn slug(text: &str) -> String {
+    let mut out = String::new();
+    for c in text.chars().flat_map(char::to_lowercase) {
+        let c = if c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '.' | '-') {
+            c
+        } else {
+            '-'
+        };
+        if !(c == '-' && (out.is_empty() || out.ends_with('-'))) {
+            out.push(c);
+        }
+    }
+    let start = out
+        .find(|c: char| c.is_ascii_alphanumeric())
+        .unwrap_or(out.len());
+    let mut out: String = out[start..].chars().take(MAX_IDENTIFIER_LEN).collect();
+    while out.ends_with(['-', '_', '.']) {
+        out.pop();
+    }
+    out
+}
+
+/// The zone to suggest for an unknown one: the same name in its proper case, a zone whose name
+/// is a near miss, a well-known alias, or a plain example.
+fn zone_suggestion(text: &str) -> String {
+    let names = || chrono_tz::TZ_VARIANTS.iter().map(|tz| tz.name());
+    let lower = text.trim().to_lowercase();
+    let exact = names().find(|name| name.to_lowercase() == lower);
+    // Zones people expect to exist but the tz database names after another city.
+    let alias = match lower.as_str() {
+        "asia/beijing" | "beijing" | "china" => Some("Asia/Shanghai"),
+        "india" | "asia/mumbai" | "asia/delhi" | "asia/new_delhi" => Some("Asia/Kolkata"),
+        _ => None,
+    };
+    let near = || {
+        let lowered: Vec<(String, &'static str)> =
+            names().map(|name| (name.to_lowercase(), name)).collect();
+        closest(&lower, lowered.iter().map(|(low, _)| low.as_str())).and_then(|low| {
+            lowered
+                .iter()
+                .find(|(candidate, _)| candidate == low)
+                .map(|(_, name)| *name)
+        })
+    };
+    match exact.or(alias).or_else(near) {
+        Some(name) => format!("{name:?}"),
+        None => "\"Europe/Berlin\", \"America/New_York\" or \"UTC\"".to_owned(),
+    }
+}
+
+/// A short account of why humantime rejected a duration.
+pub(super) fn duration_problem(text: &str, error: &humantime::DurationError) -> String {
+    use humantime::DurationError as E;
+    let rest = |at: usize| text.get(at..).unwrap_or("").trim();
+    match error {
+        E::Empty => "empty".to_owned(),
+        E::UnknownUnit { unit, value, .. } if unit.is_empty() => format!("no unit after {value}"),
+        E::UnknownUnit { unit, .. } => format!("unknown unit {unit:?}"),
+        E::NumberExpected(at) => format!("expected a number at {:?}", rest(*at)),
+        E::InvalidCharacter(at) => match rest(*at).chars().next() {
+            Some(c) => format!("unexpected character {c:?}"),
+            None => "unexpected end".to_owned(),
+        },
+        E::NumberOverflow => "too large".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

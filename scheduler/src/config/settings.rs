@@ -1,0 +1,654 @@
+//! The scheduler's settings: defaults for a local development machine, overlaid by an optional
+//! settings file (TOML or YAML), overlaid by `CHIME_*` environment variables.
+//!
+//! Secrets belong in the environment: a settings file is usually committed or baked into an
+//! image, so `database_url` and `amqp_url` with passwords should come from `CHIME_DATABASE_URL`
+//! and `CHIME_AMQP_URL`. Messages and `Debug` output never show a URL's password.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use config::{Source, ValueKind};
+
+use super::jobs::{duration_problem, identifier_problem};
+use super::suggest::{closest, distance};
+use super::{ConfigError, ConfigErrors, SourceFormat, render_config};
+use crate::job::JobSpec;
+
+/// Default `database_url`: the development machine's PostgreSQL, trust auth.
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/chime";
+/// Default `amqp_url`: the development machine's RabbitMQ, default vhost.
+pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+/// Default `bind`: API, dashboard and metrics on loopback only.
+pub const DEFAULT_BIND: &str = "127.0.0.1:8080";
+/// Default `queue_prefix`.
+pub const DEFAULT_QUEUE_PREFIX: &str = "chime";
+
+/// Every settings key, dotted for keys inside a section (`[leader]` → `leader.lease_ttl`). The
+/// environment variable of a key is `CHIME_` + the key in capitals with `.` written as `__`.
+pub const SETTINGS_KEYS: &[&str] = &[
+    "database_url",
+    "amqp_url",
+    "instance_id",
+    "bind",
+    "queue_prefix",
+    "jobs",
+    "leader.lease_ttl",
+    "leader.renew_interval",
+    "planner.lookahead",
+];
+
+/// Prefix of the settings' environment variables.
+const ENV_PREFIX: &str = "CHIME";
+
+/// Scheduler settings. `Debug` hides passwords in URLs.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// PostgreSQL connection URL (`postgres://` or `postgresql://`).
+    pub database_url: String,
+    /// RabbitMQ connection URL (`amqp://` or `amqps://`).
+    pub amqp_url: String,
+    /// This instance's name in the leader lease, worker registry and logs; `None` means
+    /// `hostname-pid`, see [`Settings::resolved_instance_id`].
+    pub instance_id: Option<String>,
+    /// Address the API, dashboard and metrics listen on.
+    pub bind: SocketAddr,
+    /// First component of every queue and exchange name Chime declares.
+    pub queue_prefix: String,
+    /// Job files and patterns (see [`super::expand_job_patterns`]); relative ones from a
+    /// settings file are already resolved against that file's directory.
+    pub jobs: Vec<PathBuf>,
+    /// Leader election timings.
+    pub leader: LeaderSettings,
+    /// Planner timings.
+    pub planner: PlannerSettings,
+}
+
+/// Leader election timings (`[leader]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaderSettings {
+    /// How long a lease lasts without renewal; after it, another instance may take over.
+    pub lease_ttl: Duration,
+    /// How often the leader renews its lease (and followers try to take it); shorter than
+    /// `lease_ttl`.
+    pub renew_interval: Duration,
+}
+
+/// Planner timings (`[planner]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlannerSettings {
+    /// How far ahead of a fire the planner persists its run, so publishing at the instant
+    /// itself costs no database round trip.
+    pub lookahead: Duration,
+}
+
+impl Default for LeaderSettings {
+    fn default() -> LeaderSettings {
+        LeaderSettings {
+            lease_ttl: Duration::from_secs(3),
+            renew_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+impl Default for PlannerSettings {
+    fn default() -> PlannerSettings {
+        PlannerSettings {
+            lookahead: Duration::from_millis(500),
+        }
+    }
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            database_url: DEFAULT_DATABASE_URL.to_owned(),
+            amqp_url: DEFAULT_AMQP_URL.to_owned(),
+            instance_id: None,
+            bind: DEFAULT_BIND
+                .parse()
+                .expect("DEFAULT_BIND is a socket address"),
+            queue_prefix: DEFAULT_QUEUE_PREFIX.to_owned(),
+            jobs: Vec::new(),
+            leader: LeaderSettings::default(),
+            planner: PlannerSettings::default(),
+        }
+    }
+}
+
+impl fmt::Debug for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settings")
+            .field("database_url", &redact_url(&self.database_url))
+            .field("amqp_url", &redact_url(&self.amqp_url))
+            .field("instance_id", &self.instance_id)
+            .field("bind", &self.bind)
+            .field("queue_prefix", &self.queue_prefix)
+            .field("jobs", &self.jobs)
+            .field("leader", &self.leader)
+            .field("planner", &self.planner)
+            .finish()
+    }
+}
+
+impl Settings {
+    /// Loads settings from the defaults, the settings file `file` if given (TOML or YAML, by
+    /// extension) and the process's `CHIME_*` environment variables, in rising precedence.
+    /// Returns every mistake at once.
+    pub fn load(file: Option<&Path>) -> Result<Settings, ConfigErrors> {
+        load(file, None)
+    }
+
+    /// [`Settings::load`] with the environment given as a map of variable names to values
+    /// instead of read from the process (tests, and embedding).
+    pub fn load_with_env<I>(file: Option<&Path>, env: I) -> Result<Settings, ConfigErrors>
+    where
+        I: IntoIterator<Item = (String, String)>,
+    {
+        load(file, Some(env.into_iter().collect()))
+    }
+
+    /// The configured `instance_id`, or [`default_instance_id`] when none is set.
+    pub fn resolved_instance_id(&self) -> String {
+        self.instance_id.clone().unwrap_or_else(default_instance_id)
+    }
+
+    /// Expands [`Settings::jobs`] and loads every job file it names.
+    pub fn load_jobs(&self) -> Result<Vec<JobSpec>, ConfigErrors> {
+        let paths = super::expand_job_patterns(&self.jobs)?;
+        super::load_job_files(&paths)
+    }
+}
+
+/// `hostname-pid`: unique among the instances running at one time, recognisable in the
+/// dashboard. The host name comes from the kernel (Linux), else `$HOSTNAME`, else `localhost`.
+pub fn default_instance_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|name| name.trim().to_owned())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned());
+    format!("{host}-{}", std::process::id())
+}
+
+/// Where a setting's value came from, to name it in messages.
+enum Place<'a> {
+    File { origin: &'a str, key: &'a str },
+    Env { key: &'a str },
+}
+
+impl Place<'_> {
+    fn error(&self, value: Option<String>, message: impl Into<String>) -> ConfigError {
+        match self {
+            Place::File { origin, key } => ConfigError::key(*origin, *key, value, message),
+            Place::Env { key } => ConfigError {
+                value,
+                ..ConfigError::at(format!("environment variable {}", env_var(key)), message)
+            },
+        }
+    }
+}
+
+/// The environment variable of a settings key: `leader.lease_ttl` → `CHIME_LEADER__LEASE_TTL`.
+fn env_var(key: &str) -> String {
+    format!("{ENV_PREFIX}_{}", key.replace('.', "__").to_uppercase())
+}
+
+/// The settings file's tree and the environment's, looked up key by key.
+struct Layers {
+    file: Option<(String, config::Map<String, config::Value>)>,
+    /// Dotted, lowercased keys, as `config::Environment` makes them.
+    env: config::Map<String, config::Value>,
+}
+
+impl Layers {
+    /// The value of `key` (from the environment first, then the file) and where it came from.
+    fn get<'a>(&'a self, key: &'a str) -> Option<(&'a config::Value, Place<'a>)> {
+        if let Some(value) = self.env.get(key) {
+            return Some((value, Place::Env { key }));
+        }
+        let (origin, root) = self.file.as_ref()?;
+        let mut parts = key.split('.');
+        let mut value = root.get(parts.next()?)?;
+        for part in parts {
+            match &value.kind {
+                ValueKind::Table(table) => value = table.get(part)?,
+                _ => return None,
+            }
+        }
+        if matches!(value.kind, ValueKind::Nil) {
+            return None;
+        }
+        Some((value, Place::File { origin, key }))
+    }
+}
+
+fn load(
+    path: Option<&Path>,
+    env: Option<config::Map<String, String>>,
+) -> Result<Settings, ConfigErrors> {
+    let file = match path {
+        None => None,
+        Some(path) => {
+            let origin = path.display().to_string();
+            let root = read_settings_file(path, &origin)?;
+            Some((origin, root))
+        }
+    };
+    let base_dir = path.map(|path| path.parent().unwrap_or(Path::new("")));
+    resolve(file, base_dir, env)
+}
+
+/// Settings from a parsed settings file (its name and tree) and the environment (`None`: the
+/// process's). Relative job paths from the file are resolved against `base_dir`.
+fn resolve(
+    file: Option<(String, config::Map<String, config::Value>)>,
+    base_dir: Option<&Path>,
+    env: Option<config::Map<String, String>>,
+) -> Result<Settings, ConfigErrors> {
+    let mut errors = Vec::new();
+    let env = config::Environment::with_prefix(ENV_PREFIX)
+        .prefix_separator("_")
+        .separator("__")
+        .ignore_empty(true)
+        .source(env)
+        .collect()
+        .map_err(|e| ConfigError::at("environment", e.to_string()))?;
+    let layers = Layers { file, env };
+    if let Some((origin, root)) = &layers.file {
+        unknown_file_keys(origin, root, "", &mut errors);
+    }
+    unknown_env_vars(&layers.env, &mut errors);
+
+    let mut settings = Settings::default();
+    if let Some(url) = url_setting(
+        &layers,
+        "database_url",
+        &["postgres", "postgresql"],
+        &mut errors,
+    ) {
+        settings.database_url = url;
+    }
+    if let Some(url) = url_setting(&layers, "amqp_url", &["amqp", "amqps"], &mut errors) {
+        settings.amqp_url = url;
+    }
+    if let Some((text, place)) = string(&layers, "instance_id", &mut errors) {
+        if text.is_empty() || text.chars().count() > 128 || text.chars().any(char::is_whitespace) {
+            errors.push(place.error(
+                Some(format!("{text:?}")),
+                "expected 1 to 128 characters without spaces, such as \"scheduler-1\"; leave it \
+                 unset for hostname-pid",
+            ));
+        } else {
+            settings.instance_id = Some(text);
+        }
+    }
+    if let Some((text, place)) = string(&layers, "bind", &mut errors) {
+        match text.trim().parse::<SocketAddr>() {
+            Ok(bind) => settings.bind = bind,
+            Err(_) => errors.push(place.error(
+                Some(format!("{text:?}")),
+                "expected an IP address and a port, such as \"127.0.0.1:8080\" or \
+                 \"0.0.0.0:8080\" (a host name is not accepted)",
+            )),
+        }
+    }
+    if let Some((text, place)) = string(&layers, "queue_prefix", &mut errors) {
+        match identifier_problem(&text) {
+            None => settings.queue_prefix = text,
+            Some(problem) => errors.push(place.error(
+                Some(format!("{text:?}")),
+                format!(
+                    "invalid queue prefix: {problem}; use 1 to 63 characters from a-z, 0-9, \
+                     \"_\", \".\" and \"-\", starting with a letter or digit, such as \"chime\""
+                ),
+            )),
+        }
+    }
+    if let Some(jobs) = job_patterns(&layers, base_dir, &mut errors) {
+        settings.jobs = jobs;
+    }
+    let lease_ttl = duration(&layers, "leader.lease_ttl", &mut errors);
+    let renew_interval = duration(&layers, "leader.renew_interval", &mut errors);
+    let lookahead = duration(&layers, "planner.lookahead", &mut errors);
+    for found in [&lease_ttl, &renew_interval] {
+        if let Some((d, place, written)) = found
+            && d.is_zero()
+        {
+            errors.push(place.error(
+                Some(written.clone()),
+                "must be longer than 0s; write a duration such as \"1s\"",
+            ));
+        }
+    }
+    if let Some((d, _, _)) = &lease_ttl {
+        settings.leader.lease_ttl = *d;
+    }
+    if let Some((d, _, _)) = &renew_interval {
+        settings.leader.renew_interval = *d;
+    }
+    if let Some((d, _, _)) = &lookahead {
+        settings.planner.lookahead = *d;
+    }
+    let LeaderSettings {
+        lease_ttl: ttl,
+        renew_interval: renew,
+    } = settings.leader;
+    if !ttl.is_zero() && !renew.is_zero() && renew >= ttl {
+        // Blame the key that was set (renew_interval if both were); the other is its default.
+        if let Some((_, place, written)) = renew_interval.as_ref().or(lease_ttl.as_ref()) {
+            errors.push(place.error(
+                Some(written.clone()),
+                format!(
+                    "leader.renew_interval ({}) must be shorter than leader.lease_ttl ({}) so \
+                     the leader renews its lease before it runs out; a third of lease_ttl is usual",
+                    humantime::format_duration(renew),
+                    humantime::format_duration(ttl)
+                ),
+            ));
+        }
+    }
+
+    if errors.is_empty() {
+        Ok(settings)
+    } else {
+        Err(ConfigErrors(errors))
+    }
+}
+
+fn read_settings_file(
+    path: &Path,
+    origin: &str,
+) -> Result<config::Map<String, config::Value>, ConfigError> {
+    let format = SourceFormat::from_path(path).ok_or_else(|| {
+        ConfigError::at(
+            origin,
+            "unsupported file type; a settings file ends in .toml, .yaml or .yml",
+        )
+    })?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::at(origin, format!("cannot read: {e}")))?;
+    format.parse(origin, &text)
+}
+
+/// Reports keys of the settings file that are not settings, with the nearest one.
+fn unknown_file_keys(
+    origin: &str,
+    table: &config::Map<String, config::Value>,
+    prefix: &str,
+    errors: &mut Vec<ConfigError>,
+) {
+    let mut keys: Vec<&String> = table.keys().collect();
+    keys.sort();
+    for key in keys {
+        let full = if prefix.is_empty() {
+            key.clone()
+        } else {
+            format!("{prefix}.{key}")
+        };
+        let value = &table[key];
+        if SETTINGS_KEYS.contains(&full.as_str()) {
+            continue;
+        }
+        let is_section = SETTINGS_KEYS
+            .iter()
+            .any(|known| known.starts_with(&format!("{full}.")));
+        if is_section {
+            match &value.kind {
+                ValueKind::Table(inner) => unknown_file_keys(origin, inner, &full, errors),
+                _ => errors.push(ConfigError::key(
+                    origin,
+                    full.as_str(),
+                    Some(render_config(value)),
+                    format!("expected a table ([{full}] in TOML, \"{full}:\" with indented keys in YAML)"),
+                )),
+            }
+            continue;
+        }
+        // Compare with full names and with the last part, so that a key put outside its
+        // section (lease_ttl at the top) is pointed to its place (leader.lease_ttl).
+        let near = SETTINGS_KEYS
+            .iter()
+            .map(|known| {
+                let leaf = known.rsplit('.').next().unwrap_or(known);
+                (distance(&full, known).min(distance(key, leaf)), *known)
+            })
+            .filter(|(d, _)| *d <= (key.chars().count() / 3).max(1))
+            .min_by_key(|(d, _)| *d)
+            .map(|(_, known)| known);
+        let message = match near {
+            Some(near) => format!("unknown key; did you mean {near:?}?"),
+            None if super::JOB_FIELDS.contains(&key.as_str()) || key == "jobs" => {
+                "unknown key; jobs are declared in job files, listed under \"jobs\"".to_owned()
+            }
+            None => format!(
+                "unknown key; remove it, or use one of the settings: {}",
+                SETTINGS_KEYS.join(", ")
+            ),
+        };
+        errors.push(ConfigError::key(
+            origin,
+            full.as_str(),
+            Some(render_config(value)),
+            message,
+        ));
+    }
+}
+
+/// Reports `CHIME_*` variables that look like a misspelt setting. Other unknown `CHIME_*`
+/// variables are left alone: they may belong to the command line (such as `CHIME_CONFIG`).
+fn unknown_env_vars(env: &config::Map<String, config::Value>, errors: &mut Vec<ConfigError>) {
+    let mut keys: Vec<&String> = env.keys().collect();
+    keys.sort();
+    for key in keys {
+        if SETTINGS_KEYS.contains(&key.as_str()) {
+            continue;
+        }
+        let flat = key.replace('.', "_");
+        let flat_keys: Vec<(String, &str)> = SETTINGS_KEYS
+            .iter()
+            .map(|known| (known.replace('.', "_"), *known))
+            .collect();
+        let Some(near_flat) = closest(&flat, flat_keys.iter().map(|(f, _)| f.as_str())) else {
+            continue;
+        };
+        let near = flat_keys
+            .iter()
+            .find(|(f, _)| f == near_flat)
+            .map(|(_, known)| *known)
+            .unwrap_or(near_flat);
+        let hint = if near_flat == flat {
+            " (two underscores between a section and its key)"
+        } else {
+            ""
+        };
+        errors.push(ConfigError::at(
+            format!("environment variable {}", env_var(key)),
+            format!("unknown setting; did you mean {}?{hint}", env_var(near)),
+        ));
+    }
+}
+
+/// A string setting; anything else is a mistake.
+fn string<'a>(
+    layers: &'a Layers,
+    key: &'a str,
+    errors: &mut Vec<ConfigError>,
+) -> Option<(String, Place<'a>)> {
+    let (value, place) = layers.get(key)?;
+    match &value.kind {
+        ValueKind::String(text) => Some((text.clone(), place)),
+        ValueKind::I64(_) | ValueKind::U64(_) | ValueKind::Float(_) | ValueKind::Boolean(_) => {
+            errors.push(place.error(
+                Some(render_config(value)),
+                format!("expected a string; quote it: \"{}\"", value.kind),
+            ));
+            None
+        }
+        _ => {
+            errors.push(place.error(Some(render_config(value)), "expected a string"));
+            None
+        }
+    }
+}
+
+fn url_setting(
+    layers: &Layers,
+    key: &str,
+    schemes: &[&str],
+    errors: &mut Vec<ConfigError>,
+) -> Option<String> {
+    let (text, place) = string(layers, key, errors)?;
+    let scheme_ok = text
+        .split_once("://")
+        .is_some_and(|(scheme, rest)| schemes.contains(&scheme) && !rest.is_empty());
+    if scheme_ok {
+        return Some(text);
+    }
+    let example = if key == "database_url" {
+        DEFAULT_DATABASE_URL
+    } else {
+        DEFAULT_AMQP_URL
+    };
+    errors.push(place.error(
+        Some(format!("{:?}", redact_url(&text))),
+        format!(
+            "expected a URL starting with {}, such as {example:?}",
+            schemes
+                .iter()
+                .map(|s| format!("\"{s}://\""))
+                .collect::<Vec<_>>()
+                .join(" or ")
+        ),
+    ));
+    None
+}
+
+/// A duration setting, where it came from, and the value as written (for later messages).
+fn duration<'a>(
+    layers: &'a Layers,
+    key: &'a str,
+    errors: &mut Vec<ConfigError>,
+) -> Option<(Duration, Place<'a>, String)> {
+    let (value, place) = layers.get(key)?;
+    let text = match &value.kind {
+        ValueKind::String(text) => text,
+        ValueKind::I64(_) | ValueKind::U64(_) | ValueKind::I128(_) | ValueKind::U128(_) => {
+            errors.push(place.error(
+                Some(render_config(value)),
+                format!(
+                    "a duration needs a unit; write it as a string such as \"{}s\"",
+                    value.kind
+                ),
+            ));
+            return None;
+        }
+        _ => {
+            errors.push(place.error(
+                Some(render_config(value)),
+                "expected a duration such as \"3s\" or \"500ms\"",
+            ));
+            return None;
+        }
+    };
+    match humantime::parse_duration(text) {
+        Ok(d) => Some((d, place, render_config(value))),
+        Err(e) => {
+            errors.push(place.error(
+                Some(render_config(value)),
+                format!(
+                    "invalid duration ({}); write a number with a unit, such as \"3s\" or \
+                     \"500ms\"",
+                    duration_problem(text, &e)
+                ),
+            ));
+            None
+        }
+    }
+}
+
+/// The `jobs` setting: a list of strings (or one string) in a file, comma-separated in the
+/// environment. Relative paths from the file are resolved against the file's directory.
+fn job_patterns(
+    layers: &Layers,
+    base_dir: Option<&Path>,
+    errors: &mut Vec<ConfigError>,
+) -> Option<Vec<PathBuf>> {
+    let (value, place) = layers.get("jobs")?;
+    let texts: Vec<String> = match (&value.kind, &place) {
+        (ValueKind::String(text), Place::Env { .. }) => text
+            .split(',')
+            .map(str::trim)
+            .filter(|part| !part.is_empty())
+            .map(str::to_owned)
+            .collect(),
+        (ValueKind::String(text), Place::File { .. }) => vec![text.clone()],
+        (ValueKind::Array(items), _) => {
+            let mut texts = Vec::new();
+            for item in items {
+                match &item.kind {
+                    ValueKind::String(text) => texts.push(text.clone()),
+                    ValueKind::Table(_) => {
+                        errors.push(place.error(
+                            Some(render_config(value)),
+                            "expected a list of job file paths or patterns; jobs themselves \
+                             ([[jobs]] tables) belong in a job file whose path is listed here",
+                        ));
+                        return None;
+                    }
+                    _ => {
+                        errors.push(place.error(
+                            Some(render_config(value)),
+                            "expected a list of job file paths or patterns, such as \
+                             [\"jobs/*.toml\"]",
+                        ));
+                        return None;
+                    }
+                }
+            }
+            texts
+        }
+        _ => {
+            errors.push(place.error(
+                Some(render_config(value)),
+                "expected a list of job file paths or patterns, such as [\"jobs/*.toml\"]",
+            ));
+            return None;
+        }
+    };
+    let resolve = |text: String| {
+        let path = PathBuf::from(text);
+        match (&place, base_dir) {
+            (Place::File { .. }, Some(dir)) if path.is_relative() => dir.join(path),
+            _ => path,
+        }
+    };
+    Some(texts.into_iter().map(resolve).collect())
+}
+
+/// The URL with its password, if any, replaced by `***`.
+pub(super) fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end..];
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    let Some(at) = authority.rfind('@') else {
+        return url.to_owned();
+    };
+    let Some(colon) = authority[..at].find(':') else {
+        return url.to_owned();
+    };
+    format!(
+        "{}{}:***{}",
+        &url[..scheme_end],
+        &authority[..colon],
+        &rest[at..]
+    )
+}
+
+#[cfg(test)]
+mod tests;

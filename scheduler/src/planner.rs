@@ -1,0 +1,509 @@
+//! The leader's duties: turn schedules into runs (planner) and publish them on the instant
+//! (dispatcher), with the outbox as the safety net.
+//!
+//! * The **planner** keeps every active job in a min-heap keyed by its next fire, so a tick
+//!   touches only the jobs that are due, never the registered ones. A little before each instant
+//!   (`lookahead`) it writes the due fires as runs in one fenced batch insert (unique on
+//!   (job, scheduled instant), so a fire can never become two runs), then hands them to the
+//!   dispatcher. On taking office and whenever a job is found behind schedule, it applies the
+//!   job's misfire policy from the persisted cursor ([`crate::misfire`]).
+//! * The **dispatcher** holds runs until their instant, publishes them with confirms, and marks
+//!   them `queued` in batches. A publish that fails leaves the run `pending` in the outbox.
+//! * The **outbox sweep** (every `sweep_interval`, and at once on `NOTIFY chime_outbox`) hands
+//!   the dispatcher every pending run due by the horizon that it does not already hold: manual
+//!   triggers, runs a previous leader persisted but did not publish, and failed publishes.
+//!
+//! Before each publish the dispatcher checks the local trust window of its term; every database
+//! write is fenced by the term.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::StreamExt as _;
+use futures::stream::FuturesUnordered;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use crate::job::JobSpec;
+use crate::leader::Leadership;
+use crate::misfire::{self, CatchUpPolicy, Decision};
+use crate::publish::Publisher;
+use crate::schedule::Schedule;
+use crate::store::{
+    Fence, JOBS_CHANNEL, JobRecord, NewFire, OUTBOX_CHANNEL, OutboxRun, Store, TriggerKind,
+};
+
+/// Tuning of the leader's loops.
+#[derive(Debug, Clone, Copy)]
+pub struct PlannerTimings {
+    /// Fires are written this long before their instant, so the insert is done when it comes.
+    pub lookahead: Duration,
+    /// How often the outbox is swept for runs nobody holds.
+    pub sweep_interval: Duration,
+}
+
+impl Default for PlannerTimings {
+    fn default() -> Self {
+        PlannerTimings {
+            lookahead: Duration::from_millis(500),
+            sweep_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// What a leader needs to do its duties.
+#[derive(Debug)]
+pub struct LeaderContext {
+    /// Database.
+    pub store: Store,
+    /// Broker.
+    pub publisher: Arc<Publisher>,
+    /// This instance's id.
+    pub instance: String,
+    /// Loop timings.
+    pub timings: PlannerTimings,
+}
+
+/// Runs the leader's duties for `term` until `stop` is cancelled or the lease is lost.
+pub async fn lead(
+    ctx: Arc<LeaderContext>,
+    term: i64,
+    leadership: watch::Receiver<Leadership>,
+    stop: CancellationToken,
+) {
+    let fence = Fence {
+        holder: ctx.instance.clone(),
+        term,
+    };
+    let (tx, rx) = mpsc::channel(4096);
+    let dispatcher = Dispatcher {
+        ctx: ctx.clone(),
+        fence: fence.clone(),
+        leadership,
+        stop: stop.clone(),
+    };
+    let dispatch = tokio::spawn(dispatcher.run(rx));
+    let mut planner = Planner {
+        ctx,
+        fence,
+        jobs: HashMap::new(),
+        heap: BinaryHeap::new(),
+        dispatch: tx,
+        generation: 0,
+    };
+    if let Err(e) = planner.run(&stop).await {
+        error!(term, error = %format!("{e:#}"), "planner stopped");
+    }
+    // Lost the fence or told to stop: either way the dispatcher must stop too.
+    stop.cancel();
+    drop(planner);
+    if let Err(e) = dispatch.await {
+        error!(term, error = %e, "dispatcher ended abnormally");
+    }
+}
+
+struct Planned {
+    spec: JobSpec,
+    schedule: Schedule,
+    generation: u64,
+}
+
+/// A heap entry: next fire of a job; stale when the job's generation moved on.
+type Slot = Reverse<(DateTime<Utc>, String, u64)>;
+
+struct Planner {
+    ctx: Arc<LeaderContext>,
+    fence: Fence,
+    jobs: HashMap<String, Planned>,
+    heap: BinaryHeap<Slot>,
+    dispatch: mpsc::Sender<OutboxRun>,
+    generation: u64,
+}
+
+impl Planner {
+    async fn run(&mut self, stop: &CancellationToken) -> anyhow::Result<()> {
+        let mut changes = listen(&self.ctx.store, JOBS_CHANNEL).await;
+        let records = self.ctx.store.jobs().await?;
+        info!(term = self.fence.term, jobs = records.len(), "planning");
+        let now = Utc::now();
+        let mut fires = Vec::new();
+        for record in records {
+            self.admit(record, now, &mut fires);
+        }
+        self.write(fires).await?;
+
+        loop {
+            let now = Utc::now();
+            let horizon = now + self.ctx.timings.lookahead;
+            let mut fires = Vec::new();
+            while let Some(Reverse((at, _, _))) = self.heap.peek() {
+                if *at > horizon {
+                    break;
+                }
+                let Reverse((at, name, generation)) = self.heap.pop().expect("peeked");
+                self.fire(at, &name, generation, now, &mut fires);
+            }
+            self.write(fires).await?;
+
+            let wake = match self.heap.peek() {
+                Some(Reverse((at, _, _))) => {
+                    let lead = chrono::Duration::from_std(self.ctx.timings.lookahead)?;
+                    (*at - lead - Utc::now()).to_std().unwrap_or(Duration::ZERO)
+                }
+                None => Duration::from_secs(3600),
+            };
+            tokio::select! {
+                () = stop.cancelled() => return Ok(()),
+                () = tokio::time::sleep(wake) => {}
+                Some(name) = changes.recv() => self.reload(&name).await?,
+            }
+        }
+    }
+
+    /// Takes a job into the plan: applies its misfire policy from the persisted cursor, then
+    /// schedules its next fire.
+    fn admit(&mut self, record: JobRecord, now: DateTime<Utc>, fires: &mut Vec<NewFire>) {
+        let name = record.spec.name.clone();
+        if record.paused {
+            return;
+        }
+        let schedule = match record.spec.schedule() {
+            Ok(s) => s,
+            Err(e) => {
+                error!(job = %name, error = %e, "stored job has an invalid schedule; not planned");
+                return;
+            }
+        };
+        self.generation += 1;
+        let planned = Planned {
+            spec: record.spec,
+            schedule,
+            generation: self.generation,
+        };
+        // A job never planned before starts now: nothing to catch up.
+        let cursor = record.cursor_at.unwrap_or(now);
+        let next_from = if cursor < now {
+            self.catch_up(&planned, cursor, now, fires);
+            now
+        } else {
+            cursor
+        };
+        if let Some(next) = planned.schedule.next_after(next_from) {
+            self.heap
+                .push(Reverse((next, name.clone(), planned.generation)));
+        }
+        self.jobs.insert(name, planned);
+    }
+
+    /// A heap slot came due (or is about to).
+    fn fire(
+        &mut self,
+        at: DateTime<Utc>,
+        name: &str,
+        generation: u64,
+        now: DateTime<Utc>,
+        fires: &mut Vec<NewFire>,
+    ) {
+        let Some(planned) = self.jobs.get(name) else {
+            return;
+        };
+        if planned.generation != generation {
+            return;
+        }
+        let late = (now - at).to_std().unwrap_or(Duration::ZERO) > planned.spec.misfire_grace;
+        let next_from = if late {
+            // The loop fell behind (database stall, long pause): the misfire policy decides.
+            let just_before = at - chrono::Duration::nanoseconds(1);
+            self.catch_up(planned, just_before, now, fires);
+            now
+        } else {
+            fires.push(new_fire(&planned.spec, at, TriggerKind::Schedule, None));
+            at
+        };
+        if let Some(next) = planned.schedule.next_after(next_from) {
+            self.heap.push(Reverse((next, name.to_owned(), generation)));
+        }
+    }
+
+    fn catch_up(
+        &self,
+        planned: &Planned,
+        cursor: DateTime<Utc>,
+        now: DateTime<Utc>,
+        fires: &mut Vec<NewFire>,
+    ) {
+        let spec = &planned.spec;
+        let policy = CatchUpPolicy {
+            policy: spec.misfire,
+            grace: spec.misfire_grace,
+            catchup_window: spec.catchup_window,
+            max_catchup: spec.max_catchup,
+        };
+        let outcome = misfire::catch_up(&planned.schedule, cursor, now, &policy);
+        if outcome.omitted > 0 {
+            warn!(
+                job = %spec.name,
+                omitted = outcome.omitted,
+                range = ?outcome.omitted_range,
+                "too many missed fires to record one by one; skipped without a run row"
+            );
+        }
+        for decision in outcome.decisions {
+            match decision {
+                Decision::Fire { at, late } => {
+                    let kind = if late {
+                        TriggerKind::Catchup
+                    } else {
+                        TriggerKind::Schedule
+                    };
+                    fires.push(new_fire(spec, at, kind, None));
+                }
+                Decision::Skip { at, reason } => {
+                    fires.push(new_fire(
+                        spec,
+                        at,
+                        TriggerKind::Schedule,
+                        Some(reason.to_string()),
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Writes fires under the fence and hands the pending ones to the dispatcher.
+    async fn write(&mut self, fires: Vec<NewFire>) -> anyhow::Result<()> {
+        if fires.is_empty() {
+            return Ok(());
+        }
+        let skipped = fires.iter().filter(|f| f.skip.is_some()).count();
+        let Some(created) = self.ctx.store.insert_fires(&self.fence, &fires).await? else {
+            anyhow::bail!("lease lost (term {} no longer current)", self.fence.term);
+        };
+        if skipped > 0 {
+            info!(skipped, "recorded skipped fires");
+        }
+        for (id, job, scheduled_at) in created {
+            let Some(planned) = self.jobs.get(&job) else {
+                continue;
+            };
+            let run = OutboxRun {
+                id,
+                group: planned.spec.group.clone(),
+                job,
+                scheduled_at,
+                attempt: 1,
+                params: planned.spec.params.clone(),
+                timeout: planned.spec.timeout,
+            };
+            if self.dispatch.send(run).await.is_err() {
+                anyhow::bail!("dispatcher stopped");
+            }
+        }
+        Ok(())
+    }
+
+    /// A job changed in the database: re-read it and re-plan it.
+    async fn reload(&mut self, name: &str) -> anyhow::Result<()> {
+        self.jobs.remove(name);
+        let Some(record) = self.ctx.store.job(name).await? else {
+            info!(job = name, "job removed from the plan");
+            return Ok(());
+        };
+        let mut fires = Vec::new();
+        self.admit(record, Utc::now(), &mut fires);
+        debug!(job = name, "job re-planned");
+        self.write(fires).await
+    }
+}
+
+fn new_fire(spec: &JobSpec, at: DateTime<Utc>, kind: TriggerKind, skip: Option<String>) -> NewFire {
+    NewFire {
+        job: spec.name.clone(),
+        group: spec.group.clone(),
+        scheduled_at: at,
+        kind,
+        params: spec.params.clone(),
+        skip,
+    }
+}
+
+/// Holds runs until their instant and publishes them.
+struct Dispatcher {
+    ctx: Arc<LeaderContext>,
+    fence: Fence,
+    leadership: watch::Receiver<Leadership>,
+    stop: CancellationToken,
+}
+
+/// Marks of published runs are flushed at least this often.
+const MARK_INTERVAL: Duration = Duration::from_millis(20);
+/// Pending runs read per outbox sweep.
+const SWEEP_LIMIT: i64 = 10_000;
+
+impl Dispatcher {
+    async fn run(self, mut incoming: mpsc::Receiver<OutboxRun>) {
+        let mut outbox_wake = listen(&self.ctx.store, OUTBOX_CHANNEL).await;
+        let mut waiting: BinaryHeap<Reverse<(DateTime<Utc>, i64)>> = BinaryHeap::new();
+        let mut runs: HashMap<i64, OutboxRun> = HashMap::new();
+        let mut held: HashSet<i64> = HashSet::new();
+        let mut in_flight = FuturesUnordered::new();
+        let mut published: Vec<i64> = Vec::new();
+        let mut sweep = tokio::time::interval(self.ctx.timings.sweep_interval);
+        let mut mark = tokio::time::interval(MARK_INTERVAL);
+
+        loop {
+            let next_due = waiting
+                .peek()
+                .map(|Reverse((at, _))| (*at - Utc::now()).to_std().unwrap_or(Duration::ZERO))
+                .unwrap_or(Duration::from_secs(3600));
+            tokio::select! {
+                biased;
+                () = self.stop.cancelled() => break,
+                Some((id, result)) = in_flight.next(), if !in_flight.is_empty() => {
+                    let result: Result<(), crate::publish::PublishError> = result;
+                    match result {
+                        Ok(()) => published.push(id),
+                        Err(e) => {
+                            warn!(run_id = id, error = %e, "publish failed; the run stays in the outbox");
+                            held.remove(&id);
+                        }
+                    }
+                }
+                () = tokio::time::sleep(next_due), if !waiting.is_empty() => {
+                    let Some(term) = self.trusted_term() else { break };
+                    let now = Utc::now();
+                    while let Some(Reverse((at, _))) = waiting.peek() {
+                        if *at > now { break; }
+                        let Reverse((_, id)) = waiting.pop().expect("peeked");
+                        let Some(run) = runs.remove(&id) else { continue };
+                        let publisher = self.ctx.publisher.clone();
+                        in_flight.push(async move {
+                            let result = publisher.publish(&run, term).await;
+                            (run.id, result)
+                        });
+                    }
+                }
+                Some(run) = incoming.recv() => {
+                    if held.insert(run.id) {
+                        waiting.push(Reverse((run.scheduled_at, run.id)));
+                        runs.insert(run.id, run);
+                    }
+                }
+                _ = mark.tick(), if !published.is_empty() => {
+                    if !self.mark(&mut published, &mut held).await { break; }
+                }
+                _ = sweep.tick() => self.sweep(&mut held, &mut waiting, &mut runs).await,
+                Some(_) = outbox_wake.recv() => {
+                    self.sweep(&mut held, &mut waiting, &mut runs).await;
+                }
+            }
+        }
+        // Stopping: let publishes already sent get their confirms and record them, so the next
+        // leader does not publish them again.
+        while let Some((id, result)) = in_flight.next().await {
+            if result.is_ok() {
+                published.push(id);
+            }
+        }
+        if !published.is_empty() {
+            self.mark(&mut published, &mut held).await;
+        }
+    }
+
+    fn trusted_term(&self) -> Option<i64> {
+        let term = self.leadership.borrow().term_at(Instant::now());
+        if term != Some(self.fence.term) {
+            warn!(
+                term = self.fence.term,
+                "no longer trusted as leader; dispatcher stops"
+            );
+            self.stop.cancel();
+            return None;
+        }
+        term
+    }
+
+    /// Marks published runs `queued`. Returns false when the fence no longer holds.
+    async fn mark(&self, published: &mut Vec<i64>, held: &mut HashSet<i64>) -> bool {
+        let mut delay = Duration::from_millis(50);
+        loop {
+            match self.ctx.store.mark_published(&self.fence, published).await {
+                Ok(true) => {
+                    for id in published.drain(..) {
+                        held.remove(&id);
+                    }
+                    return true;
+                }
+                Ok(false) => {
+                    warn!(
+                        term = self.fence.term,
+                        "lease lost while marking published runs"
+                    );
+                    self.stop.cancel();
+                    return false;
+                }
+                Err(e) => {
+                    warn!(error = %format!("{e:#}"), "marking published runs failed; retrying");
+                    if self.stop.is_cancelled() {
+                        return false;
+                    }
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(1));
+                }
+            }
+        }
+    }
+
+    async fn sweep(
+        &self,
+        held: &mut HashSet<i64>,
+        waiting: &mut BinaryHeap<Reverse<(DateTime<Utc>, i64)>>,
+        runs: &mut HashMap<i64, OutboxRun>,
+    ) {
+        let horizon = Utc::now() + self.ctx.timings.lookahead;
+        match self.ctx.store.outbox(horizon, SWEEP_LIMIT).await {
+            Ok(pending) => {
+                for run in pending {
+                    if held.insert(run.id) {
+                        debug!(run_id = run.id, job = %run.job, "outbox run picked up");
+                        waiting.push(Reverse((run.scheduled_at, run.id)));
+                        runs.insert(run.id, run);
+                    }
+                }
+            }
+            Err(e) => warn!(error = %format!("{e:#}"), "outbox sweep failed"),
+        }
+    }
+}
+
+/// Notifications on `channel` as a stream of payloads; reconnects on its own.
+async fn listen(store: &Store, channel: &'static str) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel(1024);
+    let pool = store.pool().clone();
+    tokio::spawn(async move {
+        loop {
+            match sqlx::postgres::PgListener::connect_with(&pool).await {
+                Ok(mut listener) => {
+                    if listener.listen(channel).await.is_ok() {
+                        while let Ok(n) = listener.recv().await {
+                            if tx.send(n.payload().to_owned()).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+                Err(e) => warn!(channel, error = %e, "cannot LISTEN; relying on polling"),
+            }
+            if tx.is_closed() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+    rx
+}

@@ -1,0 +1,290 @@
+//! The publish path: trigger messages to the executor group's exchange with publisher confirms
+//! and `mandatory`, on a connection this module owns and re-opens itself.
+//!
+//! A publish is a success only when the broker acks it *and* did not return it: with lapin an
+//! unroutable mandatory message comes back as `Ack(Some(returned))`, which this module reports as
+//! [`PublishError::Unroutable`] (after re-declaring the group's topology, so the next try routes).
+//! Nacks, timeouts and connection errors are errors too; the caller leaves the run in the outbox
+//! and tries again. Nothing is assumed published without a confirm.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use chime_worker::Topology;
+use chime_worker::protocol::{
+    CONTENT_TYPE, HEADER_ATTEMPT, HEADER_TERM, PROTOCOL_VERSION, Trigger,
+};
+use lapin::Confirmation;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use tokio::sync::Mutex;
+use tracing::{info, warn};
+
+use crate::store::{OutboxRun, redact};
+
+/// How long to wait for a broker confirm before treating the publish as failed.
+const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long to wait for a connection to open.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a trigger was not published. The run stays in the outbox in every case.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// No connection to the broker.
+    #[error("broker unreachable at {url}: {source}")]
+    Connect {
+        /// Broker URL without password.
+        url: String,
+        /// The cause.
+        source: lapin::Error,
+    },
+    /// The broker did not complete the connection handshake in time.
+    #[error("broker at {url} did not answer within {after:?}")]
+    ConnectTimeout {
+        /// Broker URL without password.
+        url: String,
+        /// The time waited.
+        after: Duration,
+    },
+    /// The channel or connection failed during the publish.
+    #[error("publish failed: {0}")]
+    Channel(#[from] lapin::Error),
+    /// The exchange had no queue bound for the routing key.
+    #[error("broker returned the trigger as unroutable ({code} {text}); topology re-declared")]
+    Unroutable {
+        /// AMQP reply code (312 NO_ROUTE).
+        code: u16,
+        /// AMQP reply text.
+        text: String,
+    },
+    /// The broker refused the message (for example a full queue with reject-publish).
+    #[error("broker nacked the trigger")]
+    Nacked,
+    /// A connection attempt failed moments ago; not retried yet.
+    #[error("broker unreachable; next connection attempt within {0:?}")]
+    Reconnecting(Duration),
+    /// No confirm arrived in time.
+    #[error("no publisher confirm within {0:?}")]
+    Unconfirmed(Duration),
+}
+
+struct Link {
+    connection: Connection,
+    channel: Channel,
+    declared: HashSet<String>,
+}
+
+/// Publishes triggers; safe to share between tasks.
+pub struct Publisher {
+    url: String,
+    connection_name: String,
+    prefix: String,
+    link: Mutex<Option<Link>>,
+    /// When the last connection attempt failed: publishes fail fast for a moment after it
+    /// instead of each waiting on a dead broker.
+    last_connect_failure: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+/// After a failed connection attempt, publishes fail fast for this long.
+const RECONNECT_PAUSE: Duration = Duration::from_millis(250);
+
+impl std::fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Publisher")
+            .field("url", &redact(&self.url))
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Publisher {
+    /// A publisher to `url`; connects lazily on the first publish.
+    pub fn new(url: impl Into<String>, instance: &str, prefix: impl Into<String>) -> Publisher {
+        Publisher {
+            url: url.into(),
+            connection_name: format!("chime-scheduler-{instance}"),
+            prefix: prefix.into(),
+            link: Mutex::new(None),
+            last_connect_failure: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Declares the topology of `group` (idempotent).
+    pub async fn declare(&self, group: &str) -> Result<(), PublishError> {
+        let mut guard = self.link().await?;
+        let link = guard.as_mut().expect("link() leaves a link in place");
+        let result = self.ensure_declared(link, group).await;
+        if result.is_err() {
+            *guard = None;
+        }
+        result
+    }
+
+    /// Publishes attempt `run.attempt` of `run` under leader `term` and waits for the confirm.
+    pub async fn publish(&self, run: &OutboxRun, term: i64) -> Result<(), PublishError> {
+        let trigger = Trigger {
+            v: PROTOCOL_VERSION,
+            run_id: run.id,
+            job: run.job.clone(),
+            group: run.group.clone(),
+            attempt: run.attempt,
+            scheduled_at: run.scheduled_at,
+            params: run.params.clone(),
+            timeout_ms: run
+                .timeout
+                .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+        };
+        let mut headers = FieldTable::default();
+        headers.insert(HEADER_ATTEMPT.into(), AMQPValue::LongUInt(run.attempt));
+        headers.insert(HEADER_TERM.into(), AMQPValue::LongLongInt(term));
+        let properties = BasicProperties::default()
+            .with_content_type(CONTENT_TYPE.into())
+            .with_delivery_mode(2)
+            .with_message_id(run.id.to_string().into())
+            .with_timestamp(u64::try_from(run.scheduled_at.timestamp()).unwrap_or(0))
+            .with_headers(headers);
+        let topology = Topology::new(&self.prefix, &run.group);
+
+        // Send under the lock, wait for the confirm outside it so publishes pipeline.
+        let confirm = {
+            let mut guard = self.link().await?;
+            let link = guard.as_mut().expect("link() leaves a link in place");
+            let sent = async {
+                self.ensure_declared(link, &run.group).await?;
+                link.channel
+                    .basic_publish(
+                        topology.exchange().as_str().into(),
+                        chime_worker::topology::WORK_KEY.into(),
+                        BasicPublishOptions {
+                            mandatory: true,
+                            ..BasicPublishOptions::default()
+                        },
+                        &trigger.to_body(),
+                        properties,
+                    )
+                    .await
+                    .map_err(PublishError::from)
+            }
+            .await;
+            match sent {
+                Ok(confirm) => confirm,
+                Err(e) => {
+                    *guard = None;
+                    return Err(e);
+                }
+            }
+        };
+        let confirmation = match tokio::time::timeout(CONFIRM_TIMEOUT, confirm).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => {
+                self.drop_link().await;
+                return Err(e.into());
+            }
+            Err(_) => {
+                self.drop_link().await;
+                return Err(PublishError::Unconfirmed(CONFIRM_TIMEOUT));
+            }
+        };
+        match confirmation {
+            Confirmation::Ack(None) => Ok(()),
+            Confirmation::Ack(Some(returned)) => {
+                // Someone deleted the queue or binding: forget what we declared so the next
+                // publish declares it again.
+                if let Some(link) = self.link.lock().await.as_mut() {
+                    link.declared.remove(&run.group);
+                }
+                Err(PublishError::Unroutable {
+                    code: returned.reply_code,
+                    text: returned.reply_text.to_string(),
+                })
+            }
+            Confirmation::Nack(_) => Err(PublishError::Nacked),
+            Confirmation::NotRequested => unreachable!("the channel is in confirm mode"),
+        }
+    }
+
+    /// Closes the connection (graceful shutdown).
+    pub async fn close(&self) {
+        if let Some(link) = self.link.lock().await.take() {
+            let _ = link.channel.close(200, "scheduler stopping".into()).await;
+            let _ = link
+                .connection
+                .close(200, "scheduler stopping".into())
+                .await;
+        }
+    }
+
+    async fn drop_link(&self) {
+        *self.link.lock().await = None;
+    }
+
+    /// The current link, opening a new one if there is none or it broke.
+    async fn link(&self) -> Result<tokio::sync::MutexGuard<'_, Option<Link>>, PublishError> {
+        let mut guard = self.link.lock().await;
+        let healthy = guard
+            .as_ref()
+            .is_some_and(|l| l.connection.status().connected() && l.channel.status().connected());
+        if !healthy {
+            *guard = None;
+            let recently_failed = self
+                .last_connect_failure
+                .lock()
+                .expect("not poisoned")
+                .is_some_and(|at| at.elapsed() < RECONNECT_PAUSE);
+            if recently_failed {
+                return Err(PublishError::Reconnecting(RECONNECT_PAUSE));
+            }
+            let link = self.open().await.inspect_err(|_| {
+                *self.last_connect_failure.lock().expect("not poisoned") =
+                    Some(std::time::Instant::now());
+            })?;
+            info!(url = %redact(&self.url), "connected to the broker for publishing");
+            *guard = Some(link);
+        }
+        Ok(guard)
+    }
+
+    async fn open(&self) -> Result<Link, PublishError> {
+        let connect_error = |source| PublishError::Connect {
+            url: redact(&self.url),
+            source,
+        };
+        let properties = ConnectionProperties::default()
+            .with_connection_name(self.connection_name.as_str().into());
+        let connection =
+            match tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(&self.url, properties))
+                .await
+            {
+                Ok(result) => result.map_err(connect_error)?,
+                Err(_) => {
+                    return Err(PublishError::ConnectTimeout {
+                        url: redact(&self.url),
+                        after: CONNECT_TIMEOUT,
+                    });
+                }
+            };
+        let channel = connection.create_channel().await.map_err(connect_error)?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(connect_error)?;
+        Ok(Link {
+            connection,
+            channel,
+            declared: HashSet::new(),
+        })
+    }
+
+    async fn ensure_declared(&self, link: &mut Link, group: &str) -> Result<(), PublishError> {
+        if link.declared.contains(group) {
+            return Ok(());
+        }
+        Topology::new(&self.prefix, group)
+            .declare(&link.channel)
+            .await
+            .inspect_err(|e| warn!(group, error = %e, "declaring group topology failed"))?;
+        link.declared.insert(group.to_owned());
+        Ok(())
+    }
+}

@@ -1,0 +1,141 @@
+//! One scheduler instance: migrate, sync config jobs, campaign for leadership, lead while
+//! elected, reload on request, shut down in order.
+//!
+//! Shutdown order: stop the leader's duties (the dispatcher waits for confirms of publishes
+//! already sent and records them), then resign the lease so a follower takes over at once, then
+//! close the broker connection and the pool.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::job::JobSpec;
+use crate::leader::{Elector, LeaseTimings, while_leading};
+use crate::planner::{LeaderContext, PlannerTimings, lead};
+use crate::publish::Publisher;
+use crate::store::{JobDiff, Store};
+
+/// Reads the job definitions (from config files); called at start and on every reload.
+pub type JobLoader = Arc<dyn Fn() -> anyhow::Result<Vec<JobSpec>> + Send + Sync>;
+
+/// What one instance needs to run.
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    /// PostgreSQL URL.
+    pub database_url: String,
+    /// RabbitMQ URL.
+    pub amqp_url: String,
+    /// Unique id of this instance (lease holder name).
+    pub instance_id: String,
+    /// Prefix of every exchange and queue.
+    pub queue_prefix: String,
+    /// Leader lease timings.
+    pub lease: LeaseTimings,
+    /// Planner timings.
+    pub planner: PlannerTimings,
+}
+
+/// Runs an instance until `shutdown`. Each message on `reload` re-reads the job files and
+/// applies the difference (logged).
+pub async fn run(
+    config: ServiceConfig,
+    loader: JobLoader,
+    mut reload: mpsc::Receiver<()>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let store = Store::connect(&config.database_url, 10).await?;
+    store.migrate().await?;
+    let jobs = loader().context("loading job files")?;
+    apply(&store, &jobs).await?;
+
+    let publisher = Arc::new(Publisher::new(
+        config.amqp_url.clone(),
+        &config.instance_id,
+        config.queue_prefix.clone(),
+    ));
+    declare_groups(&publisher, &jobs).await;
+
+    let (elector, leadership) =
+        Elector::new(store.clone(), config.instance_id.clone(), config.lease);
+    let elector_stop = CancellationToken::new();
+    let elector_task = tokio::spawn(elector.run(elector_stop.clone()));
+
+    let ctx = Arc::new(LeaderContext {
+        store: store.clone(),
+        publisher: publisher.clone(),
+        instance: config.instance_id.clone(),
+        timings: config.planner,
+    });
+    let duties_stop = CancellationToken::new();
+    let duties = tokio::spawn(while_leading(
+        leadership,
+        duties_stop.clone(),
+        move |term, leadership, stop| lead(ctx.clone(), term, leadership, stop),
+    ));
+    info!(instance = %config.instance_id, "scheduler started");
+
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            Some(()) = reload.recv() => {
+                match loader() {
+                    Ok(jobs) => {
+                        if let Err(e) = apply(&store, &jobs).await {
+                            warn!(error = %format!("{e:#}"), "reload failed; previous jobs stay");
+                        } else {
+                            declare_groups(&publisher, &jobs).await;
+                        }
+                    }
+                    Err(e) => warn!(error = %format!("{e:#}"), "reload rejected; previous jobs stay"),
+                }
+            }
+        }
+    }
+
+    info!(instance = %config.instance_id, "scheduler stopping");
+    duties_stop.cancel();
+    let _ = duties.await;
+    elector_stop.cancel();
+    let _ = elector_task.await;
+    publisher.close().await;
+    store.pool().close().await;
+    info!(instance = %config.instance_id, "scheduler stopped");
+    Ok(())
+}
+
+/// Syncs job definitions into the database and logs what changed.
+async fn apply(store: &Store, jobs: &[JobSpec]) -> anyhow::Result<JobDiff> {
+    let diff = store.sync_config_jobs(jobs).await?;
+    if diff.is_empty() {
+        info!(jobs = jobs.len(), "job definitions unchanged");
+    } else {
+        info!(
+            added = ?diff.added,
+            changed = ?diff.changed,
+            removed = ?diff.removed,
+            "job definitions applied"
+        );
+    }
+    Ok(diff)
+}
+
+/// Declares the topology of every group, so workers that start later find their queue and
+/// triggers published before any worker ran are kept. A broker that is down is not fatal.
+async fn declare_groups(publisher: &Publisher, jobs: &[JobSpec]) {
+    let mut groups: Vec<&str> = jobs.iter().map(|j| j.group.as_str()).collect();
+    groups.sort_unstable();
+    groups.dedup();
+    for group in groups {
+        let declared =
+            tokio::time::timeout(Duration::from_secs(10), publisher.declare(group)).await;
+        match declared {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!(group, error = %e, "could not declare group topology yet"),
+            Err(_) => warn!(group, "declaring group topology timed out"),
+        }
+    }
+}

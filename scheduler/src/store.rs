@@ -1,0 +1,740 @@
+//! The only module of the scheduler that speaks SQL: leader lease, jobs, runs and their records.
+//!
+//! Functions return domain types, never rows. Every write the leader makes is *fenced*: it
+//! lands only while the caller's `(holder, term)` still holds an unexpired lease, checked by the
+//! database in the same statement (`FOR SHARE` on the lease row, so a takeover cannot commit in
+//! between). Times come from the database clock (`now()`), never from this process.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{PgPool, Row as _};
+
+use crate::job::JobSpec;
+
+/// Migrations embedded from `migrations/`; `run` takes an advisory lock, so several instances
+/// starting at once migrate safely.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+
+/// Notification channel: a job was added, changed, paused, resumed or removed (payload: job name).
+pub const JOBS_CHANNEL: &str = "chime_jobs";
+/// Notification channel: a run was added to the outbox outside the planner (manual trigger, replay).
+pub const OUTBOX_CHANNEL: &str = "chime_outbox";
+/// Notification channel: the leader resigned; followers try to take over at once.
+pub const LEADER_CHANNEL: &str = "chime_leader";
+
+/// Handle on the Chime database.
+#[derive(Debug, Clone)]
+pub struct Store {
+    pool: PgPool,
+}
+
+/// The leader's identity and fencing token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    /// Instance id of the leader.
+    pub holder: String,
+    /// Term number of its leadership.
+    pub term: i64,
+}
+
+/// Who leads, as the database sees it.
+#[derive(Debug, Clone, Serialize)]
+pub struct LeaderInfo {
+    /// Instance id of the holder, if any.
+    pub holder: Option<String>,
+    /// Current term.
+    pub term: i64,
+    /// When the current term began.
+    pub elected_at: Option<DateTime<Utc>>,
+    /// When the lease runs out unless renewed.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Whether the lease is unexpired now.
+    pub active: bool,
+}
+
+/// How a run came to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TriggerKind {
+    /// An on-time scheduled fire.
+    Schedule,
+    /// A missed fire run late under the misfire policy.
+    Catchup,
+    /// Triggered by an operator.
+    Manual,
+}
+
+impl TriggerKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            TriggerKind::Schedule => "schedule",
+            TriggerKind::Catchup => "catchup",
+            TriggerKind::Manual => "manual",
+        }
+    }
+}
+
+/// A fire the planner decided on: to be published, or recorded as skipped with its reason.
+#[derive(Debug, Clone)]
+pub struct NewFire {
+    /// Job name.
+    pub job: String,
+    /// Executor group.
+    pub group: String,
+    /// Scheduled instant.
+    pub scheduled_at: DateTime<Utc>,
+    /// Schedule or catch-up.
+    pub kind: TriggerKind,
+    /// Parameters for the handler.
+    pub params: serde_json::Value,
+    /// `Some(reason)` records the fire as skipped instead of publishing it.
+    pub skip: Option<String>,
+}
+
+/// A run waiting in the outbox (persisted, not yet confirmed by the broker).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutboxRun {
+    /// Run id.
+    pub id: i64,
+    /// Job name.
+    pub job: String,
+    /// Executor group.
+    pub group: String,
+    /// Scheduled instant.
+    pub scheduled_at: DateTime<Utc>,
+    /// Attempt number to publish.
+    pub attempt: u32,
+    /// Handler parameters.
+    pub params: serde_json::Value,
+    /// Handler timeout, from the job's spec.
+    pub timeout: Option<Duration>,
+}
+
+/// A job as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobRecord {
+    /// The definition.
+    pub spec: JobSpec,
+    /// `config` or `api`.
+    pub source: String,
+    /// Paused jobs are not planned (manual triggers still work).
+    pub paused: bool,
+    /// Last scheduled instant turned into a run or a skip.
+    pub cursor_at: Option<DateTime<Utc>>,
+}
+
+/// What a config sync changed.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]
+pub struct JobDiff {
+    /// Jobs that did not exist.
+    pub added: Vec<String>,
+    /// Jobs whose definition changed.
+    pub changed: Vec<String>,
+    /// Config-declared jobs no longer in any file.
+    pub removed: Vec<String>,
+}
+
+impl JobDiff {
+    /// Whether nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.changed.is_empty() && self.removed.is_empty()
+    }
+}
+
+/// One run, as listed and shown.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct RunRecord {
+    /// Run id.
+    pub id: i64,
+    /// Job name.
+    pub job: String,
+    /// Executor group.
+    pub group: String,
+    /// Scheduled instant.
+    pub scheduled_at: DateTime<Utc>,
+    /// `schedule`, `catchup` or `manual`.
+    pub trigger: String,
+    /// State (see docs/runs.md).
+    pub state: String,
+    /// Why it was skipped or dead-lettered.
+    pub reason: Option<String>,
+    /// Attempts started so far.
+    pub attempt: i32,
+    /// Worker of the latest attempt.
+    pub worker_id: Option<String>,
+    /// Last error.
+    pub error: Option<String>,
+    /// Handler parameters.
+    pub params: serde_json::Value,
+    /// Leader term that created it (none for manual runs).
+    pub term: Option<i64>,
+    /// Who triggered it (manual runs).
+    pub requested_by: Option<String>,
+    /// When the row was written.
+    pub created_at: DateTime<Utc>,
+    /// When the broker confirmed the trigger.
+    pub published_at: Option<DateTime<Utc>>,
+    /// When the latest attempt started.
+    pub started_at: Option<DateTime<Utc>>,
+    /// When it finished.
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// One execution attempt.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct AttemptRecord {
+    /// Attempt number.
+    pub attempt: i32,
+    /// Worker that ran it.
+    pub worker_id: String,
+    /// Outcome.
+    pub state: String,
+    /// Start.
+    pub started_at: DateTime<Utc>,
+    /// End.
+    pub finished_at: Option<DateTime<Utc>>,
+    /// Duration in milliseconds.
+    pub duration_ms: Option<i64>,
+    /// Error text.
+    pub error: Option<String>,
+}
+
+/// One stored log line.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct LogLine {
+    /// Attempt that wrote it.
+    pub attempt: i32,
+    /// When.
+    pub at: DateTime<Utc>,
+    /// Level.
+    pub level: String,
+    /// Text.
+    pub message: String,
+}
+
+/// A run with its attempts and log lines.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct RunDetail {
+    /// The run.
+    #[serde(flatten)]
+    pub run: RunRecord,
+    /// Its attempts, oldest first.
+    pub attempts: Vec<AttemptRecord>,
+    /// Its log lines, oldest first.
+    pub logs: Vec<LogLine>,
+}
+
+/// Filter for [`Store::list_runs`].
+#[derive(Debug, Clone, Default)]
+pub struct RunFilter {
+    /// Only this job.
+    pub job: Option<String>,
+    /// Only this state.
+    pub state: Option<String>,
+    /// At most this many, newest first.
+    pub limit: i64,
+}
+
+const RUN_COLUMNS: &str = "id, job_name, group_name, scheduled_at, trigger, state, reason, attempt, \
+     worker_id, error, params, term, requested_by, created_at, published_at, started_at, finished_at";
+
+impl Store {
+    /// Connects a pool to `url`.
+    pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<Store> {
+        let options: PgConnectOptions = url
+            .parse()
+            .with_context(|| format!("database_url {url:?} is not a PostgreSQL URL"))?;
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_with(options)
+            .await
+            .with_context(|| format!("connecting to PostgreSQL at {}", redact(url)))?;
+        Ok(Store { pool })
+    }
+
+    /// Wraps an existing pool.
+    pub fn from_pool(pool: PgPool) -> Store {
+        Store { pool }
+    }
+
+    /// The underlying pool (for LISTEN connections).
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Applies pending migrations.
+    pub async fn migrate(&self) -> anyhow::Result<()> {
+        MIGRATOR
+            .run(&self.pool)
+            .await
+            .context("applying database migrations")
+    }
+
+    // ---- leader lease -------------------------------------------------------------------
+
+    /// Acquires or renews the lease for `me`; returns the term, or `None` if another instance
+    /// holds an unexpired lease. The term is bumped on every takeover.
+    pub async fn acquire_lease(&self, me: &str, ttl: Duration) -> anyhow::Result<Option<i64>> {
+        let row = sqlx::query(
+            "UPDATE chime_leader SET
+                 term = CASE WHEN holder = $1 AND expires_at > now() THEN term ELSE term + 1 END,
+                 elected_at = CASE WHEN holder = $1 AND expires_at > now() THEN elected_at ELSE now() END,
+                 holder = $1,
+                 expires_at = now() + make_interval(secs => $2)
+             WHERE name = 'default' AND (holder IS NULL OR holder = $1 OR expires_at <= now())
+             RETURNING term",
+        )
+        .bind(me)
+        .bind(ttl.as_secs_f64())
+        .fetch_optional(&self.pool)
+        .await
+        .context("acquiring the leader lease")?;
+        Ok(row.map(|r| r.get::<i64, _>("term")))
+    }
+
+    /// Gives the lease up at once and wakes followers.
+    pub async fn resign(&self, fence: &Fence) -> anyhow::Result<bool> {
+        let mut tx = self.pool.begin().await?;
+        let done = sqlx::query(
+            "UPDATE chime_leader SET holder = NULL, expires_at = now()
+             WHERE name = 'default' AND holder = $1 AND term = $2",
+        )
+        .bind(&fence.holder)
+        .bind(fence.term)
+        .execute(&mut *tx)
+        .await
+        .context("resigning the leader lease")?
+        .rows_affected()
+            == 1;
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(LEADER_CHANNEL)
+            .bind(fence.term.to_string())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(done)
+    }
+
+    /// The lease row.
+    pub async fn leader(&self) -> anyhow::Result<LeaderInfo> {
+        let r = sqlx::query(
+            "SELECT holder, term, elected_at, expires_at, expires_at > now() AS active
+             FROM chime_leader WHERE name = 'default'",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .context("reading the leader lease")?;
+        let expires_at: Option<DateTime<Utc>> = r.try_get("expires_at").ok();
+        Ok(LeaderInfo {
+            holder: r.get("holder"),
+            term: r.get("term"),
+            elected_at: r.get("elected_at"),
+            expires_at,
+            active: r.get("active"),
+        })
+    }
+
+    // ---- jobs ---------------------------------------------------------------------------
+
+    /// Makes the config-declared jobs in the database equal to `specs`: inserts new ones,
+    /// updates changed ones (keeping their cursor and pause state), deletes config jobs that are
+    /// gone. Jobs created through the API are left alone unless a config job has the same name,
+    /// in which case the config wins (and is reported as changed).
+    pub async fn sync_config_jobs(&self, specs: &[JobSpec]) -> anyhow::Result<JobDiff> {
+        let mut tx = self.pool.begin().await?;
+        // Serialise concurrent syncs from several instances starting at once.
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('chime_jobs_sync'))")
+            .execute(&mut *tx)
+            .await?;
+        let existing: BTreeMap<String, (serde_json::Value, String)> =
+            sqlx::query("SELECT name, spec, source FROM chime_jobs")
+                .fetch_all(&mut *tx)
+                .await?
+                .into_iter()
+                .map(|r| (r.get("name"), (r.get("spec"), r.get("source"))))
+                .collect();
+        let mut diff = JobDiff::default();
+        for spec in specs {
+            let json = serde_json::to_value(spec)?;
+            match existing.get(&spec.name) {
+                Some((old, source)) if *old == json && source == "config" => continue,
+                Some(_) => diff.changed.push(spec.name.clone()),
+                None => diff.added.push(spec.name.clone()),
+            }
+            sqlx::query(
+                "INSERT INTO chime_jobs (name, group_name, spec, source, paused)
+                 VALUES ($1, $2, $3, 'config', $4)
+                 ON CONFLICT (name) DO UPDATE SET group_name = EXCLUDED.group_name,
+                     spec = EXCLUDED.spec, source = 'config', updated_at = now()",
+            )
+            .bind(&spec.name)
+            .bind(&spec.group)
+            .bind(&json)
+            .bind(spec.paused)
+            .execute(&mut *tx)
+            .await
+            .with_context(|| format!("saving job {:?}", spec.name))?;
+        }
+        for (name, (_, source)) in &existing {
+            if source == "config" && !specs.iter().any(|s| &s.name == name) {
+                sqlx::query("DELETE FROM chime_jobs WHERE name = $1")
+                    .bind(name)
+                    .execute(&mut *tx)
+                    .await?;
+                diff.removed.push(name.clone());
+            }
+        }
+        for name in diff.added.iter().chain(&diff.changed).chain(&diff.removed) {
+            notify(&mut tx, JOBS_CHANNEL, name).await?;
+        }
+        tx.commit().await.context("committing the job sync")?;
+        Ok(diff)
+    }
+
+    /// All jobs, by name.
+    pub async fn jobs(&self) -> anyhow::Result<Vec<JobRecord>> {
+        let rows =
+            sqlx::query("SELECT spec, source, paused, cursor_at FROM chime_jobs ORDER BY name")
+                .fetch_all(&self.pool)
+                .await
+                .context("loading jobs")?;
+        rows.into_iter().map(job_record).collect()
+    }
+
+    /// One job.
+    pub async fn job(&self, name: &str) -> anyhow::Result<Option<JobRecord>> {
+        let row =
+            sqlx::query("SELECT spec, source, paused, cursor_at FROM chime_jobs WHERE name = $1")
+                .bind(name)
+                .fetch_optional(&self.pool)
+                .await
+                .with_context(|| format!("loading job {name:?}"))?;
+        row.map(job_record).transpose()
+    }
+
+    /// Pauses or resumes a job. Returns false if there is no such job. Resuming moves the cursor
+    /// to now: fires that fell due while paused are not caught up.
+    pub async fn set_paused(&self, name: &str, paused: bool) -> anyhow::Result<bool> {
+        let mut tx = self.pool.begin().await?;
+        let found = sqlx::query(
+            "UPDATE chime_jobs SET paused = $2, updated_at = now(),
+                 cursor_at = CASE WHEN paused AND NOT $2 THEN now() ELSE cursor_at END
+             WHERE name = $1",
+        )
+        .bind(name)
+        .bind(paused)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            == 1;
+        notify(&mut tx, JOBS_CHANNEL, name).await?;
+        tx.commit().await?;
+        Ok(found)
+    }
+
+    // ---- runs ---------------------------------------------------------------------------
+
+    /// Inserts fires as runs (`pending`, or `skipped` with a reason) under the leader's fence and
+    /// advances the jobs' cursors. A fire that already has a run is left alone (the unique key on
+    /// (job, scheduled instant) makes a duplicate trigger impossible).
+    ///
+    /// Returns `Ok(None)` if `fence` no longer holds the lease: nothing was written. Otherwise
+    /// the runs that were created as `pending`.
+    pub async fn insert_fires(
+        &self,
+        fence: &Fence,
+        fires: &[NewFire],
+    ) -> anyhow::Result<Option<Vec<(i64, String, DateTime<Utc>)>>> {
+        let jobs: Vec<&str> = fires.iter().map(|f| f.job.as_str()).collect();
+        let groups: Vec<&str> = fires.iter().map(|f| f.group.as_str()).collect();
+        let instants: Vec<DateTime<Utc>> = fires.iter().map(|f| f.scheduled_at).collect();
+        let kinds: Vec<&str> = fires.iter().map(|f| f.kind.as_str()).collect();
+        let params: Vec<&serde_json::Value> = fires.iter().map(|f| &f.params).collect();
+        let states: Vec<&str> = fires
+            .iter()
+            .map(|f| {
+                if f.skip.is_some() {
+                    "skipped"
+                } else {
+                    "pending"
+                }
+            })
+            .collect();
+        let reasons: Vec<Option<&str>> = fires.iter().map(|f| f.skip.as_deref()).collect();
+        let rows = sqlx::query(
+            "WITH lease AS (
+                 SELECT term FROM chime_leader
+                 WHERE name = 'default' AND holder = $1 AND term = $2 AND expires_at > now()
+                 FOR SHARE
+             ), fires AS (
+                 SELECT * FROM unnest($3::text[], $4::text[], $5::timestamptz[], $6::text[],
+                                      $7::jsonb[], $8::text[], $9::text[])
+                     AS f(job_name, group_name, scheduled_at, trigger, params, state, reason)
+             ), ins AS (
+                 INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, params, state,
+                                         reason, term)
+                 SELECT f.job_name, f.group_name, f.scheduled_at, f.trigger, f.params, f.state,
+                        f.reason, lease.term
+                 FROM fires f CROSS JOIN lease
+                 ON CONFLICT (job_name, scheduled_at) WHERE trigger <> 'manual' DO NOTHING
+                 RETURNING id, job_name, scheduled_at, state
+             ), cursor AS (
+                 UPDATE chime_jobs j SET cursor_at = c.at
+                 FROM (SELECT job_name, max(scheduled_at) AS at FROM fires GROUP BY job_name) c,
+                      lease
+                 WHERE j.name = c.job_name AND (j.cursor_at IS NULL OR j.cursor_at < c.at)
+             )
+             SELECT 'lease' AS kind, NULL::bigint AS id, NULL::text AS job_name,
+                    NULL::timestamptz AS scheduled_at FROM lease
+             UNION ALL
+             SELECT 'run', id, job_name, scheduled_at FROM ins WHERE state = 'pending'",
+        )
+        .bind(&fence.holder)
+        .bind(fence.term)
+        .bind(&jobs)
+        .bind(&groups)
+        .bind(&instants)
+        .bind(&kinds)
+        .bind(&params)
+        .bind(&states)
+        .bind(&reasons)
+        .fetch_all(&self.pool)
+        .await
+        .context("inserting runs")?;
+        let mut leased = false;
+        let mut created = Vec::with_capacity(rows.len());
+        for r in rows {
+            if r.get::<&str, _>("kind") == "lease" {
+                leased = true;
+            } else {
+                created.push((r.get("id"), r.get("job_name"), r.get("scheduled_at")));
+            }
+        }
+        Ok(leased.then_some(created))
+    }
+
+    /// Runs in the outbox due by `horizon`, oldest first, at most `limit`.
+    pub async fn outbox(
+        &self,
+        horizon: DateTime<Utc>,
+        limit: i64,
+    ) -> anyhow::Result<Vec<OutboxRun>> {
+        let rows = sqlx::query(
+            "SELECT r.id, r.job_name, r.group_name, r.scheduled_at, r.attempt, r.params,
+                    j.spec->>'timeout' AS timeout
+             FROM chime_runs r LEFT JOIN chime_jobs j ON j.name = r.job_name
+             WHERE r.state = 'pending' AND r.scheduled_at <= $1
+             ORDER BY r.scheduled_at, r.id LIMIT $2",
+        )
+        .bind(horizon)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await
+        .context("reading the outbox")?;
+        Ok(rows
+            .into_iter()
+            .map(|r| {
+                let timeout: Option<String> = r.get("timeout");
+                OutboxRun {
+                    id: r.get("id"),
+                    job: r.get("job_name"),
+                    group: r.get("group_name"),
+                    scheduled_at: r.get("scheduled_at"),
+                    attempt: u32::try_from(r.get::<i32, _>("attempt")).unwrap_or(0) + 1,
+                    params: r.get("params"),
+                    timeout: timeout.and_then(|t| humantime::parse_duration(&t).ok()),
+                }
+            })
+            .collect())
+    }
+
+    /// Marks runs whose trigger the broker confirmed as `queued`, under the leader's fence.
+    /// A run a fast worker has already claimed keeps its newer state.
+    pub async fn mark_published(&self, fence: &Fence, ids: &[i64]) -> anyhow::Result<bool> {
+        let row = sqlx::query(
+            "WITH lease AS (
+                 SELECT term FROM chime_leader
+                 WHERE name = 'default' AND holder = $1 AND term = $2 AND expires_at > now()
+                 FOR SHARE
+             ), upd AS (
+                 UPDATE chime_runs r SET
+                     state = CASE WHEN r.state = 'pending' THEN 'queued' ELSE r.state END,
+                     published_at = coalesce(r.published_at, now())
+                 FROM lease WHERE r.id = ANY($3)
+             )
+             SELECT count(*) AS leased FROM lease",
+        )
+        .bind(&fence.holder)
+        .bind(fence.term)
+        .bind(ids)
+        .fetch_one(&self.pool)
+        .await
+        .context("marking runs published")?;
+        Ok(row.get::<i64, _>("leased") == 1)
+    }
+
+    /// Records a manual trigger of `job` (paused jobs too) in the outbox and wakes the leader.
+    /// `params` replaces the job's params when given. Returns the run id, or `None` if there is
+    /// no such job.
+    pub async fn trigger(
+        &self,
+        job: &str,
+        params: Option<serde_json::Value>,
+        requested_by: &str,
+    ) -> anyhow::Result<Option<i64>> {
+        let mut tx = self.pool.begin().await?;
+        let id: Option<i64> = sqlx::query_scalar(
+            "INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, params, state,
+                                     requested_by)
+             SELECT name, group_name, now(), 'manual', coalesce($2, spec->'params', 'null'),
+                    'pending', $3
+             FROM chime_jobs WHERE name = $1
+             RETURNING id",
+        )
+        .bind(job)
+        .bind(params)
+        .bind(requested_by)
+        .fetch_optional(&mut *tx)
+        .await
+        .with_context(|| format!("triggering job {job:?}"))?;
+        if let Some(id) = id {
+            notify(&mut tx, OUTBOX_CHANNEL, &id.to_string()).await?;
+        }
+        tx.commit().await?;
+        Ok(id)
+    }
+
+    /// Runs, newest first.
+    pub async fn list_runs(&self, filter: &RunFilter) -> anyhow::Result<Vec<RunRecord>> {
+        let sql = format!(
+            "SELECT {RUN_COLUMNS} FROM chime_runs
+             WHERE ($1::text IS NULL OR job_name = $1) AND ($2::text IS NULL OR state = $2)
+             ORDER BY id DESC LIMIT $3"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(&filter.job)
+            .bind(&filter.state)
+            .bind(filter.limit)
+            .fetch_all(&self.pool)
+            .await
+            .context("listing runs")?;
+        Ok(rows.into_iter().map(run_record).collect())
+    }
+
+    /// One run with its attempts and log lines.
+    pub async fn run(&self, id: i64) -> anyhow::Result<Option<RunDetail>> {
+        let sql = format!("SELECT {RUN_COLUMNS} FROM chime_runs WHERE id = $1");
+        let Some(row) = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await
+            .with_context(|| format!("loading run {id}"))?
+        else {
+            return Ok(None);
+        };
+        let attempts = sqlx::query(
+            "SELECT attempt, worker_id, state, started_at, finished_at, duration_ms, error
+             FROM chime_attempts WHERE run_id = $1 ORDER BY attempt",
+        )
+        .bind(id)
+        .fetch_all(&self.pool)
+        .await?
+        .into_iter()
+        .map(|r| AttemptRecord {
+            attempt: r.get("attempt"),
+            worker_id: r.get("worker_id"),
+            state: r.get("state"),
+            started_at: r.get("started_at"),
+            finished_at: r.get("finished_at"),
+            duration_ms: r.get("duration_ms"),
+            error: r.get("error"),
+        })
+        .collect();
+        let logs = sqlx::query(
+            "SELECT attempt, at, level, message FROM chime_run_logs WHERE run_id = $1 ORDER BY id",
+        )
+        .bind(id)
+        .fetch_all(&self.pool)
+        .await?
+        .into_iter()
+        .map(|r| LogLine {
+            attempt: r.get("attempt"),
+            at: r.get("at"),
+            level: r.get("level"),
+            message: r.get("message"),
+        })
+        .collect();
+        Ok(Some(RunDetail {
+            run: run_record(row),
+            attempts,
+            logs,
+        }))
+    }
+}
+
+async fn notify(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    channel: &str,
+    payload: &str,
+) -> anyhow::Result<()> {
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(channel)
+        .bind(payload)
+        .execute(&mut **tx)
+        .await
+        .with_context(|| format!("notifying {channel}"))?;
+    Ok(())
+}
+
+fn job_record(r: sqlx::postgres::PgRow) -> anyhow::Result<JobRecord> {
+    let spec: serde_json::Value = r.get("spec");
+    let spec: JobSpec = serde_json::from_value(spec).context("decoding a stored job spec")?;
+    Ok(JobRecord {
+        spec,
+        source: r.get("source"),
+        paused: r.get("paused"),
+        cursor_at: r.get("cursor_at"),
+    })
+}
+
+fn run_record(r: sqlx::postgres::PgRow) -> RunRecord {
+    RunRecord {
+        id: r.get("id"),
+        job: r.get("job_name"),
+        group: r.get("group_name"),
+        scheduled_at: r.get("scheduled_at"),
+        trigger: r.get("trigger"),
+        state: r.get("state"),
+        reason: r.get("reason"),
+        attempt: r.get("attempt"),
+        worker_id: r.get("worker_id"),
+        error: r.get("error"),
+        params: r.get("params"),
+        term: r.get("term"),
+        requested_by: r.get("requested_by"),
+        created_at: r.get("created_at"),
+        published_at: r.get("published_at"),
+        started_at: r.get("started_at"),
+        finished_at: r.get("finished_at"),
+    }
+}
+
+/// A URL with its password replaced, for messages and logs.
+pub fn redact(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => match rest.split_once('@') {
+            Some((userinfo, host)) => match userinfo.split_once(':') {
+                Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+                None => url.to_owned(),
+            },
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}

@@ -1,0 +1,109 @@
+//! The broker becomes unreachable for some seconds: runs keep being persisted, and are published
+//! once it is back; none lost, none executed twice.
+
+use std::time::Duration;
+
+use chime_e2e::{
+    AMQP_URL, Proxy, Scheduler, database_url, init_tracing, service_config, unique, wait_for,
+};
+use serde_json::json;
+use sqlx::PgPool;
+
+use crate::common::{RecordingWorker, assert_consecutive, delete_topology, job, runs};
+
+#[sqlx::test(migrations = "../migrations")]
+async fn runs_persisted_while_the_broker_is_unreachable_are_published_after_it_returns(
+    pool: PgPool,
+) {
+    init_tracing();
+    let db = database_url(&pool);
+    let prefix = unique("t");
+    // Only the scheduler goes through the proxy; the worker stays connected.
+    let proxy = Proxy::start("127.0.0.1:5672").await;
+    let worker = RecordingWorker::start(&db, AMQP_URL, &prefix, "outage", &["pulse"]);
+    let scheduler = Scheduler::start(
+        service_config(&db, &proxy.amqp_url(), "solo", &prefix),
+        vec![job(
+            json!({"name": "pulse", "group": "outage", "every": "1s"}),
+        )],
+    );
+    wait_for("two published runs", Duration::from_secs(15), || async {
+        (runs(&pool, "pulse")
+            .await
+            .iter()
+            .filter(|r| r.published_at.is_some())
+            .count()
+            >= 2)
+            .then_some(())
+    })
+    .await;
+
+    proxy.cut();
+    // While the broker is away, fires are still persisted, and wait in the outbox.
+    let stuck = wait_for(
+        "three due runs persisted but unpublished",
+        Duration::from_secs(10),
+        || async {
+            let overdue = chrono::Utc::now() - chrono::Duration::milliseconds(500);
+            let pending: Vec<_> = runs(&pool, "pulse")
+                .await
+                .into_iter()
+                .filter(|r| r.state == "pending" && r.scheduled_at < overdue)
+                .collect();
+            (pending.len() >= 3).then_some(pending)
+        },
+    )
+    .await;
+    proxy.restore();
+
+    let ids: Vec<i64> = stuck.iter().map(|r| r.id).collect();
+    wait_for(
+        "the runs from the outage to be executed",
+        Duration::from_secs(20),
+        || async {
+            let all = runs(&pool, "pulse").await;
+            ids.iter()
+                .all(|id| all.iter().any(|r| r.id == *id && r.state == "succeeded"))
+                .then_some(())
+        },
+    )
+    .await;
+    scheduler.stop().await.expect("graceful stop");
+    let stopped = chrono::Utc::now();
+    // Runs written ahead of their instant by the stopped leader wait in the outbox for the next.
+    let all = wait_for(
+        "every run due before the stop to finish",
+        Duration::from_secs(15),
+        || async {
+            let all = runs(&pool, "pulse").await;
+            let (due, ahead): (Vec<_>, Vec<_>) =
+                all.into_iter().partition(|r| r.scheduled_at <= stopped);
+            (due.iter().all(|r| r.state == "succeeded")
+                && ahead.iter().all(|r| r.state == "pending"))
+            .then_some(due)
+        },
+    )
+    .await;
+    let executions = worker.counts();
+    worker.stop().await;
+
+    assert_consecutive(&all, Duration::from_secs(1));
+    for run in &all {
+        assert_eq!(
+            executions.get(&run.id),
+            Some(&1),
+            "run {} executed exactly once",
+            run.id
+        );
+    }
+    for run in &stuck {
+        let after = all.iter().find(|r| r.id == run.id).expect("still there");
+        let delay = after.published_at.expect("published") - run.scheduled_at;
+        assert!(
+            delay > chrono::Duration::milliseconds(500),
+            "run {} was published during the outage?",
+            run.id
+        );
+    }
+    delete_topology(&prefix, "outage").await;
+}

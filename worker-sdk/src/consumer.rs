@@ -1,0 +1,288 @@
+//! The AMQP side of a worker: the connection, and a supervisor that keeps a consumer on the
+//! group's work queue until shutdown.
+//!
+//! lapin's auto-recovery (enabled here) survives a lost *connection*: it reconnects and replays
+//! topology, QoS and consumers, and the consumer stream resumes after
+//! [`Channel::wait_for_recovery`]. It does not recover a *channel* the broker closed (consumer
+//! timeout `PRECONDITION_FAILED`, a deleted queue cancelling the consumer, a 404 on publish), and
+//! recovery itself gives up after its retries. The supervisor covers those: on any such end it
+//! reopens channels (and the connection if it is dead), re-declares the topology, re-applies the
+//! prefetch and re-consumes, with capped backoff, until shutdown.
+//!
+//! Each opening is a [`Link`]: a consumer channel and a confirm-mode channel for parking
+//! messages. Deliveries keep the `Link` they arrived on, because an ack must go out on the
+//! delivery's own channel; acks of a dead channel return `Ok(false)` and the broker redelivers
+//! those messages, which the claim then recognises as duplicates.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use lapin::options::{
+    BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
+    ConfirmSelectOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection, ConnectionProperties, Consumer};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::backoff;
+use crate::delivery;
+use crate::worker::Shared;
+
+/// One opening of the group's queue: the channels a delivery needs until it is acked.
+pub(crate) struct Link {
+    /// The channel the consumer (and so every ack) lives on.
+    pub consume: Channel,
+    /// A confirm-mode channel for publishing to the parking lot.
+    pub publish: Channel,
+    /// Fired by a delivery task when the publish channel died, so the supervisor reopens.
+    pub broken: CancellationToken,
+    consumer_tag: String,
+}
+
+/// The worker's connection and the links it opened.
+pub(crate) struct Broker {
+    url: String,
+    connection_name: String,
+    connection: Option<Connection>,
+    generation: u64,
+    links: Vec<Arc<Link>>,
+}
+
+impl Broker {
+    pub(crate) fn new(url: String, worker_id: &str) -> Self {
+        Broker {
+            url,
+            connection_name: format!("chime-worker-{worker_id}"),
+            connection: None,
+            generation: 0,
+            links: Vec::new(),
+        }
+    }
+
+    /// The connection, opened (again) if there is none or the old one is beyond recovery.
+    async fn connection(&mut self) -> Result<&Connection, lapin::Error> {
+        let usable = self
+            .connection
+            .as_ref()
+            .is_some_and(|c| c.status().connected() || c.status().reconnecting());
+        if !usable {
+            let properties = ConnectionProperties::default()
+                .enable_auto_recover()
+                .with_connection_name(self.connection_name.as_str().into());
+            let connection = Connection::connect(&self.url, properties).await?;
+            tracing::info!(connection = %self.connection_name, "connected to RabbitMQ");
+            self.connection = Some(connection);
+        }
+        Ok(self.connection.as_ref().expect("set above"))
+    }
+
+    /// Opens channels, declares the topology, sets the prefetch and starts consuming.
+    pub(crate) async fn open(
+        &mut self,
+        shared: &Shared,
+        capacity: u16,
+    ) -> Result<(Arc<Link>, Consumer), lapin::Error> {
+        self.generation += 1;
+        let consumer_tag = format!("{}-{}", self.connection_name, self.generation);
+        let connection = self.connection().await?;
+        let consume = connection.create_channel().await?;
+        shared.topology.declare(&consume).await?;
+        // Per-consumer prefetch (global=false): global QoS is a channel error on quorum queues.
+        consume
+            .basic_qos(capacity, BasicQosOptions { global: false })
+            .await?;
+        let publish = connection.create_channel().await?;
+        publish
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        let consumer = consume
+            .basic_consume(
+                shared.topology.work_queue().as_str().into(),
+                consumer_tag.as_str().into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        let link = Arc::new(Link {
+            consume,
+            publish,
+            broken: CancellationToken::new(),
+            consumer_tag,
+        });
+        // Links no delivery holds any more can go; close their channels.
+        let (keep, done): (Vec<_>, Vec<_>) = std::mem::take(&mut self.links)
+            .into_iter()
+            .partition(|l| Arc::strong_count(l) > 1);
+        self.links = keep;
+        for old in done {
+            close_link(&old).await;
+        }
+        self.links.push(link.clone());
+        tracing::info!(
+            queue = %shared.topology.work_queue(),
+            consumer = %link.consumer_tag,
+            prefetch = capacity,
+            "consuming"
+        );
+        Ok((link, consumer))
+    }
+
+    /// Closes every channel and the connection.
+    pub(crate) async fn close(&mut self) {
+        for link in std::mem::take(&mut self.links) {
+            close_link(&link).await;
+        }
+        if let Some(connection) = self.connection.take()
+            && connection.status().connected()
+            && let Err(error) = connection.close(200, "worker stopped".into()).await
+        {
+            tracing::debug!(%error, "closing the AMQP connection");
+        }
+    }
+}
+
+async fn close_link(link: &Link) {
+    for channel in [&link.consume, &link.publish] {
+        if channel.status().connected()
+            && let Err(error) = channel.close(200, "OK".into()).await
+        {
+            tracing::debug!(%error, "closing an AMQP channel");
+        }
+    }
+}
+
+/// How a link's consume loop ended.
+enum LinkEnd {
+    Shutdown,
+    Lost(String),
+}
+
+/// Consumes until shutdown, reopening the link whenever it is lost. `first` is the link opened
+/// at start-up. Returns once consuming has stopped; in-flight deliveries are in `tracker`.
+pub(crate) async fn supervise(
+    shared: Arc<Shared>,
+    broker: &mut Broker,
+    capacity: u16,
+    first: (Arc<Link>, Consumer),
+    shutdown: &CancellationToken,
+    tracker: &TaskTracker,
+) {
+    let mut current = Some(first);
+    let mut failures: u32 = 0;
+    loop {
+        let (link, consumer) = match current.take() {
+            Some(opened) => opened,
+            None => match broker.open(&shared, capacity).await {
+                Ok(opened) => opened,
+                Err(error) => {
+                    let wait = reopen_delay(failures);
+                    failures += 1;
+                    tracing::warn!(%error, ?wait, "cannot consume the work queue; retrying");
+                    if pause(wait, shutdown).await {
+                        return;
+                    }
+                    continue;
+                }
+            },
+        };
+        let opened_at = Instant::now();
+        match consume(&shared, link, consumer, shutdown, tracker).await {
+            LinkEnd::Shutdown => return,
+            LinkEnd::Lost(why) => {
+                if opened_at.elapsed() > Duration::from_secs(60) {
+                    failures = 0;
+                }
+                let wait = reopen_delay(failures);
+                failures += 1;
+                tracing::warn!(reason = %why, ?wait, "lost the work queue consumer; reopening");
+                if pause(wait, shutdown).await {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn reopen_delay(failures: u32) -> Duration {
+    backoff::delay(failures, Duration::from_millis(200), Duration::from_secs(15))
+}
+
+/// Sleeps for `wait`; true if shutdown came first.
+async fn pause(wait: Duration, shutdown: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = shutdown.cancelled() => true,
+        _ = tokio::time::sleep(wait) => false,
+    }
+}
+
+async fn consume(
+    shared: &Arc<Shared>,
+    link: Arc<Link>,
+    mut consumer: Consumer,
+    shutdown: &CancellationToken,
+    tracker: &TaskTracker,
+) -> LinkEnd {
+    loop {
+        let next = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => {
+                stop_consuming(&link, consumer).await;
+                return LinkEnd::Shutdown;
+            }
+            _ = link.broken.cancelled() => {
+                return LinkEnd::Lost("the parking lot channel closed".into());
+            }
+            next = consumer.next() => next,
+        };
+        match next {
+            Some(Ok(d)) => {
+                tracker.spawn(delivery::handle(shared.clone(), link.clone(), d));
+            }
+            Some(Err(error)) => {
+                tracing::warn!(%error, "work queue consumer failed; waiting for recovery");
+                let recovered = tokio::select! {
+                    _ = shutdown.cancelled() => return LinkEnd::Shutdown,
+                    recovered = link.consume.wait_for_recovery(error) => recovered,
+                };
+                match recovered {
+                    Ok(()) => tracing::info!("AMQP connection recovered; consuming again"),
+                    Err(error) => return LinkEnd::Lost(error.to_string()),
+                }
+            }
+            None => {
+                return LinkEnd::Lost(
+                    "the broker cancelled the consumer (queue deleted or channel closed)".into(),
+                );
+            }
+        }
+    }
+}
+
+/// Cancels the consumer so the broker sends nothing more, and hands back anything it had
+/// already pushed to us but we had not started (requeued for another worker).
+async fn stop_consuming(link: &Link, mut consumer: Consumer) {
+    if let Err(error) = link
+        .consume
+        .basic_cancel(
+            link.consumer_tag.as_str().into(),
+            BasicCancelOptions::default(),
+        )
+        .await
+    {
+        tracing::warn!(%error, "cancelling the consumer failed; closing the channel will stop it");
+        return;
+    }
+    while let Ok(Some(Ok(d))) = tokio::time::timeout(Duration::from_secs(1), consumer.next()).await {
+        let requeue = BasicNackOptions {
+            requeue: true,
+            ..BasicNackOptions::default()
+        };
+        if let Err(error) = d.acker.nack(requeue).await {
+            tracing::debug!(%error, "requeueing an unstarted delivery");
+        }
+    }
+    tracing::info!("stopped consuming");
+}

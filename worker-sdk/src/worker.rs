@@ -1,0 +1,686 @@
+//! The [`Worker`]: built with [`WorkerBuilder`], it registers in PostgreSQL, consumes its
+//! group's queue with bounded concurrency, and drains gracefully on shutdown.
+//!
+//! Shutdown, in order (tokio's graceful-shutdown shape):
+//! 1. stop consuming (`basic.cancel`), so the broker sends this worker nothing more;
+//! 2. let in-flight handlers finish, up to the drain timeout;
+//! 3. fire the handlers' cancellation tokens and give them the cancel grace to return;
+//! 4. abandon (drop) handlers that still run; every attempt is recorded, whatever happened;
+//! 5. close the AMQP channels and connection, mark the worker stopped, close an owned pool.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::consumer::{self, Broker};
+use crate::context::{JobContext, LogLine};
+use crate::delivery;
+use crate::handler::{self, Handlers};
+use crate::outcome::{JobError, Outcome};
+use crate::store::{Store, WorkerRow};
+use crate::topology::{DEFAULT_PREFIX, Topology};
+
+/// RabbitMQ URL used when none is given.
+pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+/// Concurrent handlers (and prefetch) when none is given.
+pub const DEFAULT_CAPACITY: u16 = 8;
+/// How long a shutdown waits for in-flight handlers before cancelling them.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a handler has to return after its cancellation token fired.
+pub const DEFAULT_CANCEL_GRACE: Duration = Duration::from_secs(5);
+/// How often the worker refreshes `chime_workers.heartbeat_at`.
+pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(5);
+/// How long a database write keeps retrying through connection errors.
+pub const DEFAULT_DB_RETRY_BUDGET: Duration = Duration::from_secs(30);
+
+/// Why a [`WorkerBuilder`] could not build a worker. Each message says how to fix it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// `Worker::builder("")`.
+    #[error("executor group name is empty: pass the group to Worker::builder(\"group\")")]
+    EmptyGroup,
+    /// No `.handle(..)` call.
+    #[error("no handlers registered: add at least one with .handle(\"job-name\", handler)")]
+    NoHandlers,
+    /// A job name was registered twice.
+    #[error("job `{0}` has two handlers: register each job name once")]
+    DuplicateJob(String),
+    /// `.capacity(0)`.
+    #[error("capacity must be at least 1 (got 0)")]
+    ZeroCapacity,
+    /// Neither `.pool(..)` nor `.database_url(..)`.
+    #[error("no database: call .pool(pool) or .database_url(\"postgres://…\")")]
+    NoDatabase,
+    /// `.database_url(..)` does not parse.
+    #[error("invalid database URL: {0}")]
+    DatabaseUrl(#[source] sqlx::Error),
+}
+
+/// Why [`Worker::run`] could not start. Once running, a worker survives broker and database
+/// outages (it retries) and only returns after a shutdown.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkerError {
+    /// The registry row could not be written.
+    #[error("cannot register worker `{worker_id}` in PostgreSQL: {source}")]
+    Register {
+        /// The worker's id.
+        worker_id: String,
+        /// The database error.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// Connecting, declaring the topology or consuming failed at start.
+    #[error("cannot consume group `{group}` from RabbitMQ at {url}: {source}")]
+    Amqp {
+        /// The executor group.
+        group: String,
+        /// The broker URL, password redacted.
+        url: String,
+        /// The AMQP error.
+        #[source]
+        source: lapin::Error,
+    },
+}
+
+enum Database {
+    Pool(PgPool),
+    Url(Box<PgConnectOptions>),
+}
+
+/// Configures a [`Worker`]; start with [`Worker::builder`].
+#[must_use = "call .build() to get a Worker"]
+pub struct WorkerBuilder {
+    group: String,
+    pool: Option<PgPool>,
+    database_url: Option<String>,
+    amqp_url: String,
+    prefix: String,
+    capacity: u16,
+    worker_id: Option<String>,
+    drain_timeout: Duration,
+    cancel_grace: Duration,
+    heartbeat_interval: Duration,
+    db_retry_budget: Duration,
+    handlers: Handlers,
+    duplicate: Option<String>,
+}
+
+impl fmt::Debug for WorkerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WorkerBuilder")
+            .field("group", &self.group)
+            .field("prefix", &self.prefix)
+            .field("capacity", &self.capacity)
+            .field("jobs", &self.handlers.jobs())
+            .finish_non_exhaustive()
+    }
+}
+
+impl WorkerBuilder {
+    /// Uses an existing pool (the worker does not close it).
+    pub fn pool(mut self, pool: PgPool) -> Self {
+        self.pool = Some(pool);
+        self
+    }
+
+    /// Connects to PostgreSQL at `url` (a pool of `capacity + 2` connections, closed on exit).
+    pub fn database_url(mut self, url: impl Into<String>) -> Self {
+        self.database_url = Some(url.into());
+        self
+    }
+
+    /// The RabbitMQ URL; default [`DEFAULT_AMQP_URL`].
+    pub fn amqp_url(mut self, url: impl Into<String>) -> Self {
+        self.amqp_url = url.into();
+        self
+    }
+
+    /// Name prefix of the group's exchange and queues; default `chime`. Must match the
+    /// scheduler's.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Handlers that may run at once, which is also the consumer prefetch; default
+    /// [`DEFAULT_CAPACITY`].
+    pub fn capacity(mut self, capacity: u16) -> Self {
+        self.capacity = capacity;
+        self
+    }
+
+    /// This worker's id in `chime_workers` and in the runs it executes; default
+    /// `<hostname>-<pid>-<random>`. Must be unique among live workers.
+    pub fn worker_id(mut self, id: impl Into<String>) -> Self {
+        self.worker_id = Some(id.into());
+        self
+    }
+
+    /// How long a shutdown waits for in-flight handlers before cancelling them; default
+    /// [`DEFAULT_DRAIN_TIMEOUT`].
+    pub fn drain_timeout(mut self, timeout: Duration) -> Self {
+        self.drain_timeout = timeout;
+        self
+    }
+
+    /// How long a handler has to return after its cancellation token fired (timeout or
+    /// shutdown) before it is abandoned; default [`DEFAULT_CANCEL_GRACE`].
+    pub fn cancel_grace(mut self, grace: Duration) -> Self {
+        self.cancel_grace = grace;
+        self
+    }
+
+    /// How often the worker's heartbeat is refreshed; default [`DEFAULT_HEARTBEAT_INTERVAL`].
+    pub fn heartbeat_interval(mut self, interval: Duration) -> Self {
+        self.heartbeat_interval = interval;
+        self
+    }
+
+    /// How long a database write keeps retrying through connection errors; default
+    /// [`DEFAULT_DB_RETRY_BUDGET`].
+    pub fn db_retry_budget(mut self, budget: Duration) -> Self {
+        self.db_retry_budget = budget;
+        self
+    }
+
+    /// Registers `handler` for job `job`. The run's params are decoded into `P`; if they do not
+    /// decode, the attempt fails (without retry) with a message naming the job and the field.
+    pub fn handle<P, F, Fut>(mut self, job: impl Into<String>, handler: F) -> Self
+    where
+        P: DeserializeOwned + Send + 'static,
+        F: Fn(JobContext, P) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), JobError>> + Send + 'static,
+    {
+        let job = job.into();
+        let erased = handler::erase(&job, handler);
+        if !self.handlers.insert(job.clone(), erased) && self.duplicate.is_none() {
+            self.duplicate = Some(job);
+        }
+        self
+    }
+
+    /// Checks the configuration and builds the worker. Does no IO.
+    pub fn build(self) -> Result<Worker, BuildError> {
+        if self.group.is_empty() {
+            return Err(BuildError::EmptyGroup);
+        }
+        if self.handlers.is_empty() {
+            return Err(BuildError::NoHandlers);
+        }
+        if let Some(job) = self.duplicate {
+            return Err(BuildError::DuplicateJob(job));
+        }
+        if self.capacity == 0 {
+            return Err(BuildError::ZeroCapacity);
+        }
+        let database = match (self.pool, self.database_url) {
+            (Some(pool), _) => Database::Pool(pool),
+            (None, Some(url)) => Database::Url(Box::new(
+                PgConnectOptions::from_str(&url).map_err(BuildError::DatabaseUrl)?,
+            )),
+            (None, None) => return Err(BuildError::NoDatabase),
+        };
+        let hostname = gethostname::gethostname().to_string_lossy().into_owned();
+        let id = self
+            .worker_id
+            .unwrap_or_else(|| default_worker_id(&hostname));
+        Ok(Worker {
+            id,
+            hostname,
+            topology: Topology::new(self.prefix, self.group),
+            database,
+            amqp_url: self.amqp_url,
+            capacity: self.capacity,
+            drain_timeout: self.drain_timeout,
+            cancel_grace: self.cancel_grace,
+            heartbeat_interval: self.heartbeat_interval,
+            db_retry_budget: self.db_retry_budget,
+            handlers: self.handlers,
+        })
+    }
+}
+
+fn default_worker_id(hostname: &str) -> String {
+    let suffix: String = std::iter::repeat_with(fastrand::alphanumeric)
+        .take(6)
+        .collect::<String>()
+        .to_lowercase();
+    format!("{hostname}-{}-{suffix}", std::process::id())
+}
+
+/// A worker of one executor group. See the crate docs for a tour.
+pub struct Worker {
+    id: String,
+    hostname: String,
+    topology: Topology,
+    database: Database,
+    amqp_url: String,
+    capacity: u16,
+    drain_timeout: Duration,
+    cancel_grace: Duration,
+    heartbeat_interval: Duration,
+    db_retry_budget: Duration,
+    handlers: Handlers,
+}
+
+impl fmt::Debug for Worker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Worker")
+            .field("id", &self.id)
+            .field("group", &self.topology.group())
+            .field("queue", &self.topology.work_queue())
+            .field("amqp_url", &redact(&self.amqp_url))
+            .field("capacity", &self.capacity)
+            .field("jobs", &self.handlers.jobs())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Worker {
+    /// Starts configuring a worker of executor group `group`.
+    pub fn builder(group: impl Into<String>) -> WorkerBuilder {
+        WorkerBuilder {
+            group: group.into(),
+            pool: None,
+            database_url: None,
+            amqp_url: DEFAULT_AMQP_URL.to_owned(),
+            prefix: DEFAULT_PREFIX.to_owned(),
+            capacity: DEFAULT_CAPACITY,
+            worker_id: None,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            cancel_grace: DEFAULT_CANCEL_GRACE,
+            heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
+            db_retry_budget: DEFAULT_DB_RETRY_BUDGET,
+            handlers: Handlers::default(),
+            duplicate: None,
+        }
+    }
+
+    /// This worker's id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The group's queue topology this worker consumes.
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    /// Runs until `shutdown` fires, then drains (see the module docs) and returns.
+    ///
+    /// Fails only at start (registry row, first connection and consumer). After that, broker
+    /// and database outages are retried and logged, never returned.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), WorkerError> {
+        let (pool, owned_pool) = match self.database {
+            Database::Pool(pool) => (pool, false),
+            Database::Url(options) => (
+                PgPoolOptions::new()
+                    .max_connections(u32::from(self.capacity) + 2)
+                    .connect_lazy_with(*options),
+                true,
+            ),
+        };
+        let jobs = self.handlers.jobs();
+        let shared = Arc::new(Shared {
+            id: self.id,
+            topology: self.topology,
+            handlers: self.handlers,
+            store: Store::new(pool, self.db_retry_budget),
+            stop_handlers: CancellationToken::new(),
+            abandon: CancellationToken::new(),
+            cancel_grace: self.cancel_grace,
+            in_flight: Mutex::default(),
+            unrecorded: Mutex::default(),
+        });
+        let row = WorkerRow {
+            id: &shared.id,
+            group: shared.topology.group(),
+            hostname: &self.hostname,
+            capacity: self.capacity,
+            jobs: &jobs,
+        };
+        if let Err(source) = shared.store.register_worker(&row).await {
+            return Err(WorkerError::Register {
+                worker_id: shared.id.clone(),
+                source,
+            });
+        }
+
+        let mut broker = Broker::new(self.amqp_url.clone(), &shared.id);
+        let first = match broker.open(&shared, self.capacity).await {
+            Ok(first) => first,
+            Err(source) => {
+                broker.close().await;
+                shared.mark_stopped().await;
+                if owned_pool {
+                    shared.store.pool().close().await;
+                }
+                return Err(WorkerError::Amqp {
+                    group: shared.topology.group().to_owned(),
+                    url: redact(&self.amqp_url),
+                    source,
+                });
+            }
+        };
+        tracing::info!(
+            worker_id = %shared.id,
+            group = shared.topology.group(),
+            jobs = ?jobs,
+            capacity = self.capacity,
+            "worker started"
+        );
+
+        let stop_heartbeat = CancellationToken::new();
+        let heartbeat = tokio::spawn(heartbeat_loop(
+            shared.clone(),
+            self.heartbeat_interval,
+            stop_heartbeat.clone(),
+        ));
+        let tracker = TaskTracker::new();
+        consumer::supervise(
+            shared.clone(),
+            &mut broker,
+            self.capacity,
+            first,
+            &shutdown,
+            &tracker,
+        )
+        .await;
+
+        drain(&shared, &tracker, self.drain_timeout).await;
+        broker.close().await;
+        stop_heartbeat.cancel();
+        if let Err(error) = heartbeat.await {
+            tracing::error!(%error, "heartbeat task failed");
+        }
+        shared.retry_unrecorded().await;
+        let lost = shared.unrecorded().len();
+        if lost > 0 {
+            tracing::error!(
+                runs = lost,
+                "EXITING WITH UNRECORDED OUTCOMES: these runs stay `running` until the rescuer \
+                 takes them over"
+            );
+        }
+        shared.mark_stopped().await;
+        if owned_pool {
+            shared.store.pool().close().await;
+        }
+        tracing::info!(worker_id = %shared.id, "worker stopped");
+        Ok(())
+    }
+
+    /// Runs until SIGTERM or SIGINT (Ctrl-C), then drains and returns.
+    pub async fn run_until_signal(self) -> Result<(), WorkerError> {
+        let shutdown = CancellationToken::new();
+        let signals = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move {
+                wait_for_signal().await;
+                tracing::info!("shutdown signal received; draining");
+                shutdown.cancel();
+            }
+        });
+        let result = self.run(shutdown).await;
+        signals.abort();
+        result
+    }
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+                return;
+            }
+            Err(error) => tracing::warn!(%error, "cannot listen for SIGTERM; only Ctrl-C stops the worker"),
+        }
+    }
+    if let Err(error) = tokio::signal::ctrl_c().await {
+        tracing::error!(%error, "cannot listen for Ctrl-C");
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Waits for in-flight deliveries: drain timeout, then cancellation, then abandonment.
+async fn drain(shared: &Shared, tracker: &TaskTracker, drain_timeout: Duration) {
+    tracker.close();
+    if tracker.is_empty() {
+        return;
+    }
+    tracing::info!(in_flight = tracker.len(), timeout = ?drain_timeout, "draining in-flight runs");
+    if tokio::time::timeout(drain_timeout, tracker.wait()).await.is_ok() {
+        return;
+    }
+    tracing::warn!(
+        in_flight = tracker.len(),
+        grace = ?shared.cancel_grace,
+        "drain timeout passed; cancelling the remaining handlers"
+    );
+    shared.stop_handlers.cancel();
+    if tokio::time::timeout(shared.cancel_grace, tracker.wait()).await.is_ok() {
+        return;
+    }
+    shared.abandon.cancel();
+    // Abandoned handlers are recorded now; the store's own retry budget bounds that.
+    let budget = shared.store_retry_budget() + Duration::from_secs(5);
+    if tokio::time::timeout(budget, tracker.wait()).await.is_err() {
+        tracing::error!(
+            in_flight = tracker.len(),
+            "runs still unrecorded at exit; the broker redelivers their messages"
+        );
+    }
+}
+
+async fn heartbeat_loop(shared: Arc<Shared>, every: Duration, stop: CancellationToken) {
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks.tick().await; // the first tick is immediate; registration just happened
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = ticks.tick() => {}
+        }
+        if let Err(error) = shared.store.heartbeat(&shared.id).await {
+            tracing::warn!(%error, "heartbeat failed");
+            continue;
+        }
+        shared.retry_unrecorded().await;
+    }
+}
+
+/// State shared by the worker's tasks.
+pub(crate) struct Shared {
+    pub(crate) id: String,
+    pub(crate) topology: Topology,
+    pub(crate) handlers: Handlers,
+    pub(crate) store: Store,
+    /// Parent of every handler's cancellation token; fired when the drain timeout passes.
+    pub(crate) stop_handlers: CancellationToken,
+    /// Fired after the cancel grace of a shutdown: drop handlers that still run.
+    pub(crate) abandon: CancellationToken,
+    pub(crate) cancel_grace: Duration,
+    in_flight: Mutex<HashSet<i64>>,
+    unrecorded: Mutex<HashMap<i64, Unrecorded>>,
+}
+
+/// An attempt's outcome that could not be written yet.
+pub(crate) struct Unrecorded {
+    pub attempt: u32,
+    pub outcome: Outcome,
+    pub duration: Duration,
+    pub lines: Vec<LogLine>,
+}
+
+/// Marks a run as being handled by this worker until dropped.
+pub(crate) struct InFlight<'a> {
+    shared: &'a Shared,
+    run_id: i64,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        lock(&self.shared.in_flight).remove(&self.run_id);
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The guarded maps stay consistent even if a holder panicked.
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    /// Enters run `run_id`, unless this worker is already handling a delivery of it.
+    pub(crate) fn enter(&self, run_id: i64) -> Option<InFlight<'_>> {
+        lock(&self.in_flight).insert(run_id).then_some(InFlight {
+            shared: self,
+            run_id,
+        })
+    }
+
+    fn unrecorded(&self) -> MutexGuard<'_, HashMap<i64, Unrecorded>> {
+        lock(&self.unrecorded)
+    }
+
+    pub(crate) fn keep_unrecorded(&self, run_id: i64, pending: Unrecorded) {
+        self.unrecorded().insert(run_id, pending);
+    }
+
+    pub(crate) fn take_unrecorded(&self, run_id: i64, attempt: u32) -> Option<Unrecorded> {
+        let mut unrecorded = self.unrecorded();
+        if unrecorded.get(&run_id)?.attempt == attempt {
+            unrecorded.remove(&run_id)
+        } else {
+            None
+        }
+    }
+
+    /// One more try for every outcome that could not be written (each try has the store's
+    /// retry budget).
+    async fn retry_unrecorded(&self) {
+        let run_ids: Vec<i64> = self.unrecorded().keys().copied().collect();
+        for run_id in run_ids {
+            let Some(pending) = self.unrecorded().remove(&run_id) else {
+                continue; // a redelivery is recording it
+            };
+            match self
+                .store
+                .record_outcome(
+                    run_id,
+                    pending.attempt,
+                    &self.id,
+                    &pending.outcome,
+                    pending.duration,
+                    &pending.lines,
+                )
+                .await
+            {
+                Ok(recorded) => {
+                    tracing::info!(run_id, "recorded a delayed outcome");
+                    delivery::log_recorded(recorded, &pending.outcome);
+                }
+                Err(error) => {
+                    tracing::warn!(%error, run_id, "outcome still cannot be recorded");
+                    self.keep_unrecorded(run_id, pending);
+                }
+            }
+        }
+    }
+
+    fn store_retry_budget(&self) -> Duration {
+        self.store.retry_budget()
+    }
+
+    async fn mark_stopped(&self) {
+        if let Err(error) = self.store.mark_stopped(&self.id).await {
+            tracing::warn!(%error, "cannot mark the worker stopped in chime_workers");
+        }
+    }
+}
+
+/// `amqp://user:secret@host` → `amqp://user:***@host`.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let Some((userinfo, host)) = rest.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    match userinfo.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn noop(_: JobContext, _: serde_json::Value) -> Result<(), JobError> {
+        Ok(())
+    }
+
+    fn lazy_pool() -> PgPool {
+        PgPoolOptions::new().connect_lazy_with(PgConnectOptions::new())
+    }
+
+    #[test]
+    fn redacts_the_password_only() {
+        assert_eq!(
+            redact("amqp://guest:guest@127.0.0.1:5672/%2f"),
+            "amqp://guest:***@127.0.0.1:5672/%2f"
+        );
+        assert_eq!(redact("amqp://127.0.0.1"), "amqp://127.0.0.1");
+    }
+
+    #[test]
+    fn build_explains_what_is_missing() {
+        let err = |b: WorkerBuilder| b.build().unwrap_err().to_string();
+        assert!(err(Worker::builder("").handle("a", noop)).contains("group name is empty"));
+        assert!(err(Worker::builder("g").database_url("postgres://x")).contains("no handlers"));
+        assert_eq!(
+            err(Worker::builder("g").handle("a", noop).handle("a", noop)),
+            "job `a` has two handlers: register each job name once"
+        );
+        assert!(err(Worker::builder("g").handle("a", noop)).contains(".pool(pool)"));
+        assert!(
+            err(Worker::builder("g").handle("a", noop).database_url("postgres://h:notaport/db"))
+                .starts_with("invalid database URL")
+        );
+    }
+
+    #[tokio::test]
+    async fn build_applies_defaults() {
+        let w = Worker::builder("orders")
+            .pool(lazy_pool())
+            .handle("a", noop)
+            .build()
+            .unwrap();
+        assert_eq!(w.capacity, DEFAULT_CAPACITY);
+        assert_eq!(w.topology().work_queue(), "chime.orders.work");
+        let pid = std::process::id().to_string();
+        assert!(w.id().contains(&format!("-{pid}-")), "{}", w.id());
+        let zero = Worker::builder("g")
+            .pool(lazy_pool())
+            .handle("a", noop)
+            .capacity(0)
+            .build();
+        assert!(matches!(zero, Err(BuildError::ZeroCapacity)));
+    }
+}

@@ -1,0 +1,334 @@
+//! Test support: a private group topology on the real RabbitMQ, runs in the test's own
+//! database, a scheduler-like publisher, and condition waits with deadlines.
+
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::future::Future;
+use std::time::Duration;
+
+use chime_worker::protocol::{CONTENT_TYPE, HEADER_ATTEMPT, PROTOCOL_VERSION};
+use chime_worker::{CancellationToken, Topology, Trigger, Worker, WorkerBuilder, WorkerError};
+use chrono::{DateTime, Utc};
+use lapin::message::Delivery;
+use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use serde_json::Value;
+use sqlx::PgPool;
+use tokio::task::JoinHandle;
+
+/// How long any awaited condition may take before the test fails.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+pub fn amqp_url() -> String {
+    std::env::var("AMQP_URL").unwrap_or_else(|_| chime_worker::DEFAULT_AMQP_URL.to_owned())
+}
+
+fn unique(kind: &str) -> String {
+    let suffix: String = std::iter::repeat_with(fastrand::lowercase).take(10).collect();
+    format!("{kind}{suffix}")
+}
+
+/// Emits the worker's logs when a test runs with `RUST_LOG` set.
+pub fn init_tracing() {
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+    }
+}
+
+/// One test's world: its database, its own prefix and group, and a publishing channel.
+pub struct Env {
+    pub pool: PgPool,
+    pub topology: Topology,
+    pub prefix: String,
+    pub group: String,
+    connection: Connection,
+    pub channel: Channel,
+}
+
+/// A row of `chime_runs`, as tests look at it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct RunRow {
+    pub id: i64,
+    pub state: String,
+    pub reason: Option<String>,
+    pub attempt: i32,
+    pub worker_id: Option<String>,
+    pub error: Option<String>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// A row of `chime_attempts`.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct AttemptRow {
+    pub attempt: i32,
+    pub worker_id: String,
+    pub state: String,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub duration_ms: Option<i64>,
+    pub error: Option<String>,
+}
+
+/// A running worker under test.
+pub struct Running {
+    pub shutdown: CancellationToken,
+    pub handle: JoinHandle<Result<(), WorkerError>>,
+}
+
+impl Running {
+    /// Requests a shutdown and waits for `run` to return.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.join().await;
+    }
+
+    /// Waits for `run` to return (after a shutdown was requested).
+    pub async fn join(self) {
+        tokio::time::timeout(WAIT, self.handle)
+            .await
+            .expect("worker did not stop in time")
+            .expect("worker task panicked")
+            .expect("worker failed");
+    }
+}
+
+impl Env {
+    pub async fn new(pool: PgPool) -> Env {
+        init_tracing();
+        let prefix = unique("t");
+        let group = unique("g");
+        let topology = Topology::new(prefix.as_str(), group.as_str());
+        let connection = Connection::connect(&amqp_url(), ConnectionProperties::default())
+            .await
+            .expect("RabbitMQ at AMQP_URL (default 127.0.0.1:5672)");
+        let channel = connection.create_channel().await.unwrap();
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        topology.declare(&channel).await.unwrap();
+        Env {
+            pool,
+            topology,
+            prefix,
+            group,
+            connection,
+            channel,
+        }
+    }
+
+    /// A builder for a worker of this test's group, with quick heartbeats.
+    pub fn worker(&self) -> WorkerBuilder {
+        Worker::builder(self.group.as_str())
+            .pool(self.pool.clone())
+            .prefix(self.prefix.as_str())
+            .amqp_url(amqp_url())
+            .worker_id(unique("w"))
+            .heartbeat_interval(Duration::from_millis(200))
+    }
+
+    /// Starts `worker` in a task.
+    pub fn start(&self, worker: Worker) -> Running {
+        let shutdown = CancellationToken::new();
+        let handle = tokio::spawn(worker.run(shutdown.clone()));
+        Running { shutdown, handle }
+    }
+
+    /// Inserts a queued run of `job`, as the scheduler would, and returns its id.
+    pub async fn insert_run(&self, job: &str, params: &Value) -> i64 {
+        sqlx::query_scalar(
+            "INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, params, state)
+             VALUES ($1, $2, now(), 'manual', $3, 'queued') RETURNING id",
+        )
+        .bind(job)
+        .bind(&self.group)
+        .bind(params)
+        .fetch_one(&self.pool)
+        .await
+        .unwrap()
+    }
+
+    pub async fn scheduled_at(&self, run_id: i64) -> DateTime<Utc> {
+        sqlx::query_scalar("SELECT scheduled_at FROM chime_runs WHERE id = $1")
+            .bind(run_id)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    /// The trigger the scheduler would publish for run `run_id`.
+    pub async fn trigger(&self, run_id: i64, job: &str, params: Value) -> Trigger {
+        Trigger {
+            v: PROTOCOL_VERSION,
+            run_id,
+            job: job.to_owned(),
+            group: self.group.clone(),
+            attempt: 1,
+            scheduled_at: self.scheduled_at(run_id).await,
+            params,
+            timeout_ms: None,
+        }
+    }
+
+    /// Inserts a run and publishes its trigger; returns the run id.
+    pub async fn submit(&self, job: &str, params: Value) -> i64 {
+        let run_id = self.insert_run(job, &params).await;
+        let trigger = self.trigger(run_id, job, params).await;
+        self.publish(&trigger).await;
+        run_id
+    }
+
+    /// Publishes a trigger the way the scheduler does.
+    pub async fn publish(&self, trigger: &Trigger) {
+        let mut headers = FieldTable::default();
+        headers.insert(HEADER_ATTEMPT.into(), AMQPValue::LongUInt(trigger.attempt));
+        self.publish_raw(&trigger.to_body(), Some(trigger.run_id), headers)
+            .await;
+    }
+
+    /// Publishes `body` to the work queue (persistent, mandatory, confirmed), retrying while it
+    /// is unroutable (a worker may be re-declaring the queue).
+    pub async fn publish_raw(&self, body: &[u8], message_id: Option<i64>, headers: FieldTable) {
+        let mut properties = BasicProperties::default()
+            .with_content_type(CONTENT_TYPE.into())
+            .with_delivery_mode(2)
+            .with_headers(headers);
+        if let Some(id) = message_id {
+            properties = properties.with_message_id(id.to_string().into());
+        }
+        let exchange = &self.topology.exchange();
+        let properties = &properties;
+        wait_for("the trigger to be routed to the work queue", || async move {
+            let confirm = self
+                .channel
+                .basic_publish(
+                    exchange.as_str().into(),
+                    chime_worker::topology::WORK_KEY.into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..BasicPublishOptions::default()
+                    },
+                    body,
+                    properties.clone(),
+                )
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+            matches!(confirm, Confirmation::Ack(None)).then_some(())
+        })
+        .await
+    }
+
+    /// `(ready messages, consumers)` of `queue` (passive declare: the queue must exist).
+    pub async fn queue_state(&self, queue: &str) -> (u32, u32) {
+        let q = self
+            .channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        (q.message_count(), q.consumer_count())
+    }
+
+    /// Takes the next message from the parking lot (acked), if any.
+    pub async fn take_parked(&self) -> Option<Delivery> {
+        let got = self
+            .channel
+            .basic_get(
+                self.topology.parking_queue().as_str().into(),
+                BasicGetOptions { no_ack: true },
+            )
+            .await
+            .unwrap();
+        got.map(|m| m.delivery)
+    }
+
+    pub async fn run(&self, run_id: i64) -> RunRow {
+        sqlx::query_as(
+            "SELECT id, state, reason, attempt, worker_id, error, started_at, finished_at
+               FROM chime_runs WHERE id = $1",
+        )
+        .bind(run_id)
+        .fetch_one(&self.pool)
+        .await
+        .unwrap()
+    }
+
+    /// Waits until run `run_id` is in `state`.
+    pub async fn run_in_state(&self, run_id: i64, state: &str) -> RunRow {
+        wait_for(&format!("run {run_id} to be {state}"), || async move {
+            let run = self.run(run_id).await;
+            (run.state == state).then_some(run)
+        })
+        .await
+    }
+
+    pub async fn attempts(&self, run_id: i64) -> Vec<AttemptRow> {
+        sqlx::query_as(
+            "SELECT attempt, worker_id, state, started_at, finished_at, duration_ms, error
+               FROM chime_attempts WHERE run_id = $1 ORDER BY attempt",
+        )
+        .bind(run_id)
+        .fetch_all(&self.pool)
+        .await
+        .unwrap()
+    }
+
+    /// `(attempt, level, message)` of the run's stored log lines, in order.
+    pub async fn logs(&self, run_id: i64) -> Vec<(i32, String, String)> {
+        sqlx::query_as(
+            "SELECT attempt, level, message FROM chime_run_logs WHERE run_id = $1 ORDER BY id",
+        )
+        .bind(run_id)
+        .fetch_all(&self.pool)
+        .await
+        .unwrap()
+    }
+
+    /// Deletes the test's exchange and queues.
+    pub async fn cleanup(self) {
+        self.topology.delete(&self.channel).await.unwrap();
+        let _ = self.connection.close(200, "test done".into()).await;
+    }
+}
+
+/// Polls `probe` until it yields a value; panics naming `what` after [`WAIT`].
+pub async fn wait_for<T, F, Fut>(what: &str, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {WAIT:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The text of header `name`, if it is a string.
+pub fn header(delivery: &Delivery, name: &str) -> Option<String> {
+    let headers = delivery.properties.headers().as_ref()?;
+    match headers.inner().get(name)? {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
+        _ => None,
+    }
+}

@@ -1,0 +1,537 @@
+//! The worker against real PostgreSQL and RabbitMQ: claim, execute, record, ack; duplicates,
+//! dead letters, outcomes, bounded concurrency, drain, and channel/connection loss.
+//!
+//! Needs `DATABASE_URL` (a role that may create databases; `#[sqlx::test]` gives every test a
+//! fresh one) and RabbitMQ at `AMQP_URL` (default `amqp://guest:guest@127.0.0.1:5672/%2f`).
+//! Every test declares its own prefix and group and deletes them at the end.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::time::Duration;
+
+use chime_worker::protocol::{HEADER_ATTEMPT, HEADER_DEAD_BY, HEADER_DEAD_REASON};
+use chime_worker::{JobContext, JobError};
+use lapin::types::FieldTable;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use support::{Env, WAIT, header, wait_for};
+use tokio::sync::{Notify, mpsc};
+
+#[derive(serde::Deserialize)]
+struct Greet {
+    name: String,
+}
+
+/// A handler that counts its invocations and logs two lines.
+fn greeter(
+    calls: &Arc<AtomicUsize>,
+) -> impl Fn(JobContext, Greet) -> std::pin::Pin<Box<dyn Future<Output = Result<(), JobError>> + Send>>
++ Send
++ Sync
++ 'static {
+    let calls = calls.clone();
+    move |ctx: JobContext, p: Greet| {
+        let calls = calls.clone();
+        Box::pin(async move {
+            calls.fetch_add(1, SeqCst);
+            ctx.log().info(format!("hello, {}", p.name));
+            ctx.log().warn(format!(
+                "run {} attempt {} scheduled {}",
+                ctx.run_id(),
+                ctx.attempt(),
+                ctx.scheduled_at().to_rfc3339()
+            ));
+            Ok(())
+        })
+    }
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_trigger_is_claimed_executed_once_recorded_and_acked(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let worker = env
+        .worker()
+        .capacity(3)
+        .handle("greet", greeter(&calls))
+        .build()
+        .unwrap();
+    let worker_id = worker.id().to_owned();
+    let running = env.start(worker);
+
+    let run_id = env.submit("greet", json!({"name": "Ada"})).await;
+    let run = env.run_in_state(run_id, "succeeded").await;
+    assert_eq!(run.attempt, 1);
+    assert_eq!(run.worker_id.as_deref(), Some(worker_id.as_str()));
+    assert_eq!(run.error, None);
+    let (started, finished) = (run.started_at.unwrap(), run.finished_at.unwrap());
+    assert!(started <= finished);
+
+    let attempts = env.attempts(run_id).await;
+    assert_eq!(attempts.len(), 1);
+    let a = &attempts[0];
+    assert_eq!((a.attempt, a.state.as_str(), a.worker_id.as_str()), (1, "succeeded", worker_id.as_str()));
+    assert_eq!(a.started_at, started);
+    assert_eq!(a.finished_at, Some(finished));
+    let duration_ms = a.duration_ms.unwrap();
+    assert!(duration_ms >= 0);
+    assert_eq!((finished - started).num_milliseconds(), duration_ms);
+    assert_eq!(a.error, None);
+
+    let scheduled = env.scheduled_at(run_id).await.to_rfc3339();
+    assert_eq!(
+        env.logs(run_id).await,
+        [
+            (1, "info".to_owned(), "hello, Ada".to_owned()),
+            (1, "warn".to_owned(), format!("run {run_id} attempt 1 scheduled {scheduled}")),
+        ]
+    );
+
+    // The registry row exists and its heartbeat moves.
+    let (capacity, jobs): (i32, Vec<String>) =
+        sqlx::query_as("SELECT capacity, jobs FROM chime_workers WHERE id = $1")
+            .bind(&worker_id)
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+    assert_eq!((capacity, jobs), (3, vec!["greet".to_owned()]));
+    let pool = &env.pool;
+    let id = worker_id.as_str();
+    wait_for("a heartbeat after registration", || async move {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT heartbeat_at > started_at FROM chime_workers WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+        .then_some(())
+    })
+    .await;
+
+    running.stop().await;
+    assert_eq!(calls.load(SeqCst), 1);
+    // Acked: after the worker's connection closed nothing came back to the queue.
+    assert_eq!(env.queue_state(&env.topology.work_queue()).await, (0, 0));
+    let stopped: bool =
+        sqlx::query_scalar("SELECT stopped_at IS NOT NULL FROM chime_workers WHERE id = $1")
+            .bind(&worker_id)
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+    assert!(stopped, "stopped_at is set on exit");
+    env.cleanup().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_trigger_delivered_three_times_executes_once(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let run_id = env.insert_run("greet", &json!({"name": "Bo"})).await;
+    let trigger = env.trigger(run_id, "greet", json!({"name": "Bo"})).await;
+    // Two copies before the worker starts: delivered together, handled concurrently.
+    env.publish(&trigger).await;
+    env.publish(&trigger).await;
+
+    let calls = Arc::new(AtomicUsize::new(0));
+    let worker = env.worker().handle("greet", greeter(&calls)).build().unwrap();
+    let running = env.start(worker);
+    env.run_in_state(run_id, "succeeded").await;
+
+    // A third copy after the run finished (a confirmed publish the scheduler did not mark).
+    env.publish(&trigger).await;
+    let env_ref = &env;
+    wait_for("every copy to be consumed", || async move {
+        (env_ref.queue_state(&env_ref.topology.work_queue()).await.0 == 0).then_some(())
+    })
+    .await;
+    running.stop().await;
+
+    assert_eq!(calls.load(SeqCst), 1, "the handler ran once");
+    assert_eq!(env.attempts(run_id).await.len(), 1);
+    assert_eq!(env.logs(run_id).await.len(), 2);
+    assert_eq!(env.run(run_id).await.state, "succeeded");
+    assert_eq!(env.queue_state(&env.topology.work_queue()).await.0, 0, "all copies acked");
+    env.cleanup().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn malformed_and_unknown_job_messages_are_parked_and_the_worker_keeps_consuming(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let garbage_run = env.insert_run("greet", &Value::Null).await;
+    env.publish_raw(b"{not json", Some(garbage_run), FieldTable::default())
+        .await;
+    let unknown_run = env.submit("no-such-job", json!({"x": 1})).await;
+    let good_run = env.submit("greet", json!({"name": "Cy"})).await;
+
+    let calls = Arc::new(AtomicUsize::new(0));
+    // Capacity 1: the good trigger is handled only after both bad ones.
+    let worker = env
+        .worker()
+        .capacity(1)
+        .handle("greet", greeter(&calls))
+        .build()
+        .unwrap();
+    let worker_id = worker.id().to_owned();
+    let running = env.start(worker);
+
+    env.run_in_state(good_run, "succeeded").await;
+    let unknown = env.run_in_state(unknown_run, "dead").await;
+    let reason = unknown.reason.unwrap();
+    assert!(reason.starts_with("unknown job `no-such-job`"), "{reason}");
+    assert!(reason.contains("has handlers for greet"), "{reason}");
+    assert_eq!(unknown.error.as_deref(), Some(reason.as_str()));
+    let garbage = env.run_in_state(garbage_run, "dead").await;
+    assert!(
+        garbage.reason.as_deref().unwrap().starts_with("message body is not a Chime trigger"),
+        "{garbage:?}"
+    );
+
+    let parking = env.topology.parking_queue();
+    let env_ref = &env;
+    wait_for("two parked messages", || {
+        let parking = parking.clone();
+        async move { (env_ref.queue_state(&parking).await.0 == 2).then_some(()) }
+    })
+    .await;
+    let mut parked = vec![env.take_parked().await.unwrap(), env.take_parked().await.unwrap()];
+    parked.sort_by_key(|d| d.properties.message_id().clone().map(|m| m.to_string()));
+    let by_id = |run_id: i64| {
+        parked
+            .iter()
+            .find(|d| d.properties.message_id().as_ref().map(|m| m.as_str()) == Some(&run_id.to_string()))
+            .unwrap_or_else(|| panic!("parked message of run {run_id}"))
+    };
+    let g = by_id(garbage_run);
+    assert_eq!(g.data, b"{not json");
+    assert!(header(g, HEADER_DEAD_REASON).unwrap().starts_with("message body is not a Chime trigger"));
+    assert_eq!(header(g, HEADER_DEAD_BY).as_deref(), Some(worker_id.as_str()));
+    let u = by_id(unknown_run);
+    assert_eq!(header(u, HEADER_DEAD_REASON).as_deref(), Some(reason.as_str()));
+    assert_eq!(header(u, HEADER_DEAD_BY).as_deref(), Some(worker_id.as_str()));
+    assert!(
+        u.properties.headers().as_ref().unwrap().contains_key(HEADER_ATTEMPT),
+        "original headers are kept"
+    );
+    assert_eq!(u.properties.delivery_mode(), &Some(2));
+
+    running.stop().await;
+    assert_eq!(calls.load(SeqCst), 1);
+    assert_eq!(env.queue_state(&env.topology.work_queue()).await.0, 0, "originals acked");
+    assert!(env.attempts(unknown_run).await.is_empty());
+    env.cleanup().await;
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct Batch {
+    #[allow(dead_code)]
+    size: u32,
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn params_that_do_not_decode_fail_the_run_naming_job_and_field(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let worker = env
+        .worker()
+        .handle("batch", move |_: JobContext, _: Batch| {
+            counted.fetch_add(1, SeqCst);
+            async { Ok(()) }
+        })
+        .build()
+        .unwrap();
+    let running = env.start(worker);
+    let run_id = env.submit("batch", json!({"sise": 10})).await;
+    let run = env.run_in_state(run_id, "failed").await;
+    let error = run.error.unwrap();
+    assert!(error.starts_with("params of job `batch` do not decode"), "{error}");
+    assert!(error.contains("missing field `size`"), "{error}");
+    let attempts = env.attempts(run_id).await;
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(attempts[0].state, "failed");
+    assert_eq!(attempts[0].error.as_deref(), Some(error.as_str()));
+    running.stop().await;
+    assert_eq!(calls.load(SeqCst), 0, "the handler never ran");
+    env.cleanup().await;
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("loading orders")]
+struct LoadError(#[source] std::io::Error);
+
+async fn flaky(ctx: JobContext, _: Value) -> Result<(), JobError> {
+    ctx.log().info("trying");
+    Err(LoadError(std::io::Error::other("connection refused")))?
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn handler_outcomes_are_recorded(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let worker = env
+        .worker()
+        .capacity(5)
+        .cancel_grace(Duration::from_secs(5))
+        .handle("flaky", flaky)
+        .handle("refuse", |_: JobContext, _: Value| async {
+            Err(JobError::fail("order 7 does not exist"))
+        })
+        .handle("give-up", |_: JobContext, _: Value| async {
+            Err(JobError::cancel("nothing to do today"))
+        })
+        .handle("boom", |_: JobContext, v: Vec<u8>| async move {
+            let _ = v[3];
+            Ok(())
+        })
+        .handle("slow", |ctx: JobContext, _: Value| async move {
+            ctx.cancelled().await;
+            Err(JobError::cancel("saw the token"))
+        })
+        .build()
+        .unwrap();
+    let running = env.start(worker);
+
+    let flaky_run = env.submit("flaky", Value::Null).await;
+    let refuse_run = env.submit("refuse", Value::Null).await;
+    let give_up_run = env.submit("give-up", Value::Null).await;
+    let boom_run = env.submit("boom", json!([1, 2])).await;
+    let slow_run = env.insert_run("slow", &Value::Null).await;
+    let mut slow = env.trigger(slow_run, "slow", Value::Null).await;
+    slow.timeout_ms = Some(150);
+    env.publish(&slow).await;
+
+    let cases = [
+        (flaky_run, "failed", "failed", "loading orders: connection refused"),
+        (refuse_run, "failed", "failed", "order 7 does not exist"),
+        (give_up_run, "cancelled", "cancelled", "nothing to do today"),
+        (boom_run, "failed", "failed", "handler panicked: index out of bounds"),
+        (slow_run, "failed", "timed_out", "timed out after 150ms; handler returned: saw the token"),
+    ];
+    for (run_id, run_state, attempt_state, error) in cases {
+        let run = env.run_in_state(run_id, run_state).await;
+        let err = run.error.unwrap();
+        assert!(err.starts_with(error), "run {run_id}: {err}");
+        let attempts = env.attempts(run_id).await;
+        assert_eq!(attempts.len(), 1);
+        assert_eq!(attempts[0].state, attempt_state, "run {run_id}");
+        assert_eq!(attempts[0].error.as_deref(), Some(err.as_str()));
+        assert!(attempts[0].finished_at.is_some());
+    }
+    assert_eq!(env.logs(flaky_run).await, [(1, "info".to_owned(), "trying".to_owned())]);
+    // Timed out after ~150 ms, not after the 5 s grace.
+    let slow_ms = env.attempts(slow_run).await[0].duration_ms.unwrap();
+    assert!((150..4_000).contains(&slow_ms), "{slow_ms} ms");
+
+    running.stop().await;
+    assert_eq!(env.queue_state(&env.topology.work_queue()).await.0, 0);
+    env.cleanup().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn capacity_bounds_concurrent_handlers(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let current = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let (c, p) = (current.clone(), peak.clone());
+    let worker = env
+        .worker()
+        .capacity(2)
+        .handle("slow", move |_: JobContext, _: Value| {
+            let (current, peak) = (c.clone(), p.clone());
+            async move {
+                let now = current.fetch_add(1, SeqCst) + 1;
+                peak.fetch_max(now, SeqCst);
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                current.fetch_sub(1, SeqCst);
+                Ok(())
+            }
+        })
+        .build()
+        .unwrap();
+    let mut runs = Vec::new();
+    for _ in 0..4 {
+        runs.push(env.submit("slow", Value::Null).await);
+    }
+    let running = env.start(worker);
+    for run_id in &runs {
+        env.run_in_state(*run_id, "succeeded").await;
+    }
+    running.stop().await;
+    assert_eq!(peak.load(SeqCst), 2, "two at a time, never more");
+    // The database agrees: no instant had more than two attempts running.
+    let overlapping: i64 = sqlx::query_scalar(
+        "SELECT max((SELECT count(*) FROM chime_attempts b
+                      WHERE b.started_at <= a.started_at AND b.finished_at > a.started_at))
+           FROM chime_attempts a",
+    )
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    assert!(overlapping <= 2, "{overlapping} attempts overlapped");
+    env.cleanup().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn shutdown_stops_consuming_and_lets_the_running_handler_finish(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let release = Arc::new(Notify::new());
+    let gate = release.clone();
+    let worker = env
+        .worker()
+        .handle("hold", move |ctx: JobContext, _: Value| {
+            let (started_tx, gate) = (started_tx.clone(), gate.clone());
+            async move {
+                started_tx.send(ctx.run_id()).unwrap();
+                gate.notified().await;
+                ctx.log().info(format!("released; cancelled = {}", ctx.is_cancelled()));
+                Ok(())
+            }
+        })
+        .build()
+        .unwrap();
+    let running = env.start(worker);
+    let first = env.submit("hold", Value::Null).await;
+    let got = tokio::time::timeout(WAIT, started.recv()).await.unwrap();
+    assert_eq!(got, Some(first));
+
+    running.shutdown.cancel();
+    let work = env.topology.work_queue();
+    let env_ref = &env;
+    wait_for("the consumer to be cancelled", || {
+        let work = work.clone();
+        async move { (env_ref.queue_state(&work).await.1 == 0).then_some(()) }
+    })
+    .await;
+    // Stopped consuming: a new trigger stays in the queue.
+    let second = env.submit("hold", Value::Null).await;
+    assert!(!running.handle.is_finished(), "run() waits for the in-flight handler");
+    assert_eq!(env.run(first).await.state, "running");
+
+    release.notify_one();
+    running.join().await;
+    env.run_in_state(first, "succeeded").await;
+    assert_eq!(
+        env.logs(first).await,
+        [(1, "info".to_owned(), "released; cancelled = false".to_owned())]
+    );
+    assert_eq!(env.run(second).await.state, "queued");
+    assert_eq!(env.queue_state(&env.topology.work_queue()).await, (1, 0));
+    env.cleanup().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn drain_timeout_cancels_handlers_and_records_them_interrupted(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let worker = env
+        .worker()
+        .capacity(2)
+        .drain_timeout(Duration::from_millis(200))
+        .cancel_grace(Duration::from_millis(500))
+        .handle("polite", |ctx: JobContext, _: Value| async move {
+            ctx.cancelled().await;
+            ctx.log().warn("stopping early");
+            Err(JobError::cancel("saw the token"))
+        })
+        .handle("stubborn", |_: JobContext, _: Value| async move {
+            std::future::pending::<()>().await;
+            Ok(())
+        })
+        .build()
+        .unwrap();
+    let running = env.start(worker);
+    let polite = env.submit("polite", Value::Null).await;
+    let stubborn = env.submit("stubborn", Value::Null).await;
+    env.run_in_state(polite, "running").await;
+    env.run_in_state(stubborn, "running").await;
+
+    running.stop().await;
+
+    let run = env.run(polite).await;
+    assert_eq!(run.state, "failed");
+    assert_eq!(
+        run.error.as_deref(),
+        Some("interrupted by worker shutdown; handler returned: saw the token")
+    );
+    assert_eq!(env.attempts(polite).await[0].state, "cancelled");
+    assert_eq!(env.logs(polite).await, [(1, "warn".to_owned(), "stopping early".to_owned())]);
+
+    let run = env.run(stubborn).await;
+    assert_eq!(run.state, "failed");
+    let error = run.error.unwrap();
+    assert!(error.starts_with("interrupted by worker shutdown; handler did not stop"), "{error}");
+    assert_eq!(env.attempts(stubborn).await[0].state, "cancelled");
+    assert_eq!(env.queue_state(&env.topology.work_queue()).await.0, 0, "both acked");
+    env.cleanup().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_deleted_work_queue_is_redeclared_and_consumed_again(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let worker = env.worker().handle("greet", greeter(&calls)).build().unwrap();
+    let running = env.start(worker);
+    let before = env.submit("greet", json!({"name": "Di"})).await;
+    env.run_in_state(before, "succeeded").await;
+
+    // The broker cancels the worker's consumer (a channel-level end lapin does not recover).
+    env.channel
+        .queue_delete(
+            env.topology.work_queue().as_str().into(),
+            lapin::options::QueueDeleteOptions::default(),
+        )
+        .await
+        .unwrap();
+    // Routed only once the worker's supervisor has declared the queue again.
+    let after = env.submit("greet", json!({"name": "Ed"})).await;
+    env.run_in_state(after, "succeeded").await;
+
+    running.stop().await;
+    assert_eq!(calls.load(SeqCst), 2);
+    env.cleanup().await;
+}
+
+/// The broker's `close_connection` as an operator would run it.
+fn rabbitmqctl(args: &[&str]) -> String {
+    let out = std::process::Command::new("rabbitmqctl")
+        .args(args)
+        .output()
+        .expect("rabbitmqctl (RabbitMQ runs on this machine)");
+    assert!(out.status.success(), "rabbitmqctl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_connection_closed_by_the_broker_is_recovered(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let worker = env.worker().handle("greet", greeter(&calls)).build().unwrap();
+    let connection_name = format!("chime-worker-{}", worker.id());
+    let running = env.start(worker);
+    let before = env.submit("greet", json!({"name": "Fa"})).await;
+    env.run_in_state(before, "succeeded").await;
+
+    let listing = tokio::task::spawn_blocking(|| {
+        rabbitmqctl(&["list_connections", "-q", "--no-table-headers", "name", "client_properties"])
+    })
+    .await
+    .unwrap();
+    let pid_name = listing
+        .lines()
+        .find(|line| line.contains(&connection_name))
+        .and_then(|line| line.split('\t').next())
+        .unwrap_or_else(|| panic!("connection {connection_name} in {listing}"))
+        .to_owned();
+    tokio::task::spawn_blocking(move || {
+        rabbitmqctl(&["close_connection", &pid_name, "test: forced close"])
+    })
+    .await
+    .unwrap();
+
+    let after = env.submit("greet", json!({"name": "Gu"})).await;
+    env.run_in_state(after, "succeeded").await;
+    running.stop().await;
+    assert_eq!(calls.load(SeqCst), 2);
+    env.cleanup().await;
+}
