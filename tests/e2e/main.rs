@@ -3,6 +3,7 @@
 //! prefix, so they run in parallel.
 
 mod common;
+mod control;
 mod fires;
 mod ha;
 mod outage;
