@@ -238,43 +238,26 @@ impl Planner {
         fires: &mut Vec<NewFire>,
     ) {
         let spec = &planned.spec;
-        let policy = CatchUpPolicy {
-            policy: spec.misfire,
-            grace: spec.misfire_grace,
-            catchup_window: spec.catchup_window,
-            max_catchup: spec.max_catchup,
-        };
-        let outcome = misfire::catch_up(&planned.schedule, cursor, now, &policy);
-        if outcome.omitted > 0 {
-            warn!(
-                job = %spec.name,
-                omitted = outcome.omitted,
-                range = ?outcome.omitted_range,
-                "too many missed fires to record one by one; skipped without a run row"
-            );
-        }
-        for decision in outcome.decisions {
-            match decision {
-                Decision::Fire { at, late } => {
-                    let kind = if late {
-                        TriggerKind::Catchup
-                    } else {
-                        TriggerKind::Schedule
-                    };
-                    fires.push(new_fire(spec, at, kind, None));
-                }
-                Decision::Skip { at, reason } => {
-                    fires.push(new_fire(
-                        spec,
-                        at,
-                        TriggerKind::Schedule,
-                        Some(reason.to_string()),
-                    ));
-                }
+        let policy = CatchUpPolicy::from_spec(spec);
+        let mut cursor = cursor;
+        loop {
+            let outcome = misfire::catch_up(&planned.schedule, cursor, now, &policy);
+            if outcome.omitted > 0 {
+                warn!(
+                    job = %spec.name,
+                    omitted = outcome.omitted,
+                    range = ?outcome.omitted_range,
+                    "too many missed fires to record one by one; skipped without a run row"
+                );
             }
+            push_decisions(spec, outcome.decisions, fires);
+            // Long outages are decided in pages; each page moves the cursor forward.
+            if outcome.complete || outcome.cursor <= cursor {
+                break;
+            }
+            cursor = outcome.cursor;
         }
     }
-
     /// Writes fires under the fence and hands the pending ones to the dispatcher.
     async fn write(&mut self, fires: Vec<NewFire>) -> anyhow::Result<()> {
         if fires.is_empty() {
@@ -318,6 +301,19 @@ impl Planner {
         self.admit(record, Utc::now(), &mut fires);
         debug!(job = name, "job re-planned");
         self.write(fires).await
+    }
+}
+
+fn push_decisions(spec: &JobSpec, decisions: Vec<Decision>, fires: &mut Vec<NewFire>) {
+    for decision in decisions {
+        let fire = match decision {
+            Decision::Fire { at, late: true } => new_fire(spec, at, TriggerKind::Catchup, None),
+            Decision::Fire { at, late: false } => new_fire(spec, at, TriggerKind::Schedule, None),
+            Decision::Skip { at, reason } => {
+                new_fire(spec, at, TriggerKind::Schedule, Some(reason.to_string()))
+            }
+        };
+        fires.push(fire);
     }
 }
 
