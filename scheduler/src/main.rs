@@ -46,6 +46,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Migrate => {
+            Store::create_database_if_missing(&settings.database_url).await?;
             let store = Store::connect(&settings.database_url, 2).await?;
             store.migrate().await?;
             println!("database is up to date");

@@ -47,6 +47,7 @@ pub async fn run(
     mut reload: mpsc::Receiver<()>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    Store::create_database_if_missing(&config.database_url).await?;
     let store = Store::connect(&config.database_url, 10).await?;
     store.migrate().await?;
     let jobs = loader().context("loading job files")?;

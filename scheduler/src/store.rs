@@ -268,6 +268,22 @@ impl Store {
         &self.pool
     }
 
+    /// Creates the database `url` names if it does not exist yet (several instances may race
+    /// here; losing the race is fine).
+    pub async fn create_database_if_missing(url: &str) -> anyhow::Result<()> {
+        use sqlx::migrate::MigrateDatabase as _;
+        let exists = sqlx::Postgres::database_exists(url)
+            .await
+            .with_context(|| format!("checking the database at {}", redact(url)))?;
+        if !exists
+            && let Err(e) = sqlx::Postgres::create_database(url).await
+            && !sqlx::Postgres::database_exists(url).await.unwrap_or(false)
+        {
+            return Err(e).with_context(|| format!("creating the database at {}", redact(url)));
+        }
+        Ok(())
+    }
+
     /// Applies pending migrations.
     pub async fn migrate(&self) -> anyhow::Result<()> {
         MIGRATOR

@@ -186,7 +186,8 @@ pub(crate) fn parse(expr: &str) -> Result<Parsed, String> {
             })
         }
         6 if !has_question => {
-            let [s, m, h, dom, mon, dow] = [parts[0], parts[1], parts[2], parts[3], parts[4], parts[5]];
+            let [s, m, h, dom, mon, dow] =
+                [parts[0], parts[1], parts[2], parts[3], parts[4], parts[5]];
             let fields = build(s, m, h, dom, mon, dow, None, Weekdays::Unix)?;
             Ok(Parsed {
                 dialect: CronDialect::UnixWithSeconds,
@@ -194,7 +195,8 @@ pub(crate) fn parse(expr: &str) -> Result<Parsed, String> {
             })
         }
         6 | 7 => {
-            let [s, m, h, dom, mon, dow] = [parts[0], parts[1], parts[2], parts[3], parts[4], parts[5]];
+            let [s, m, h, dom, mon, dow] =
+                [parts[0], parts[1], parts[2], parts[3], parts[4], parts[5]];
             let year = parts.get(6).copied();
             let fields = build(s, m, h, dom, mon, dow, year, Weekdays::Quartz)?;
             if !fields.dom_star && !fields.dow_star {
@@ -219,9 +221,11 @@ pub(crate) fn parse(expr: &str) -> Result<Parsed, String> {
 fn parse_macro(text: &str) -> Result<Parsed, String> {
     let lower = text.to_ascii_lowercase();
     if lower == "@reboot" {
-        return Err("@reboot is not supported: Chime has no boot event to run it on; \
+        return Err(
+            "@reboot is not supported: Chime has no boot event to run it on; \
                     use a schedule such as @daily, or trigger the job manually"
-            .to_string());
+                .to_string(),
+        );
     }
     let Some((_, unix)) = MACROS.iter().find(|(name, _)| *name == lower) else {
         let known: Vec<&str> = MACROS.iter().map(|(name, _)| *name).collect();
@@ -394,9 +398,7 @@ fn looks_like_quartz_modifier(item: &str) -> bool {
         || upper == "LW"
         || upper.starts_with("L-")
         || ((upper.ends_with('L') || upper.ends_with('W'))
-            && upper[..upper.len() - 1]
-                .chars()
-                .all(|c| c.is_ascii_digit())
+            && upper[..upper.len() - 1].chars().all(|c| c.is_ascii_digit())
             && upper.len() > 1)
 }
 
@@ -460,7 +462,11 @@ impl Fields {
     fn day_matches(&self, date: chrono::NaiveDate) -> bool {
         let dom = bit(self.days_of_month, date.day());
         let dow = bit(self.days_of_week, weekday_sunday_zero(date.weekday()));
-        if self.vixie_or() { dom || dow } else { dom && dow }
+        if self.vixie_or() {
+            dom || dow
+        } else {
+            dom && dow
+        }
     }
 
     /// Vixie cron: if either day field starts with `*`, a day must match both; otherwise either.
@@ -481,11 +487,7 @@ impl Fields {
         let dow = list(self.days_of_week, 0, 6, 1);
         let year = match &self.years {
             None => "*".to_string(),
-            Some(ys) => ys
-                .iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(","),
+            Some(ys) => ys.iter().map(u32::to_string).collect::<Vec<_>>().join(","),
         };
         if self.vixie_or() {
             vec![
@@ -504,7 +506,8 @@ impl Fields {
         }
         const LONGEST: [u32; 13] = [0, 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
         let possible = (1..=12u32).any(|month| {
-            bit(self.months, month) && (1..=LONGEST[month as usize]).any(|d| bit(self.days_of_month, d))
+            bit(self.months, month)
+                && (1..=LONGEST[month as usize]).any(|d| bit(self.days_of_month, d))
         });
         if possible {
             Ok(())
@@ -693,10 +696,7 @@ mod tests {
             ("60 0 9 * * *", "second 60 is out of range 0-59"),
             ("0 9 0 * *", "day-of-month 0 is out of range 1-31"),
             ("0 9 * 13 *", "month 13 is out of range 1-12 (or JAN-DEC)"),
-            (
-                "0 0 9 ? * 2 1969",
-                "year 1969 is out of range 1970-2099",
-            ),
+            ("0 0 9 ? * 2 1969", "year 1969 is out of range 1970-2099"),
             (
                 "0 9 * *",
                 "it has 4 fields; write 5 fields (minute hour day-of-month month day-of-week), \

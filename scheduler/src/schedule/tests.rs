@@ -30,12 +30,22 @@ fn assert_upcoming(expr: &str, tz: &str, after: &str, expected: &[&str]) {
 #[test]
 fn unix_weekdays_1_to_5_fire_monday_to_friday_at_nine_only() {
     for tz in ["UTC", "Europe/Berlin", "America/New_York"] {
-        for expr in ["0 9 * * 1-5", "0 9 * * MON-FRI", "0 0 9 * * 1-5", "0 0 9 ? * 2-6", "0 0 9 ? * MON-FRI *"] {
+        for expr in [
+            "0 9 * * 1-5",
+            "0 9 * * MON-FRI",
+            "0 0 9 * * 1-5",
+            "0 0 9 ? * 2-6",
+            "0 0 9 ? * MON-FRI *",
+        ] {
             let fires = cron(expr, tz).upcoming(utc("2026-01-01T00:00:00Z"), 8 * 5);
             let mut per_day = [0; 7];
             for f in &fires {
                 let local = f.with_timezone(&zone(tz));
-                assert_eq!((local.hour(), local.minute(), local.second()), (9, 0, 0), "{expr} {tz} {f}");
+                assert_eq!(
+                    (local.hour(), local.minute(), local.second()),
+                    (9, 0, 0),
+                    "{expr} {tz} {f}"
+                );
                 per_day[local.weekday().num_days_from_monday() as usize] += 1;
             }
             // 8 weeks: each of Monday..Friday exactly 8 times, never Saturday or Sunday.
@@ -46,10 +56,23 @@ fn unix_weekdays_1_to_5_fire_monday_to_friday_at_nine_only() {
 
 #[test]
 fn unix_weekday_0_and_7_are_sunday() {
-    for expr in ["0 9 * * 0", "0 9 * * 7", "0 9 * * SUN", "0 0 9 * * 0", "0 0 9 * * 7", "0 0 9 ? * 1", "0 0 9 ? * SUN"] {
+    for expr in [
+        "0 9 * * 0",
+        "0 9 * * 7",
+        "0 9 * * SUN",
+        "0 0 9 * * 0",
+        "0 0 9 * * 7",
+        "0 0 9 ? * 1",
+        "0 0 9 ? * SUN",
+    ] {
         let fires = cron(expr, "UTC").upcoming(utc("2026-06-01T00:00:00Z"), 10);
         assert_eq!(fires.len(), 10);
-        assert!(fires.iter().all(|f| f.weekday() == Weekday::Sun && f.hour() == 9), "{expr}: {fires:?}");
+        assert!(
+            fires
+                .iter()
+                .all(|f| f.weekday() == Weekday::Sun && f.hour() == 9),
+            "{expr}: {fires:?}"
+        );
         assert_eq!(fires[0], utc("2026-06-07T09:00:00Z"), "{expr}");
     }
 }
@@ -59,36 +82,205 @@ fn dialect_tables() {
     // (expression, zone, after, next fires)
     let cases: &[(&str, &str, &str, &[&str])] = &[
         // 5-field Unix: 2026-06-06 is a Saturday.
-        ("0 9 * * 1-5", "UTC", "2026-06-06T00:00:00Z", &["2026-06-08T09:00:00Z", "2026-06-09T09:00:00Z", "2026-06-10T09:00:00Z", "2026-06-11T09:00:00Z", "2026-06-12T09:00:00Z", "2026-06-15T09:00:00Z"][..]),
-        ("*/15 * * * *", "UTC", "2026-06-06T10:07:00Z", &["2026-06-06T10:15:00Z", "2026-06-06T10:30:00Z", "2026-06-06T10:45:00Z", "2026-06-06T11:00:00Z"]),
-        ("5/20 8-9 * * *", "UTC", "2026-06-06T00:00:00Z", &["2026-06-06T08:05:00Z", "2026-06-06T08:25:00Z", "2026-06-06T08:45:00Z", "2026-06-06T09:05:00Z"]),
-        ("0 0 1 JAN,jul *", "UTC", "2026-06-06T00:00:00Z", &["2026-07-01T00:00:00Z", "2027-01-01T00:00:00Z"]),
-        ("0 22 * * FRI-SUN", "UTC", "2026-06-04T00:00:00Z", &["2026-06-05T22:00:00Z", "2026-06-06T22:00:00Z", "2026-06-07T22:00:00Z", "2026-06-12T22:00:00Z"]),
-        ("0 9 * * 1", "Asia/Shanghai", "2026-06-01T00:00:00Z", &["2026-06-01T01:00:00Z", "2026-06-08T01:00:00Z"]),
+        (
+            "0 9 * * 1-5",
+            "UTC",
+            "2026-06-06T00:00:00Z",
+            &[
+                "2026-06-08T09:00:00Z",
+                "2026-06-09T09:00:00Z",
+                "2026-06-10T09:00:00Z",
+                "2026-06-11T09:00:00Z",
+                "2026-06-12T09:00:00Z",
+                "2026-06-15T09:00:00Z",
+            ][..],
+        ),
+        (
+            "*/15 * * * *",
+            "UTC",
+            "2026-06-06T10:07:00Z",
+            &[
+                "2026-06-06T10:15:00Z",
+                "2026-06-06T10:30:00Z",
+                "2026-06-06T10:45:00Z",
+                "2026-06-06T11:00:00Z",
+            ],
+        ),
+        (
+            "5/20 8-9 * * *",
+            "UTC",
+            "2026-06-06T00:00:00Z",
+            &[
+                "2026-06-06T08:05:00Z",
+                "2026-06-06T08:25:00Z",
+                "2026-06-06T08:45:00Z",
+                "2026-06-06T09:05:00Z",
+            ],
+        ),
+        (
+            "0 0 1 JAN,jul *",
+            "UTC",
+            "2026-06-06T00:00:00Z",
+            &["2026-07-01T00:00:00Z", "2027-01-01T00:00:00Z"],
+        ),
+        (
+            "0 22 * * FRI-SUN",
+            "UTC",
+            "2026-06-04T00:00:00Z",
+            &[
+                "2026-06-05T22:00:00Z",
+                "2026-06-06T22:00:00Z",
+                "2026-06-07T22:00:00Z",
+                "2026-06-12T22:00:00Z",
+            ],
+        ),
+        (
+            "0 9 * * 1",
+            "Asia/Shanghai",
+            "2026-06-01T00:00:00Z",
+            &["2026-06-01T01:00:00Z", "2026-06-08T01:00:00Z"],
+        ),
         // 6-field with seconds, Unix weekdays.
-        ("30 0 9 * * 1-5", "UTC", "2026-06-06T00:00:00Z", &["2026-06-08T09:00:30Z", "2026-06-09T09:00:30Z"]),
-        ("*/20 * * * * *", "UTC", "2026-06-06T10:00:05.5Z", &["2026-06-06T10:00:20Z", "2026-06-06T10:00:40Z", "2026-06-06T10:01:00Z"]),
-        ("0 */2 * * * *", "Asia/Shanghai", "2026-06-06T10:01:00Z", &["2026-06-06T10:02:00Z", "2026-06-06T10:04:00Z"]),
+        (
+            "30 0 9 * * 1-5",
+            "UTC",
+            "2026-06-06T00:00:00Z",
+            &["2026-06-08T09:00:30Z", "2026-06-09T09:00:30Z"],
+        ),
+        (
+            "*/20 * * * * *",
+            "UTC",
+            "2026-06-06T10:00:05.5Z",
+            &[
+                "2026-06-06T10:00:20Z",
+                "2026-06-06T10:00:40Z",
+                "2026-06-06T10:01:00Z",
+            ],
+        ),
+        (
+            "0 */2 * * * *",
+            "Asia/Shanghai",
+            "2026-06-06T10:01:00Z",
+            &["2026-06-06T10:02:00Z", "2026-06-06T10:04:00Z"],
+        ),
         // Quartz: 1 = Sunday, `?`, year.
-        ("0 0 9 ? * 2-6", "UTC", "2026-06-06T00:00:00Z", &["2026-06-08T09:00:00Z", "2026-06-09T09:00:00Z"]),
-        ("0 0 9 ? * 7", "UTC", "2026-06-01T00:00:00Z", &["2026-06-06T09:00:00Z", "2026-06-13T09:00:00Z"]),
-        ("0 15 10 15 * ?", "UTC", "2026-06-01T00:00:00Z", &["2026-06-15T10:15:00Z", "2026-07-15T10:15:00Z"]),
-        ("0 0 12 1 1 ? 2027", "UTC", "2026-06-01T00:00:00Z", &["2027-01-01T12:00:00Z"]),
-        ("0 0/30 8 * * ?", "UTC", "2026-06-01T00:00:00Z", &["2026-06-01T08:00:00Z", "2026-06-01T08:30:00Z", "2026-06-02T08:00:00Z"]),
+        (
+            "0 0 9 ? * 2-6",
+            "UTC",
+            "2026-06-06T00:00:00Z",
+            &["2026-06-08T09:00:00Z", "2026-06-09T09:00:00Z"],
+        ),
+        (
+            "0 0 9 ? * 7",
+            "UTC",
+            "2026-06-01T00:00:00Z",
+            &["2026-06-06T09:00:00Z", "2026-06-13T09:00:00Z"],
+        ),
+        (
+            "0 15 10 15 * ?",
+            "UTC",
+            "2026-06-01T00:00:00Z",
+            &["2026-06-15T10:15:00Z", "2026-07-15T10:15:00Z"],
+        ),
+        (
+            "0 0 12 1 1 ? 2027",
+            "UTC",
+            "2026-06-01T00:00:00Z",
+            &["2027-01-01T12:00:00Z"],
+        ),
+        (
+            "0 0/30 8 * * ?",
+            "UTC",
+            "2026-06-01T00:00:00Z",
+            &[
+                "2026-06-01T08:00:00Z",
+                "2026-06-01T08:30:00Z",
+                "2026-06-02T08:00:00Z",
+            ],
+        ),
         // Macros.
-        ("@yearly", "UTC", "2026-06-06T00:00:00Z", &["2027-01-01T00:00:00Z", "2028-01-01T00:00:00Z"]),
-        ("@annually", "UTC", "2026-06-06T00:00:00Z", &["2027-01-01T00:00:00Z"]),
-        ("@monthly", "UTC", "2026-06-06T00:00:00Z", &["2026-07-01T00:00:00Z", "2026-08-01T00:00:00Z"]),
-        ("@weekly", "UTC", "2026-06-01T00:00:00Z", &["2026-06-07T00:00:00Z", "2026-06-14T00:00:00Z"]),
-        ("@daily", "Europe/Berlin", "2026-06-06T00:00:00Z", &["2026-06-06T22:00:00Z", "2026-06-07T22:00:00Z"]),
-        ("@midnight", "UTC", "2026-06-06T00:00:00Z", &["2026-06-07T00:00:00Z"]),
-        ("@hourly", "UTC", "2026-06-06T00:00:00Z", &["2026-06-06T01:00:00Z", "2026-06-06T02:00:00Z"]),
+        (
+            "@yearly",
+            "UTC",
+            "2026-06-06T00:00:00Z",
+            &["2027-01-01T00:00:00Z", "2028-01-01T00:00:00Z"],
+        ),
+        (
+            "@annually",
+            "UTC",
+            "2026-06-06T00:00:00Z",
+            &["2027-01-01T00:00:00Z"],
+        ),
+        (
+            "@monthly",
+            "UTC",
+            "2026-06-06T00:00:00Z",
+            &["2026-07-01T00:00:00Z", "2026-08-01T00:00:00Z"],
+        ),
+        (
+            "@weekly",
+            "UTC",
+            "2026-06-01T00:00:00Z",
+            &["2026-06-07T00:00:00Z", "2026-06-14T00:00:00Z"],
+        ),
+        (
+            "@daily",
+            "Europe/Berlin",
+            "2026-06-06T00:00:00Z",
+            &["2026-06-06T22:00:00Z", "2026-06-07T22:00:00Z"],
+        ),
+        (
+            "@midnight",
+            "UTC",
+            "2026-06-06T00:00:00Z",
+            &["2026-06-07T00:00:00Z"],
+        ),
+        (
+            "@hourly",
+            "UTC",
+            "2026-06-06T00:00:00Z",
+            &["2026-06-06T01:00:00Z", "2026-06-06T02:00:00Z"],
+        ),
         // Vixie: both day fields restricted = either matches (the 10th, or Mondays).
-        ("0 9 10 * 1", "UTC", "2026-06-01T10:00:00Z", &["2026-06-08T09:00:00Z", "2026-06-10T09:00:00Z", "2026-06-15T09:00:00Z", "2026-06-22T09:00:00Z", "2026-06-29T09:00:00Z", "2026-07-06T09:00:00Z", "2026-07-10T09:00:00Z", "2026-07-13T09:00:00Z"]),
+        (
+            "0 9 10 * 1",
+            "UTC",
+            "2026-06-01T10:00:00Z",
+            &[
+                "2026-06-08T09:00:00Z",
+                "2026-06-10T09:00:00Z",
+                "2026-06-15T09:00:00Z",
+                "2026-06-22T09:00:00Z",
+                "2026-06-29T09:00:00Z",
+                "2026-07-06T09:00:00Z",
+                "2026-07-10T09:00:00Z",
+                "2026-07-13T09:00:00Z",
+            ],
+        ),
         // Vixie: a field starting with `*` = both must match (odd days that are Mondays).
-        ("0 9 */2 * 1", "UTC", "2026-06-01T10:00:00Z", &["2026-06-15T09:00:00Z", "2026-06-29T09:00:00Z", "2026-07-13T09:00:00Z", "2026-07-27T09:00:00Z"]),
-        ("0 9 13 * *", "UTC", "2026-06-01T00:00:00Z", &["2026-06-13T09:00:00Z", "2026-07-13T09:00:00Z"]),
-        ("0 0 29 2 *", "UTC", "2026-01-01T00:00:00Z", &["2028-02-29T00:00:00Z", "2032-02-29T00:00:00Z"]),
+        (
+            "0 9 */2 * 1",
+            "UTC",
+            "2026-06-01T10:00:00Z",
+            &[
+                "2026-06-15T09:00:00Z",
+                "2026-06-29T09:00:00Z",
+                "2026-07-13T09:00:00Z",
+                "2026-07-27T09:00:00Z",
+            ],
+        ),
+        (
+            "0 9 13 * *",
+            "UTC",
+            "2026-06-01T00:00:00Z",
+            &["2026-06-13T09:00:00Z", "2026-07-13T09:00:00Z"],
+        ),
+        (
+            "0 0 29 2 *",
+            "UTC",
+            "2026-01-01T00:00:00Z",
+            &["2028-02-29T00:00:00Z", "2032-02-29T00:00:00Z"],
+        ),
     ];
     for (expr, tz, after, want) in cases {
         assert_upcoming(expr, tz, after, want);
@@ -97,10 +289,14 @@ fn dialect_tables() {
 
 #[test]
 fn cron_crate_receives_explicit_lists_in_its_own_numbering() {
-    let Schedule::Cron(c) = cron("0 9 * * 1-5", "UTC") else { unreachable!() };
+    let Schedule::Cron(c) = cron("0 9 * * 1-5", "UTC") else {
+        unreachable!()
+    };
     assert_eq!(c.normalised(), ["0 0 9 * * 2,3,4,5,6 *"]);
     assert_eq!(c.dialect(), CronDialect::Unix);
-    let Schedule::Cron(c) = cron("0 9 10 * 1", "UTC") else { unreachable!() };
+    let Schedule::Cron(c) = cron("0 9 10 * 1", "UTC") else {
+        unreachable!()
+    };
     assert_eq!(c.normalised(), ["0 0 9 10 * * *", "0 0 9 * * 2 *"]);
 }
 
@@ -132,50 +328,297 @@ fn cron_error_display_names_expression_problem_and_fix() {
 fn dst_tables_on_real_transition_days() {
     let cases: &[(&str, &str, &str, &[&str])] = &[
         // New York, spring forward 2026-03-08: 02:00 EST -> 03:00 EDT at 07:00Z.
-        ("30 2 * * *", "America/New_York", "2026-03-07T12:00:00Z", &["2026-03-08T07:00:00Z", "2026-03-09T06:30:00Z"][..]),
-        ("0 2 * * *", "America/New_York", "2026-03-07T12:00:00Z", &["2026-03-08T07:00:00Z", "2026-03-09T06:00:00Z"]),
-        ("0 2,3 * * *", "America/New_York", "2026-03-08T00:00:00Z", &["2026-03-08T07:00:00Z", "2026-03-09T06:00:00Z", "2026-03-09T07:00:00Z"]),
-        ("*/15 * * * *", "America/New_York", "2026-03-08T06:40:00Z", &["2026-03-08T06:45:00Z", "2026-03-08T07:00:00Z", "2026-03-08T07:15:00Z", "2026-03-08T07:30:00Z"]),
-        ("* * * * *", "America/New_York", "2026-03-08T06:58:00Z", &["2026-03-08T06:59:00Z", "2026-03-08T07:00:00Z", "2026-03-08T07:01:00Z"]),
-        ("*/20 * * * * *", "America/New_York", "2026-03-08T06:59:30Z", &["2026-03-08T06:59:40Z", "2026-03-08T07:00:00Z", "2026-03-08T07:00:20Z"]),
-        ("0 30 2 ? * SUN", "America/New_York", "2026-03-07T12:00:00Z", &["2026-03-08T07:00:00Z", "2026-03-15T06:30:00Z"]),
+        (
+            "30 2 * * *",
+            "America/New_York",
+            "2026-03-07T12:00:00Z",
+            &["2026-03-08T07:00:00Z", "2026-03-09T06:30:00Z"][..],
+        ),
+        (
+            "0 2 * * *",
+            "America/New_York",
+            "2026-03-07T12:00:00Z",
+            &["2026-03-08T07:00:00Z", "2026-03-09T06:00:00Z"],
+        ),
+        (
+            "0 2,3 * * *",
+            "America/New_York",
+            "2026-03-08T00:00:00Z",
+            &[
+                "2026-03-08T07:00:00Z",
+                "2026-03-09T06:00:00Z",
+                "2026-03-09T07:00:00Z",
+            ],
+        ),
+        (
+            "*/15 * * * *",
+            "America/New_York",
+            "2026-03-08T06:40:00Z",
+            &[
+                "2026-03-08T06:45:00Z",
+                "2026-03-08T07:00:00Z",
+                "2026-03-08T07:15:00Z",
+                "2026-03-08T07:30:00Z",
+            ],
+        ),
+        (
+            "* * * * *",
+            "America/New_York",
+            "2026-03-08T06:58:00Z",
+            &[
+                "2026-03-08T06:59:00Z",
+                "2026-03-08T07:00:00Z",
+                "2026-03-08T07:01:00Z",
+            ],
+        ),
+        (
+            "*/20 * * * * *",
+            "America/New_York",
+            "2026-03-08T06:59:30Z",
+            &[
+                "2026-03-08T06:59:40Z",
+                "2026-03-08T07:00:00Z",
+                "2026-03-08T07:00:20Z",
+            ],
+        ),
+        (
+            "0 30 2 ? * SUN",
+            "America/New_York",
+            "2026-03-07T12:00:00Z",
+            &["2026-03-08T07:00:00Z", "2026-03-15T06:30:00Z"],
+        ),
         // New York, fall back 2026-11-01: 02:00 EDT -> 01:00 EST at 06:00Z; 01:00-02:00 twice.
-        ("30 1 * * *", "America/New_York", "2026-10-31T12:00:00Z", &["2026-11-01T05:30:00Z", "2026-11-02T06:30:00Z"]),
-        ("0 30 1 ? * * *", "America/New_York", "2026-10-31T12:00:00Z", &["2026-11-01T05:30:00Z", "2026-11-02T06:30:00Z"]),
-        ("0 1 * * *", "America/New_York", "2026-11-01T04:30:00Z", &["2026-11-01T05:00:00Z", "2026-11-02T06:00:00Z"]),
-        ("0,30 1 * * *", "America/New_York", "2026-11-01T04:30:00Z", &["2026-11-01T05:00:00Z", "2026-11-01T05:30:00Z", "2026-11-02T06:00:00Z", "2026-11-02T06:30:00Z"]),
-        ("*/30 1 * * *", "America/New_York", "2026-11-01T04:30:00Z", &["2026-11-01T05:00:00Z", "2026-11-01T05:30:00Z", "2026-11-01T06:00:00Z", "2026-11-01T06:30:00Z", "2026-11-02T06:00:00Z"]),
-        ("*/15 * * * *", "America/New_York", "2026-11-01T05:40:00Z", &["2026-11-01T05:45:00Z", "2026-11-01T06:00:00Z", "2026-11-01T06:15:00Z", "2026-11-01T06:30:00Z", "2026-11-01T06:45:00Z", "2026-11-01T07:00:00Z", "2026-11-01T07:15:00Z"]),
-        ("0 * * * *", "America/New_York", "2026-11-01T03:30:00Z", &["2026-11-01T04:00:00Z", "2026-11-01T05:00:00Z", "2026-11-01T06:00:00Z", "2026-11-01T07:00:00Z"]),
-        ("@hourly", "America/New_York", "2026-11-01T03:30:00Z", &["2026-11-01T04:00:00Z", "2026-11-01T05:00:00Z", "2026-11-01T06:00:00Z", "2026-11-01T07:00:00Z"]),
-        ("0 59 1 * * *", "America/New_York", "2026-11-01T05:00:00Z", &["2026-11-01T05:59:00Z", "2026-11-02T06:59:00Z"]),
-        ("*/20 59 1 * * *", "America/New_York", "2026-11-01T05:58:00Z", &["2026-11-01T05:59:00Z", "2026-11-01T05:59:20Z", "2026-11-01T05:59:40Z", "2026-11-01T06:59:00Z", "2026-11-01T06:59:20Z", "2026-11-01T06:59:40Z", "2026-11-02T06:59:00Z"]),
+        (
+            "30 1 * * *",
+            "America/New_York",
+            "2026-10-31T12:00:00Z",
+            &["2026-11-01T05:30:00Z", "2026-11-02T06:30:00Z"],
+        ),
+        (
+            "0 30 1 ? * * *",
+            "America/New_York",
+            "2026-10-31T12:00:00Z",
+            &["2026-11-01T05:30:00Z", "2026-11-02T06:30:00Z"],
+        ),
+        (
+            "0 1 * * *",
+            "America/New_York",
+            "2026-11-01T04:30:00Z",
+            &["2026-11-01T05:00:00Z", "2026-11-02T06:00:00Z"],
+        ),
+        (
+            "0,30 1 * * *",
+            "America/New_York",
+            "2026-11-01T04:30:00Z",
+            &[
+                "2026-11-01T05:00:00Z",
+                "2026-11-01T05:30:00Z",
+                "2026-11-02T06:00:00Z",
+                "2026-11-02T06:30:00Z",
+            ],
+        ),
+        (
+            "*/30 1 * * *",
+            "America/New_York",
+            "2026-11-01T04:30:00Z",
+            &[
+                "2026-11-01T05:00:00Z",
+                "2026-11-01T05:30:00Z",
+                "2026-11-01T06:00:00Z",
+                "2026-11-01T06:30:00Z",
+                "2026-11-02T06:00:00Z",
+            ],
+        ),
+        (
+            "*/15 * * * *",
+            "America/New_York",
+            "2026-11-01T05:40:00Z",
+            &[
+                "2026-11-01T05:45:00Z",
+                "2026-11-01T06:00:00Z",
+                "2026-11-01T06:15:00Z",
+                "2026-11-01T06:30:00Z",
+                "2026-11-01T06:45:00Z",
+                "2026-11-01T07:00:00Z",
+                "2026-11-01T07:15:00Z",
+            ],
+        ),
+        (
+            "0 * * * *",
+            "America/New_York",
+            "2026-11-01T03:30:00Z",
+            &[
+                "2026-11-01T04:00:00Z",
+                "2026-11-01T05:00:00Z",
+                "2026-11-01T06:00:00Z",
+                "2026-11-01T07:00:00Z",
+            ],
+        ),
+        (
+            "@hourly",
+            "America/New_York",
+            "2026-11-01T03:30:00Z",
+            &[
+                "2026-11-01T04:00:00Z",
+                "2026-11-01T05:00:00Z",
+                "2026-11-01T06:00:00Z",
+                "2026-11-01T07:00:00Z",
+            ],
+        ),
+        (
+            "0 59 1 * * *",
+            "America/New_York",
+            "2026-11-01T05:00:00Z",
+            &["2026-11-01T05:59:00Z", "2026-11-02T06:59:00Z"],
+        ),
+        (
+            "*/20 59 1 * * *",
+            "America/New_York",
+            "2026-11-01T05:58:00Z",
+            &[
+                "2026-11-01T05:59:00Z",
+                "2026-11-01T05:59:20Z",
+                "2026-11-01T05:59:40Z",
+                "2026-11-01T06:59:00Z",
+                "2026-11-01T06:59:20Z",
+                "2026-11-01T06:59:40Z",
+                "2026-11-02T06:59:00Z",
+            ],
+        ),
         // Berlin, spring 2026-03-29 (02:00 CET -> 03:00 CEST at 01:00Z), fall 2026-10-25
         // (03:00 CEST -> 02:00 CET at 01:00Z).
-        ("30 2 * * *", "Europe/Berlin", "2026-03-28T12:00:00Z", &["2026-03-29T01:00:00Z", "2026-03-30T00:30:00Z"]),
-        ("0 0 2 ? * SUN *", "Europe/Berlin", "2026-03-28T00:00:00Z", &["2026-03-29T01:00:00Z", "2026-04-05T00:00:00Z"]),
-        ("30 2 * * *", "Europe/Berlin", "2026-10-24T12:00:00Z", &["2026-10-25T00:30:00Z", "2026-10-26T01:30:00Z"]),
-        ("*/30 * * * *", "Europe/Berlin", "2026-10-24T23:50:00Z", &["2026-10-25T00:00:00Z", "2026-10-25T00:30:00Z", "2026-10-25T01:00:00Z", "2026-10-25T01:30:00Z", "2026-10-25T02:00:00Z"]),
+        (
+            "30 2 * * *",
+            "Europe/Berlin",
+            "2026-03-28T12:00:00Z",
+            &["2026-03-29T01:00:00Z", "2026-03-30T00:30:00Z"],
+        ),
+        (
+            "0 0 2 ? * SUN *",
+            "Europe/Berlin",
+            "2026-03-28T00:00:00Z",
+            &["2026-03-29T01:00:00Z", "2026-04-05T00:00:00Z"],
+        ),
+        (
+            "30 2 * * *",
+            "Europe/Berlin",
+            "2026-10-24T12:00:00Z",
+            &["2026-10-25T00:30:00Z", "2026-10-26T01:30:00Z"],
+        ),
+        (
+            "*/30 * * * *",
+            "Europe/Berlin",
+            "2026-10-24T23:50:00Z",
+            &[
+                "2026-10-25T00:00:00Z",
+                "2026-10-25T00:30:00Z",
+                "2026-10-25T01:00:00Z",
+                "2026-10-25T01:30:00Z",
+                "2026-10-25T02:00:00Z",
+            ],
+        ),
         // Lord Howe, 30-minute shifts: 2026-04-05 02:00 +11 -> 01:30 +10:30 (15:00Z on the 4th);
         // 2026-10-04 02:00 +10:30 -> 02:30 +11 (15:30Z on the 3rd).
-        ("45 1 * * *", "Australia/Lord_Howe", "2026-04-04T12:00:00Z", &["2026-04-04T14:45:00Z", "2026-04-05T15:15:00Z"]),
-        ("*/15 * * * *", "Australia/Lord_Howe", "2026-04-04T14:20:00Z", &["2026-04-04T14:30:00Z", "2026-04-04T14:45:00Z", "2026-04-04T15:00:00Z", "2026-04-04T15:15:00Z", "2026-04-04T15:30:00Z"]),
-        ("0 2 * * *", "Australia/Lord_Howe", "2026-04-04T12:00:00Z", &["2026-04-04T15:30:00Z"]),
-        ("15 2 * * *", "Australia/Lord_Howe", "2026-10-03T12:00:00Z", &["2026-10-03T15:30:00Z", "2026-10-04T15:15:00Z"]),
-        ("*/15 * * * *", "Australia/Lord_Howe", "2026-10-03T15:10:00Z", &["2026-10-03T15:15:00Z", "2026-10-03T15:30:00Z", "2026-10-03T15:45:00Z"]),
+        (
+            "45 1 * * *",
+            "Australia/Lord_Howe",
+            "2026-04-04T12:00:00Z",
+            &["2026-04-04T14:45:00Z", "2026-04-05T15:15:00Z"],
+        ),
+        (
+            "*/15 * * * *",
+            "Australia/Lord_Howe",
+            "2026-04-04T14:20:00Z",
+            &[
+                "2026-04-04T14:30:00Z",
+                "2026-04-04T14:45:00Z",
+                "2026-04-04T15:00:00Z",
+                "2026-04-04T15:15:00Z",
+                "2026-04-04T15:30:00Z",
+            ],
+        ),
+        (
+            "0 2 * * *",
+            "Australia/Lord_Howe",
+            "2026-04-04T12:00:00Z",
+            &["2026-04-04T15:30:00Z"],
+        ),
+        (
+            "15 2 * * *",
+            "Australia/Lord_Howe",
+            "2026-10-03T12:00:00Z",
+            &["2026-10-03T15:30:00Z", "2026-10-04T15:15:00Z"],
+        ),
+        (
+            "*/15 * * * *",
+            "Australia/Lord_Howe",
+            "2026-10-03T15:10:00Z",
+            &[
+                "2026-10-03T15:15:00Z",
+                "2026-10-03T15:30:00Z",
+                "2026-10-03T15:45:00Z",
+            ],
+        ),
         // Sydney (southern hemisphere): fall 2026-04-05 03:00 AEDT -> 02:00 AEST (16:00Z on the
         // 4th); spring 2026-10-04 02:00 AEST -> 03:00 AEDT (16:00Z on the 3rd).
-        ("30 2 * * *", "Australia/Sydney", "2026-04-04T12:00:00Z", &["2026-04-04T15:30:00Z", "2026-04-05T16:30:00Z"]),
-        ("*/20 2 * * *", "Australia/Sydney", "2026-04-04T12:00:00Z", &["2026-04-04T15:00:00Z", "2026-04-04T15:20:00Z", "2026-04-04T15:40:00Z", "2026-04-04T16:00:00Z", "2026-04-04T16:20:00Z", "2026-04-04T16:40:00Z", "2026-04-05T16:00:00Z"]),
-        ("30 2 * * *", "Australia/Sydney", "2026-10-03T12:00:00Z", &["2026-10-03T16:00:00Z", "2026-10-04T15:30:00Z"]),
+        (
+            "30 2 * * *",
+            "Australia/Sydney",
+            "2026-04-04T12:00:00Z",
+            &["2026-04-04T15:30:00Z", "2026-04-05T16:30:00Z"],
+        ),
+        (
+            "*/20 2 * * *",
+            "Australia/Sydney",
+            "2026-04-04T12:00:00Z",
+            &[
+                "2026-04-04T15:00:00Z",
+                "2026-04-04T15:20:00Z",
+                "2026-04-04T15:40:00Z",
+                "2026-04-04T16:00:00Z",
+                "2026-04-04T16:20:00Z",
+                "2026-04-04T16:40:00Z",
+                "2026-04-05T16:00:00Z",
+            ],
+        ),
+        (
+            "30 2 * * *",
+            "Australia/Sydney",
+            "2026-10-03T12:00:00Z",
+            &["2026-10-03T16:00:00Z", "2026-10-04T15:30:00Z"],
+        ),
         // Santiago: the clock moves at midnight. Spring 2026-09-06 00:00 -04 -> 01:00 -03 (04:00Z):
         // midnight does not exist, @daily fires at 01:00. Fall 2026-04-04 24:00 -03 -> 23:00 -04.
-        ("@daily", "America/Santiago", "2026-09-05T12:00:00Z", &["2026-09-06T04:00:00Z", "2026-09-07T03:00:00Z"]),
-        ("30 23 * * *", "America/Santiago", "2026-04-04T12:00:00Z", &["2026-04-05T02:30:00Z", "2026-04-06T03:30:00Z"]),
+        (
+            "@daily",
+            "America/Santiago",
+            "2026-09-05T12:00:00Z",
+            &["2026-09-06T04:00:00Z", "2026-09-07T03:00:00Z"],
+        ),
+        (
+            "30 23 * * *",
+            "America/Santiago",
+            "2026-04-04T12:00:00Z",
+            &["2026-04-05T02:30:00Z", "2026-04-06T03:30:00Z"],
+        ),
         // Havana: fall 2026-11-01 01:00 CDT -> 00:00 CST (05:00Z): midnight occurs twice.
-        ("@daily", "America/Havana", "2026-10-31T12:00:00Z", &["2026-11-01T04:00:00Z", "2026-11-02T05:00:00Z"]),
+        (
+            "@daily",
+            "America/Havana",
+            "2026-10-31T12:00:00Z",
+            &["2026-11-01T04:00:00Z", "2026-11-02T05:00:00Z"],
+        ),
         // Apia skipped all of 2011-12-30: noon that day fires at the end of the gap.
-        ("0 12 * * *", "Pacific/Apia", "2011-12-29T12:00:00Z", &["2011-12-29T22:00:00Z", "2011-12-30T10:00:00Z", "2011-12-30T22:00:00Z"]),
+        (
+            "0 12 * * *",
+            "Pacific/Apia",
+            "2011-12-29T12:00:00Z",
+            &[
+                "2011-12-29T22:00:00Z",
+                "2011-12-30T10:00:00Z",
+                "2011-12-30T22:00:00Z",
+            ],
+        ),
     ];
     for (expr, tz, after, want) in cases {
         assert_upcoming(expr, tz, after, want);
@@ -189,11 +632,31 @@ fn next_after_inside_a_repeated_hour_is_the_next_instant_in_absolute_time() {
     // (expression, after, next)
     let cases = [
         // After 01:45 EDT the next */15 fire is 01:00 EST (06:00Z), not 02:00 EST.
-        ("*/15 * * * *", "2026-11-01T05:45:00Z", "2026-11-01T06:00:00Z"),
-        ("*/15 * * * *", "2026-11-01T05:59:59.5Z", "2026-11-01T06:00:00Z"),
-        ("*/15 * * * *", "2026-11-01T05:10:00Z", "2026-11-01T05:15:00Z"),
-        ("*/15 * * * *", "2026-11-01T06:20:00Z", "2026-11-01T06:30:00Z"),
-        ("*/15 * * * *", "2026-11-01T06:50:00Z", "2026-11-01T07:00:00Z"),
+        (
+            "*/15 * * * *",
+            "2026-11-01T05:45:00Z",
+            "2026-11-01T06:00:00Z",
+        ),
+        (
+            "*/15 * * * *",
+            "2026-11-01T05:59:59.5Z",
+            "2026-11-01T06:00:00Z",
+        ),
+        (
+            "*/15 * * * *",
+            "2026-11-01T05:10:00Z",
+            "2026-11-01T05:15:00Z",
+        ),
+        (
+            "*/15 * * * *",
+            "2026-11-01T06:20:00Z",
+            "2026-11-01T06:30:00Z",
+        ),
+        (
+            "*/15 * * * *",
+            "2026-11-01T06:50:00Z",
+            "2026-11-01T07:00:00Z",
+        ),
         // A fixed time already fired in the first pass does not fire in the second.
         ("30 1 * * *", "2026-11-01T05:30:00Z", "2026-11-02T06:30:00Z"),
         ("30 1 * * *", "2026-11-01T06:15:00Z", "2026-11-02T06:30:00Z"),
@@ -201,10 +664,34 @@ fn next_after_inside_a_repeated_hour_is_the_next_instant_in_absolute_time() {
         ("0 1 * * *", "2026-11-01T06:00:00Z", "2026-11-02T06:00:00Z"),
         ("30 2 * * *", "2026-11-01T06:15:00Z", "2026-11-01T07:30:00Z"),
         // Repeating job with no fire left in the second pass: next is after the overlap.
-        ("*/20 0 * * *", "2026-11-01T05:10:00Z", "2026-11-02T05:00:00Z"),
+        (
+            "*/20 0 * * *",
+            "2026-11-01T05:10:00Z",
+            "2026-11-02T05:00:00Z",
+        ),
+        // The last second of the repeated hour, in the second pass.
+        (
+            "* * * * * *",
+            "2026-11-01T06:59:58Z",
+            "2026-11-01T06:59:59Z",
+        ),
+        (
+            "* * * * * *",
+            "2026-11-01T06:59:59Z",
+            "2026-11-01T07:00:00Z",
+        ),
+        (
+            "59 59 1 * * *",
+            "2026-11-01T06:30:00Z",
+            "2026-11-02T06:59:59Z",
+        ),
     ];
     for (expr, after, want) in cases {
-        assert_eq!(cron(expr, ny).next_after(utc(after)), Some(utc(want)), "{expr} after {after}");
+        assert_eq!(
+            cron(expr, ny).next_after(utc(after)),
+            Some(utc(want)),
+            "{expr} after {after}"
+        );
     }
 }
 
@@ -212,30 +699,80 @@ fn next_after_inside_a_repeated_hour_is_the_next_instant_in_absolute_time() {
 fn every_is_aligned_to_the_unix_epoch() {
     let s = |d: Duration| Schedule::every(d).unwrap();
     let cases = [
-        (Duration::from_secs(30), "2026-01-01T00:00:10Z", "2026-01-01T00:00:30Z"),
-        (Duration::from_secs(30), "2026-01-01T00:00:30Z", "2026-01-01T00:01:00Z"),
-        (Duration::from_secs(30), "2026-01-01T00:00:29.999999999Z", "2026-01-01T00:00:30Z"),
-        (Duration::from_secs(7), "1970-01-01T00:00:00Z", "1970-01-01T00:00:07Z"),
-        (Duration::from_secs(30), "1969-12-31T23:59:59Z", "1970-01-01T00:00:00Z"),
-        (Duration::from_secs(30), "1969-12-31T23:59:00.5Z", "1969-12-31T23:59:30Z"),
-        (Duration::from_millis(1), "2026-01-01T00:00:00.0005Z", "2026-01-01T00:00:00.001Z"),
-        (Duration::from_secs(3600), "2026-03-08T06:30:00Z", "2026-03-08T07:00:00Z"),
-        (Duration::from_secs(86_400), "2026-03-08T06:30:00Z", "2026-03-09T00:00:00Z"),
+        (
+            Duration::from_secs(30),
+            "2026-01-01T00:00:10Z",
+            "2026-01-01T00:00:30Z",
+        ),
+        (
+            Duration::from_secs(30),
+            "2026-01-01T00:00:30Z",
+            "2026-01-01T00:01:00Z",
+        ),
+        (
+            Duration::from_secs(30),
+            "2026-01-01T00:00:29.999999999Z",
+            "2026-01-01T00:00:30Z",
+        ),
+        (
+            Duration::from_secs(7),
+            "1970-01-01T00:00:00Z",
+            "1970-01-01T00:00:07Z",
+        ),
+        (
+            Duration::from_secs(30),
+            "1969-12-31T23:59:59Z",
+            "1970-01-01T00:00:00Z",
+        ),
+        (
+            Duration::from_secs(30),
+            "1969-12-31T23:59:00.5Z",
+            "1969-12-31T23:59:30Z",
+        ),
+        (
+            Duration::from_millis(1),
+            "2026-01-01T00:00:00.0005Z",
+            "2026-01-01T00:00:00.001Z",
+        ),
+        (
+            Duration::from_secs(3600),
+            "2026-03-08T06:30:00Z",
+            "2026-03-08T07:00:00Z",
+        ),
+        (
+            Duration::from_secs(86_400),
+            "2026-03-08T06:30:00Z",
+            "2026-03-09T00:00:00Z",
+        ),
     ];
     for (period, after, want) in cases {
-        assert_eq!(s(period).next_after(utc(after)), Some(utc(want)), "{period:?} after {after}");
+        assert_eq!(
+            s(period).next_after(utc(after)),
+            Some(utc(want)),
+            "{period:?} after {after}"
+        );
     }
     assert_eq!(
         s(Duration::from_secs(30)).upcoming(utc("2026-01-01T00:00:00Z"), 3),
-        [utc("2026-01-01T00:00:30Z"), utc("2026-01-01T00:01:00Z"), utc("2026-01-01T00:01:30Z")]
+        [
+            utc("2026-01-01T00:00:30Z"),
+            utc("2026-01-01T00:01:00Z"),
+            utc("2026-01-01T00:01:30Z")
+        ]
     );
 }
 
 #[test]
 fn every_rejects_periods_under_one_millisecond() {
     let cases = [
-        (Duration::ZERO, "invalid period \"0s\": use a duration of at least 1ms, such as \"30s\" or \"5m\""),
-        (Duration::from_micros(999), "invalid period \"999us\": use a duration of at least 1ms, such as \"30s\" or \"5m\""),
+        (
+            Duration::ZERO,
+            "invalid period \"0s\": use a duration of at least 1ms, such as \"30s\" or \"5m\"",
+        ),
+        (
+            Duration::from_micros(999),
+            "invalid period \"999us\": use a duration of at least 1ms, such as \"30s\" or \"5m\"",
+        ),
     ];
     for (period, want) in cases {
         assert_eq!(Schedule::every(period).unwrap_err().to_string(), want);
@@ -252,22 +789,50 @@ fn every_far_in_the_future_ends_instead_of_overflowing() {
 #[test]
 fn at_fires_once_and_manual_never() {
     let at = Schedule::At(utc("2026-12-01T00:00:00Z"));
-    assert_eq!(at.next_after(utc("2026-11-30T23:59:59Z")), Some(utc("2026-12-01T00:00:00Z")));
+    assert_eq!(
+        at.next_after(utc("2026-11-30T23:59:59Z")),
+        Some(utc("2026-12-01T00:00:00Z"))
+    );
     assert_eq!(at.next_after(utc("2026-12-01T00:00:00Z")), None);
-    assert_eq!(at.upcoming(utc("2026-01-01T00:00:00Z"), 5), [utc("2026-12-01T00:00:00Z")]);
-    assert_eq!(Schedule::Manual.next_after(utc("2026-01-01T00:00:00Z")), None);
-    assert!(Schedule::Manual.upcoming(utc("2026-01-01T00:00:00Z"), 5).is_empty());
+    assert_eq!(
+        at.upcoming(utc("2026-01-01T00:00:00Z"), 5),
+        [utc("2026-12-01T00:00:00Z")]
+    );
+    assert_eq!(
+        Schedule::Manual.next_after(utc("2026-01-01T00:00:00Z")),
+        None
+    );
+    assert!(
+        Schedule::Manual
+            .upcoming(utc("2026-01-01T00:00:00Z"), 5)
+            .is_empty()
+    );
 }
 
 #[test]
 fn describe_for_listings() {
     let cases = [
-        (cron("0 9 * * 1-5", "Europe/Berlin"), "cron \"0 9 * * 1-5\" (Europe/Berlin)"),
+        (
+            cron("0 9 * * 1-5", "Europe/Berlin"),
+            "cron \"0 9 * * 1-5\" (Europe/Berlin)",
+        ),
         (cron("  @daily ", "UTC"), "cron \"@daily\" (UTC)"),
-        (Schedule::every(Duration::from_secs(30)).unwrap(), "every 30s"),
-        (Schedule::every(Duration::from_secs(90)).unwrap(), "every 1m 30s"),
-        (Schedule::At(utc("2026-12-01T00:00:00Z")), "at 2026-12-01T00:00:00Z"),
-        (Schedule::At(utc("2026-12-01T00:00:00.25Z")), "at 2026-12-01T00:00:00.250Z"),
+        (
+            Schedule::every(Duration::from_secs(30)).unwrap(),
+            "every 30s",
+        ),
+        (
+            Schedule::every(Duration::from_secs(90)).unwrap(),
+            "every 1m 30s",
+        ),
+        (
+            Schedule::At(utc("2026-12-01T00:00:00Z")),
+            "at 2026-12-01T00:00:00Z",
+        ),
+        (
+            Schedule::At(utc("2026-12-01T00:00:00.25Z")),
+            "at 2026-12-01T00:00:00.250Z",
+        ),
         (Schedule::Manual, "manual"),
     ];
     for (schedule, want) in cases {
@@ -278,7 +843,10 @@ fn describe_for_listings() {
 #[test]
 fn schedules_compare_by_text_and_zone() {
     assert_eq!(cron("0 9 * * 1-5", "UTC"), cron(" 0 9 * * 1-5", "UTC"));
-    assert_ne!(cron("0 9 * * 1-5", "UTC"), cron("0 9 * * 1-5", "Europe/Berlin"));
+    assert_ne!(
+        cron("0 9 * * 1-5", "UTC"),
+        cron("0 9 * * 1-5", "Europe/Berlin")
+    );
     assert_ne!(cron("0 9 * * 1-5", "UTC"), cron("0 9 * * MON-FRI", "UTC"));
 }
 
@@ -350,29 +918,42 @@ fn transitions(tz: Tz) -> Vec<DateTime<Utc>> {
             })
             .collect()
     });
-    all.iter().find(|(z, _)| *z == tz).map(|(_, t)| t.clone()).unwrap_or_default()
+    all.iter()
+        .find(|(z, _)| *z == tz)
+        .map(|(_, t)| t.clone())
+        .unwrap_or_default()
 }
-
 
 /// Field choices biased to DST-relevant hours; mixed dialects.
 fn expression() -> impl Strategy<Value = String> {
     let second = prop::sample::select(vec!["0", "0", "*/15", "30", "0,20,40", "5-10", "*"]);
-    let minute = prop::sample::select(vec!["*", "*/15", "0", "30", "0,30", "*/7", "10-20/5", "45", "59"]);
+    let minute = prop::sample::select(vec![
+        "*", "*/15", "0", "30", "0,30", "*/7", "10-20/5", "45", "59",
+    ]);
     let hour = prop::sample::select(vec!["*", "1", "2", "0-3", "*/2", "1,2,3", "23", "0", "*"]);
     let dom = prop::sample::select(vec!["*", "*", "*", "1", "*/2", "13", "1-7"]);
     let month = prop::sample::select(vec!["*", "*", "*", "3,4,9,10,11", "*/2"]);
     let unix_dow = prop::sample::select(vec!["*", "*", "*", "1-5", "0", "MON", "SAT,SUN", "7"]);
     let quartz_dow = prop::sample::select(vec!["2-6", "1", "MON", "7,1"]);
     let mac = prop::sample::select(vec!["@hourly", "@daily", "@weekly", "@monthly"]);
-    (0..10u8, second, minute, hour, dom, month, unix_dow, quartz_dow, mac).prop_map(
-        |(kind, s, m, h, dom, mon, dow, qdow, mac)| match kind {
+    (
+        0..10u8,
+        second,
+        minute,
+        hour,
+        dom,
+        month,
+        unix_dow,
+        quartz_dow,
+        mac,
+    )
+        .prop_map(|(kind, s, m, h, dom, mon, dow, qdow, mac)| match kind {
             0..=3 => format!("{m} {h} {dom} {mon} {dow}"),
             4..=6 => format!("{s} {m} {h} {dom} {mon} {dow}"),
             7 => format!("{s} {m} {h} ? {mon} {qdow} *"),
             8 => format!("{s} {m} {h} {dom} {mon} ?"),
             _ => mac.to_string(),
-        },
-    )
+        })
 }
 
 /// An instant near one of the zone's 2026 transitions (or anywhere in 2026), with sub-second
@@ -384,15 +965,30 @@ fn instant_for(tz: Tz, pick: u64, near: bool, spread_secs: i64, nanos: u32) -> D
     } else {
         utc("2026-01-01T00:00:00Z") + TimeDelta::seconds((pick % (365 * 86_400)) as i64)
     };
-    base + TimeDelta::seconds(((pick >> 20) as i64).rem_euclid(spread_secs.max(1))) + TimeDelta::nanoseconds(i64::from(nanos))
+    base + TimeDelta::seconds(((pick >> 20) as i64).rem_euclid(spread_secs.max(1)))
+        + TimeDelta::nanoseconds(i64::from(nanos))
 }
 
 /// Checks that `next` is `c`'s first fire after `after`: it is a fire, and no instant in between
 /// (sampled at the expression's granularity, up to `horizon`) is one.
-fn check_no_fire_skipped(c: &CronSchedule, after: DateTime<Utc>, next: DateTime<Utc>, horizon: TimeDelta) -> Result<(), TestCaseError> {
-    prop_assert!(next > after, "{} next_after({after}) = {next} is not later", c.expr());
+fn check_no_fire_skipped(
+    c: &CronSchedule,
+    after: DateTime<Utc>,
+    next: DateTime<Utc>,
+    horizon: TimeDelta,
+) -> Result<(), TestCaseError> {
+    prop_assert!(
+        next > after,
+        "{} next_after({after}) = {next} is not later",
+        c.expr()
+    );
     prop_assert_eq!(next.timestamp_subsec_nanos(), 0);
-    prop_assert!(oracle_is_fire(c, next), "{} in {}: {next} is not a fire (after {after})", c.expr(), c.timezone());
+    prop_assert!(
+        oracle_is_fire(c, next),
+        "{} in {}: {next} is not a fire (after {after})",
+        c.expr(),
+        c.timezone()
+    );
     // Whole minutes suffice when the expression fires on second 0 only: every zone here has
     // whole-minute offsets, so gap ends and local minutes fall on UTC minutes.
     let step = if second_zero_only(c) { 60 } else { 1 };
@@ -402,7 +998,12 @@ fn check_no_fire_skipped(c: &CronSchedule, after: DateTime<Utc>, next: DateTime<
     }
     let end = next.min(after + horizon);
     while u < end {
-        prop_assert!(!oracle_is_fire(c, u), "{} in {}: skipped fire {u} between {after} and {next}", c.expr(), c.timezone());
+        prop_assert!(
+            !oracle_is_fire(c, u),
+            "{} in {}: skipped fire {u} between {after} and {next}",
+            c.expr(),
+            c.timezone()
+        );
         u += TimeDelta::seconds(step);
     }
     Ok(())

@@ -56,8 +56,9 @@ impl CronSchedule {
             .crate_expressions()
             .iter()
             .map(|e| {
-                cron::Schedule::from_str(e)
-                    .map_err(|err| format!("normalised form {e:?} was rejected ({err}); please report this"))
+                cron::Schedule::from_str(e).map_err(|err| {
+                    format!("normalised form {e:?} was rejected ({err}); please report this")
+                })
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(CronSchedule {
@@ -99,7 +100,10 @@ impl CronSchedule {
     /// The normalised `cron` crate expressions (for tests and debugging).
     #[cfg(test)]
     pub(crate) fn normalised(&self) -> Vec<String> {
-        self.compiled.iter().map(|s| s.source().to_string()).collect()
+        self.compiled
+            .iter()
+            .map(|s| s.source().to_string())
+            .collect()
     }
 
     /// The first fire strictly after `after`, under the DST rule in the module docs.
@@ -111,9 +115,14 @@ impl CronSchedule {
             return self.next_match(local).map(|m| self.first_instant(m));
         };
         // `after` is inside a repeated hour: local times [start, end) occur twice.
-        let overlap = Overlap::around(self.tz, a.to_utc().min(b.to_utc()), a.to_utc().max(b.to_utc()));
+        let overlap = Overlap::around(
+            self.tz,
+            a.to_utc().min(b.to_utc()),
+            a.to_utc().max(b.to_utc()),
+        );
         let repeating = !self.fields.fixed_time;
-        let second_pass = |m: NaiveDateTime| (m < overlap.end_local).then(|| self.latest_instant(m));
+        let second_pass =
+            |m: NaiveDateTime| (m < overlap.end_local).then(|| self.latest_instant(m));
         if after < overlap.transition {
             // First pass. Later first-pass fires come before any second-pass fire, but the
             // earliest second-pass fire may still precede the next fire after the overlap.
