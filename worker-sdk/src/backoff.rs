@@ -15,7 +15,14 @@ mod tests {
     #[test]
     fn doubles_from_initial_up_to_the_cap() {
         let ms = Duration::from_millis;
-        let table = [(0, 100), (1, 200), (2, 400), (5, 3_200), (6, 5_000), (40, 5_000)];
+        let table = [
+            (0, 100),
+            (1, 200),
+            (2, 400),
+            (5, 3_200),
+            (6, 5_000),
+            (40, 5_000),
+        ];
         for (retry, want) in table {
             assert_eq!(delay(retry, ms(100), ms(5_000)), ms(want), "retry {retry}");
         }

@@ -89,23 +89,41 @@ impl Broker {
         let consumer_tag = format!("{}-{}", self.connection_name, self.generation);
         let connection = self.connection().await?;
         let consume = connection.create_channel().await?;
-        shared.topology.declare(&consume).await?;
-        // Per-consumer prefetch (global=false): global QoS is a channel error on quorum queues.
-        consume
-            .basic_qos(capacity, BasicQosOptions { global: false })
-            .await?;
-        let publish = connection.create_channel().await?;
-        publish
-            .confirm_select(ConfirmSelectOptions::default())
-            .await?;
-        let consumer = consume
-            .basic_consume(
-                shared.topology.work_queue().as_str().into(),
-                consumer_tag.as_str().into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await?;
+        let publish = match connection.create_channel().await {
+            Ok(publish) => publish,
+            Err(error) => {
+                close_channel(&consume).await;
+                return Err(error);
+            }
+        };
+        let setup = async {
+            shared.topology.declare(&consume).await?;
+            // Per-consumer prefetch (global=false): global QoS is a channel error on quorum
+            // queues.
+            consume
+                .basic_qos(capacity, BasicQosOptions { global: false })
+                .await?;
+            publish
+                .confirm_select(ConfirmSelectOptions::default())
+                .await?;
+            consume
+                .basic_consume(
+                    shared.topology.work_queue().as_str().into(),
+                    consumer_tag.as_str().into(),
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+        };
+        let consumer = match setup.await {
+            Ok(consumer) => consumer,
+            Err(error) => {
+                // Do not leak a channel per failed attempt.
+                close_channel(&consume).await;
+                close_channel(&publish).await;
+                return Err(error);
+            }
+        };
         let link = Arc::new(Link {
             consume,
             publish,
@@ -145,12 +163,15 @@ impl Broker {
 }
 
 async fn close_link(link: &Link) {
-    for channel in [&link.consume, &link.publish] {
-        if channel.status().connected()
-            && let Err(error) = channel.close(200, "OK".into()).await
-        {
-            tracing::debug!(%error, "closing an AMQP channel");
-        }
+    close_channel(&link.consume).await;
+    close_channel(&link.publish).await;
+}
+
+async fn close_channel(channel: &Channel) {
+    if channel.status().connected()
+        && let Err(error) = channel.close(200, "OK".into()).await
+    {
+        tracing::debug!(%error, "closing an AMQP channel");
     }
 }
 
@@ -207,7 +228,11 @@ pub(crate) async fn supervise(
 }
 
 fn reopen_delay(failures: u32) -> Duration {
-    backoff::delay(failures, Duration::from_millis(200), Duration::from_secs(15))
+    backoff::delay(
+        failures,
+        Duration::from_millis(200),
+        Duration::from_secs(15),
+    )
 }
 
 /// Sleeps for `wait`; true if shutdown came first.
@@ -233,6 +258,9 @@ async fn consume(
                 return LinkEnd::Shutdown;
             }
             _ = link.broken.cancelled() => {
+                // The consumer channel may be fine: stop its consumer so no delivery waits in
+                // a stream nobody reads, and keep it open for the in-flight acks.
+                stop_consuming(&link, consumer).await;
                 return LinkEnd::Lost("the parking lot channel closed".into());
             }
             next = consumer.next() => next,
@@ -275,7 +303,8 @@ async fn stop_consuming(link: &Link, mut consumer: Consumer) {
         tracing::warn!(%error, "cancelling the consumer failed; closing the channel will stop it");
         return;
     }
-    while let Ok(Some(Ok(d))) = tokio::time::timeout(Duration::from_secs(1), consumer.next()).await {
+    while let Ok(Some(Ok(d))) = tokio::time::timeout(Duration::from_secs(1), consumer.next()).await
+    {
         let requeue = BasicNackOptions {
             requeue: true,
             ..BasicNackOptions::default()

@@ -68,7 +68,9 @@ async fn run(shared: Arc<Shared>, link: Arc<Link>, delivery: Delivery, mut trigg
 
     // One delivery of a run at a time in this worker (see `Store::claim`).
     let Some(_in_flight) = shared.enter(trigger.run_id) else {
-        tracing::info!("duplicate delivery of a run this worker is handling right now; acked without running");
+        tracing::info!(
+            "duplicate delivery of a run this worker is handling right now; acked without running"
+        );
         return ack(&delivery).await;
     };
 
@@ -136,7 +138,9 @@ async fn run(shared: Arc<Shared>, link: Arc<Link>, delivery: Delivery, mut trigg
         lines.push(LogLine {
             at: chrono::Utc::now(),
             level: Level::Warn,
-            message: format!("{lost_lines} log lines were lost because the log store was unavailable"),
+            message: format!(
+                "{lost_lines} log lines were lost because the log store was unavailable"
+            ),
         });
     }
     let outcome = outcome::outcome(trigger.attempt, execution, shared.cancel_grace);
@@ -301,7 +305,15 @@ async fn dead_letter(
     run_id: Option<i64>,
     reason: String,
 ) {
-    match parking::park(&link.publish, &shared.topology, delivery, &reason, &shared.id).await {
+    match parking::park(
+        &link.publish,
+        &shared.topology,
+        delivery,
+        &reason,
+        &shared.id,
+    )
+    .await
+    {
         Ok(()) => {
             tracing::warn!(
                 reason = %reason,
@@ -357,7 +369,11 @@ async fn requeue(delivery: &Delivery) {
     };
     match delivery.acker.nack(options).await {
         Ok(true) => {}
-        Ok(false) => tracing::warn!("nack not sent: the channel closed; the broker requeues the message itself"),
-        Err(error) => tracing::warn!(%error, "nack failed; the broker requeues the message when the channel closes"),
+        Ok(false) => tracing::warn!(
+            "nack not sent: the channel closed; the broker requeues the message itself"
+        ),
+        Err(error) => {
+            tracing::warn!(%error, "nack failed; the broker requeues the message when the channel closes")
+        }
     }
 }

@@ -71,16 +71,18 @@ where
     H: Handler<P>,
 {
     let job = job.to_owned();
-    Arc::new(move |ctx, params| match serde_json::from_value::<P>(params) {
-        Ok(params) => Box::pin(handler.call(ctx, params)),
-        Err(e) => {
-            let message = format!(
-                "params of job `{job}` do not decode into the handler's params type {}: {e}",
-                std::any::type_name::<P>()
-            );
-            Box::pin(async move { Err(JobError::fail(message)) })
-        }
-    })
+    Arc::new(
+        move |ctx, params| match serde_json::from_value::<P>(params) {
+            Ok(params) => Box::pin(handler.call(ctx, params)),
+            Err(e) => {
+                let message = format!(
+                    "params of job `{job}` do not decode into the handler's params type {}: {e}",
+                    std::any::type_name::<P>()
+                );
+                Box::pin(async move { Err(JobError::fail(message)) })
+            }
+        },
+    )
 }
 
 /// The handlers a worker knows, by job name.

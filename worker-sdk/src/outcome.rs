@@ -263,7 +263,11 @@ pub(crate) fn outcome(attempt: u32, execution: Execution, cancel_grace: Duration
         run: decide_after_failure(attempt, failure),
         error: Some(error),
     };
-    let abandoned = || format!("handler did not stop within {cancel_grace:?} of its cancellation and was abandoned");
+    let abandoned = || {
+        format!(
+            "handler did not stop within {cancel_grace:?} of its cancellation and was abandoned"
+        )
+    };
     match (ending, timed_out) {
         (Ending::Returned(Ok(())), _) => Outcome {
             attempt: AttemptState::Succeeded,
@@ -294,11 +298,9 @@ pub(crate) fn outcome(attempt: u32, execution: Execution, cancel_grace: Duration
             format!("interrupted by worker shutdown; {}", abandoned()),
         ),
         (Ending::Returned(Err(e)), None) => match e {
-            JobError::Retry { message, after } => failed(
-                AttemptState::Failed,
-                Failure::Retryable { after },
-                message,
-            ),
+            JobError::Retry { message, after } => {
+                failed(AttemptState::Failed, Failure::Retryable { after }, message)
+            }
             JobError::Fail { message } => Outcome {
                 attempt: AttemptState::Failed,
                 run: RunState::Failed,
@@ -372,9 +374,24 @@ mod tests {
             (ex(ok(), None, false), A::Succeeded, R::Succeeded, None),
             // Finishing successfully wins even after the token fired.
             (ex(ok(), Some(10), true), A::Succeeded, R::Succeeded, None),
-            (ex(err(JobError::retry("db down")), None, false), A::Failed, R::Failed, Some("db down")),
-            (ex(err(JobError::fail("bad input")), None, false), A::Failed, R::Failed, Some("bad input")),
-            (ex(err(JobError::cancel("moot")), None, false), A::Cancelled, R::Cancelled, Some("moot")),
+            (
+                ex(err(JobError::retry("db down")), None, false),
+                A::Failed,
+                R::Failed,
+                Some("db down"),
+            ),
+            (
+                ex(err(JobError::fail("bad input")), None, false),
+                A::Failed,
+                R::Failed,
+                Some("bad input"),
+            ),
+            (
+                ex(err(JobError::cancel("moot")), None, false),
+                A::Cancelled,
+                R::Cancelled,
+                Some("moot"),
+            ),
             (
                 ex(Ending::Panicked("index out of bounds".into()), None, false),
                 A::Failed,
@@ -391,7 +408,9 @@ mod tests {
                 ex(Ending::Abandoned, Some(250), false),
                 A::TimedOut,
                 R::Failed,
-                Some("timed out after 250ms; handler did not stop within 5s of its cancellation and was abandoned"),
+                Some(
+                    "timed out after 250ms; handler did not stop within 5s of its cancellation and was abandoned",
+                ),
             ),
             // A cancel caused by the worker's shutdown is not an operator's cancel.
             (
@@ -404,10 +423,17 @@ mod tests {
                 ex(Ending::Abandoned, None, true),
                 A::Cancelled,
                 R::Failed,
-                Some("interrupted by worker shutdown; handler did not stop within 5s of its cancellation and was abandoned"),
+                Some(
+                    "interrupted by worker shutdown; handler did not stop within 5s of its cancellation and was abandoned",
+                ),
             ),
             // A real failure during shutdown is still that failure.
-            (ex(err(JobError::fail("bad input")), None, true), A::Failed, R::Failed, Some("bad input")),
+            (
+                ex(err(JobError::fail("bad input")), None, true),
+                A::Failed,
+                R::Failed,
+                Some("bad input"),
+            ),
         ];
         for (execution, attempt, run, error) in table {
             let case = format!("{execution:?}");

@@ -36,10 +36,20 @@ pub(crate) enum ParkError {
 }
 
 /// The headers of a parked copy: the original's plus why and by whom.
-pub(crate) fn parked_headers(original: Option<&FieldTable>, reason: &str, worker_id: &str) -> FieldTable {
+pub(crate) fn parked_headers(
+    original: Option<&FieldTable>,
+    reason: &str,
+    worker_id: &str,
+) -> FieldTable {
     let mut headers = original.cloned().unwrap_or_default();
-    headers.insert(HEADER_DEAD_REASON.into(), AMQPValue::LongString(reason.into()));
-    headers.insert(HEADER_DEAD_BY.into(), AMQPValue::LongString(worker_id.into()));
+    headers.insert(
+        HEADER_DEAD_REASON.into(),
+        AMQPValue::LongString(reason.into()),
+    );
+    headers.insert(
+        HEADER_DEAD_BY.into(),
+        AMQPValue::LongString(worker_id.into()),
+    );
     headers
 }
 
@@ -100,6 +110,9 @@ mod tests {
             get(HEADER_DEAD_REASON),
             Some(AMQPValue::LongString("unknown job `x`".into()))
         );
-        assert_eq!(get(HEADER_DEAD_BY), Some(AMQPValue::LongString("w1".into())));
+        assert_eq!(
+            get(HEADER_DEAD_BY),
+            Some(AMQPValue::LongString("w1".into()))
+        );
     }
 }

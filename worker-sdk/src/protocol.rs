@@ -111,7 +111,11 @@ mod tests {
     #[test]
     fn rejects_malformed_json_naming_the_problem() {
         let err = Trigger::from_body(b"{not json").unwrap_err();
-        assert!(err.to_string().starts_with("message body is not a Chime trigger"), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("message body is not a Chime trigger"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -119,13 +123,19 @@ mod tests {
         let mut t = trigger();
         t.v = 2;
         let err = Trigger::from_body(&t.to_body()).unwrap_err();
-        assert_eq!(err.to_string(), "unsupported trigger protocol version 2 (this worker speaks 1)");
+        assert_eq!(
+            err.to_string(),
+            "unsupported trigger protocol version 2 (this worker speaks 1)"
+        );
     }
 
     #[test]
     fn rejects_attempt_zero() {
         let mut t = trigger();
         t.attempt = 0;
-        assert!(matches!(Trigger::from_body(&t.to_body()), Err(DecodeError::Attempt)));
+        assert!(matches!(
+            Trigger::from_body(&t.to_body()),
+            Err(DecodeError::Attempt)
+        ));
     }
 }

@@ -111,11 +111,8 @@ impl Store {
             match op(retry).await {
                 Ok(value) => return Ok(value),
                 Err(error) if is_transient(&error) => {
-                    let wait = backoff::delay(
-                        retry,
-                        Duration::from_millis(100),
-                        Duration::from_secs(5),
-                    );
+                    let wait =
+                        backoff::delay(retry, Duration::from_millis(100), Duration::from_secs(5));
                     if start.elapsed() + wait > self.retry_budget {
                         return Err(error);
                     }
@@ -134,7 +131,11 @@ impl Store {
     /// lost; a retry then finds the run `running` for this very attempt and worker, which is our
     /// own claim, and reports it claimed. (Concurrent duplicates inside one worker are kept out
     /// before the claim, so that cannot be anyone else's.)
-    pub(crate) async fn claim(&self, trigger: &Trigger, worker_id: &str) -> Result<Claim, sqlx::Error> {
+    pub(crate) async fn claim(
+        &self,
+        trigger: &Trigger,
+        worker_id: &str,
+    ) -> Result<Claim, sqlx::Error> {
         let attempt = attempt_i32(trigger.attempt);
         self.retrying("claiming a run", |retry| async move {
             let row = sqlx::query(CLAIM_SQL)
@@ -168,7 +169,12 @@ impl Store {
     }
 
     /// Stores a batch of log lines of a running attempt.
-    pub(crate) async fn append_logs(&self, run_id: i64, attempt: u32, lines: &[LogLine]) -> Result<(), sqlx::Error> {
+    pub(crate) async fn append_logs(
+        &self,
+        run_id: i64,
+        attempt: u32,
+        lines: &[LogLine],
+    ) -> Result<(), sqlx::Error> {
         self.retrying("storing run log lines", |_| async move {
             insert_logs(&self.pool, run_id, attempt, lines).await
         })
@@ -306,7 +312,12 @@ impl Store {
 }
 
 /// Batched insert of log lines: one statement whatever the count, in their original order.
-async fn insert_logs<'e, E>(executor: E, run_id: i64, attempt: u32, lines: &[LogLine]) -> Result<(), sqlx::Error>
+async fn insert_logs<'e, E>(
+    executor: E,
+    run_id: i64,
+    attempt: u32,
+    lines: &[LogLine],
+) -> Result<(), sqlx::Error>
 where
     E: sqlx::Executor<'e, Database = Postgres>,
 {
@@ -349,7 +360,8 @@ pub(crate) fn is_transient(error: &sqlx::Error) -> bool {
         sqlx::Error::Database(db) => db.code().is_some_and(|code| {
             // 08: connection exception; 57P01-03: admin/crash shutdown, cannot connect now;
             // 40001/40P01: serialization failure, deadlock (the transaction can simply rerun).
-            code.starts_with("08") || matches!(&*code, "57P01" | "57P02" | "57P03" | "40001" | "40P01")
+            code.starts_with("08")
+                || matches!(&*code, "57P01" | "57P02" | "57P03" | "40001" | "40P01")
         }),
         _ => false,
     }

@@ -162,7 +162,10 @@ mod tests {
     #[tokio::test]
     async fn reports_the_handlers_error() {
         let run = run(batch, json!({"size": 0})).await;
-        assert_eq!(run.result, Err(JobError::fail("batch size must be positive")));
+        assert_eq!(
+            run.result,
+            Err(JobError::fail("batch size must be positive"))
+        );
         assert_eq!(run.logs.len(), 2);
         assert_eq!(run.logs[1].0, Level::Error);
     }
@@ -174,8 +177,16 @@ mod tests {
             .await;
         let err = run.result.unwrap_err();
         assert!(!err.is_retryable());
-        assert!(err.message().starts_with("params of job `close-orders` do not decode"), "{err}");
-        assert!(err.message().contains("invalid type: string \"three\", expected u32"), "{err}");
+        assert!(
+            err.message()
+                .starts_with("params of job `close-orders` do not decode"),
+            "{err}"
+        );
+        assert!(
+            err.message()
+                .contains("invalid type: string \"three\", expected u32"),
+            "{err}"
+        );
     }
 
     #[tokio::test]

@@ -449,7 +449,9 @@ async fn wait_for_signal() {
                 }
                 return;
             }
-            Err(error) => tracing::warn!(%error, "cannot listen for SIGTERM; only Ctrl-C stops the worker"),
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGTERM; only Ctrl-C stops the worker")
+            }
         }
     }
     if let Err(error) = tokio::signal::ctrl_c().await {
@@ -465,7 +467,10 @@ async fn drain(shared: &Shared, tracker: &TaskTracker, drain_timeout: Duration) 
         return;
     }
     tracing::info!(in_flight = tracker.len(), timeout = ?drain_timeout, "draining in-flight runs");
-    if tokio::time::timeout(drain_timeout, tracker.wait()).await.is_ok() {
+    if tokio::time::timeout(drain_timeout, tracker.wait())
+        .await
+        .is_ok()
+    {
         return;
     }
     tracing::warn!(
@@ -474,7 +479,10 @@ async fn drain(shared: &Shared, tracker: &TaskTracker, drain_timeout: Duration) 
         "drain timeout passed; cancelling the remaining handlers"
     );
     shared.stop_handlers.cancel();
-    if tokio::time::timeout(shared.cancel_grace, tracker.wait()).await.is_ok() {
+    if tokio::time::timeout(shared.cancel_grace, tracker.wait())
+        .await
+        .is_ok()
+    {
         return;
     }
     shared.abandon.cancel();
@@ -548,7 +556,9 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Shared {
     /// Enters run `run_id`, unless this worker is already handling a delivery of it.
     pub(crate) fn enter(&self, run_id: i64) -> Option<InFlight<'_>> {
-        lock(&self.in_flight).insert(run_id).then_some(InFlight {
+        // Release the lock before building the guard: dropping an unused guard takes it again.
+        let entered = lock(&self.in_flight).insert(run_id);
+        entered.then(|| InFlight {
             shared: self,
             run_id,
         })
@@ -660,8 +670,10 @@ mod tests {
         );
         assert!(err(Worker::builder("g").handle("a", noop)).contains(".pool(pool)"));
         assert!(
-            err(Worker::builder("g").handle("a", noop).database_url("postgres://h:notaport/db"))
-                .starts_with("invalid database URL")
+            err(Worker::builder("g")
+                .handle("a", noop)
+                .database_url("postgres://h:notaport/db"))
+            .starts_with("invalid database URL")
         );
     }
 

@@ -72,7 +72,10 @@ async fn a_trigger_is_claimed_executed_once_recorded_and_acked(pool: PgPool) {
     let attempts = env.attempts(run_id).await;
     assert_eq!(attempts.len(), 1);
     let a = &attempts[0];
-    assert_eq!((a.attempt, a.state.as_str(), a.worker_id.as_str()), (1, "succeeded", worker_id.as_str()));
+    assert_eq!(
+        (a.attempt, a.state.as_str(), a.worker_id.as_str()),
+        (1, "succeeded", worker_id.as_str())
+    );
     assert_eq!(a.started_at, started);
     assert_eq!(a.finished_at, Some(finished));
     let duration_ms = a.duration_ms.unwrap();
@@ -85,7 +88,11 @@ async fn a_trigger_is_claimed_executed_once_recorded_and_acked(pool: PgPool) {
         env.logs(run_id).await,
         [
             (1, "info".to_owned(), "hello, Ada".to_owned()),
-            (1, "warn".to_owned(), format!("run {run_id} attempt 1 scheduled {scheduled}")),
+            (
+                1,
+                "warn".to_owned(),
+                format!("run {run_id} attempt 1 scheduled {scheduled}")
+            ),
         ]
     );
 
@@ -128,6 +135,7 @@ async fn a_trigger_is_claimed_executed_once_recorded_and_acked(pool: PgPool) {
 #[sqlx::test(migrations = "../migrations")]
 async fn a_trigger_delivered_three_times_executes_once(pool: PgPool) {
     let env = Env::new(pool).await;
+    let (_capturing, mut events) = support::capture_events();
     let run_id = env.insert_run("greet", &json!({"name": "Bo"})).await;
     let trigger = env.trigger(run_id, "greet", json!({"name": "Bo"})).await;
     // Two copies before the worker starts: delivered together, handled concurrently.
@@ -135,29 +143,37 @@ async fn a_trigger_delivered_three_times_executes_once(pool: PgPool) {
     env.publish(&trigger).await;
 
     let calls = Arc::new(AtomicUsize::new(0));
-    let worker = env.worker().handle("greet", greeter(&calls)).build().unwrap();
+    let worker = env
+        .worker()
+        .handle("greet", greeter(&calls))
+        .build()
+        .unwrap();
     let running = env.start(worker);
     env.run_in_state(run_id, "succeeded").await;
 
     // A third copy after the run finished (a confirmed publish the scheduler did not mark).
     env.publish(&trigger).await;
-    let env_ref = &env;
-    wait_for("every copy to be consumed", || async move {
-        (env_ref.queue_state(&env_ref.topology.work_queue()).await.0 == 0).then_some(())
-    })
-    .await;
+    // Both extra copies acked unexecuted: the concurrent one by the in-flight guard or the
+    // claim, the late one by the claim.
+    support::events_counted(&mut events, |m| m.starts_with("duplicate"), 2).await;
     running.stop().await;
 
     assert_eq!(calls.load(SeqCst), 1, "the handler ran once");
     assert_eq!(env.attempts(run_id).await.len(), 1);
     assert_eq!(env.logs(run_id).await.len(), 2);
     assert_eq!(env.run(run_id).await.state, "succeeded");
-    assert_eq!(env.queue_state(&env.topology.work_queue()).await.0, 0, "all copies acked");
+    assert_eq!(
+        env.queue_state(&env.topology.work_queue()).await.0,
+        0,
+        "all copies acked"
+    );
     env.cleanup().await;
 }
 
 #[sqlx::test(migrations = "../migrations")]
-async fn malformed_and_unknown_job_messages_are_parked_and_the_worker_keeps_consuming(pool: PgPool) {
+async fn malformed_and_unknown_job_messages_are_parked_and_the_worker_keeps_consuming(
+    pool: PgPool,
+) {
     let env = Env::new(pool).await;
     let garbage_run = env.insert_run("greet", &Value::Null).await;
     env.publish_raw(b"{not json", Some(garbage_run), FieldTable::default())
@@ -184,7 +200,11 @@ async fn malformed_and_unknown_job_messages_are_parked_and_the_worker_keeps_cons
     assert_eq!(unknown.error.as_deref(), Some(reason.as_str()));
     let garbage = env.run_in_state(garbage_run, "dead").await;
     assert!(
-        garbage.reason.as_deref().unwrap().starts_with("message body is not a Chime trigger"),
+        garbage
+            .reason
+            .as_deref()
+            .unwrap()
+            .starts_with("message body is not a Chime trigger"),
         "{garbage:?}"
     );
 
@@ -195,31 +215,106 @@ async fn malformed_and_unknown_job_messages_are_parked_and_the_worker_keeps_cons
         async move { (env_ref.queue_state(&parking).await.0 == 2).then_some(()) }
     })
     .await;
-    let mut parked = vec![env.take_parked().await.unwrap(), env.take_parked().await.unwrap()];
-    parked.sort_by_key(|d| d.properties.message_id().clone().map(|m| m.to_string()));
+    let parked = [
+        env.take_parked().await.unwrap(),
+        env.take_parked().await.unwrap(),
+    ];
     let by_id = |run_id: i64| {
         parked
             .iter()
-            .find(|d| d.properties.message_id().as_ref().map(|m| m.as_str()) == Some(&run_id.to_string()))
+            .find(|d| {
+                d.properties.message_id().as_ref().map(|m| m.as_str()) == Some(&run_id.to_string())
+            })
             .unwrap_or_else(|| panic!("parked message of run {run_id}"))
     };
     let g = by_id(garbage_run);
     assert_eq!(g.data, b"{not json");
-    assert!(header(g, HEADER_DEAD_REASON).unwrap().starts_with("message body is not a Chime trigger"));
-    assert_eq!(header(g, HEADER_DEAD_BY).as_deref(), Some(worker_id.as_str()));
-    let u = by_id(unknown_run);
-    assert_eq!(header(u, HEADER_DEAD_REASON).as_deref(), Some(reason.as_str()));
-    assert_eq!(header(u, HEADER_DEAD_BY).as_deref(), Some(worker_id.as_str()));
     assert!(
-        u.properties.headers().as_ref().unwrap().contains_key(HEADER_ATTEMPT),
+        header(g, HEADER_DEAD_REASON)
+            .unwrap()
+            .starts_with("message body is not a Chime trigger")
+    );
+    assert_eq!(
+        header(g, HEADER_DEAD_BY).as_deref(),
+        Some(worker_id.as_str())
+    );
+    let u = by_id(unknown_run);
+    assert_eq!(
+        header(u, HEADER_DEAD_REASON).as_deref(),
+        Some(reason.as_str())
+    );
+    assert_eq!(
+        header(u, HEADER_DEAD_BY).as_deref(),
+        Some(worker_id.as_str())
+    );
+    assert!(
+        u.properties
+            .headers()
+            .as_ref()
+            .unwrap()
+            .contains_key(HEADER_ATTEMPT),
         "original headers are kept"
     );
     assert_eq!(u.properties.delivery_mode(), &Some(2));
 
     running.stop().await;
     assert_eq!(calls.load(SeqCst), 1);
-    assert_eq!(env.queue_state(&env.topology.work_queue()).await.0, 0, "originals acked");
+    assert_eq!(
+        env.queue_state(&env.topology.work_queue()).await.0,
+        0,
+        "originals acked"
+    );
     assert!(env.attempts(unknown_run).await.is_empty());
+    env.cleanup().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_parking_copy_that_is_not_confirmed_keeps_the_original(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let (_capturing, mut events) = support::capture_events();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let worker = env
+        .worker()
+        .handle("greet", greeter(&calls))
+        .build()
+        .unwrap();
+    let running = env.start(worker);
+    let first = env.submit("greet", json!({"name": "Hu"})).await;
+    env.run_in_state(first, "succeeded").await; // the worker has declared its topology
+    // No parking queue now: the copy comes back unroutable (`Ack(Some(returned))`).
+    env.channel
+        .queue_delete(
+            env.topology.parking_queue().as_str().into(),
+            lapin::options::QueueDeleteOptions::default(),
+        )
+        .await
+        .unwrap();
+    let unknown = env.submit("no-such-job", Value::Null).await;
+    support::event(&mut events, "cannot dead-letter the message; requeueing it").await;
+    assert_eq!(
+        env.run(unknown).await.state,
+        "queued",
+        "not dead while the copy is unconfirmed"
+    );
+
+    // Once the parking lot exists again, the requeued original is parked for real.
+    env.topology.declare(&env.channel).await.unwrap();
+    env.run_in_state(unknown, "dead").await;
+    let parking = env.topology.parking_queue();
+    let env_ref = &env;
+    wait_for("the parked copy", || {
+        let parking = parking.clone();
+        async move { (env_ref.queue_state(&parking).await.0 == 1).then_some(()) }
+    })
+    .await;
+    let parked = env.take_parked().await.unwrap();
+    assert!(
+        header(&parked, HEADER_DEAD_REASON)
+            .unwrap()
+            .starts_with("unknown job `no-such-job`")
+    );
+    running.stop().await;
+    assert_eq!(env.queue_state(&env.topology.work_queue()).await.0, 0);
     env.cleanup().await;
 }
 
@@ -246,7 +341,10 @@ async fn params_that_do_not_decode_fail_the_run_naming_job_and_field(pool: PgPoo
     let run_id = env.submit("batch", json!({"sise": 10})).await;
     let run = env.run_in_state(run_id, "failed").await;
     let error = run.error.unwrap();
-    assert!(error.starts_with("params of job `batch` do not decode"), "{error}");
+    assert!(
+        error.starts_with("params of job `batch` do not decode"),
+        "{error}"
+    );
     assert!(error.contains("missing field `size`"), "{error}");
     let attempts = env.attempts(run_id).await;
     assert_eq!(attempts.len(), 1);
@@ -302,11 +400,26 @@ async fn handler_outcomes_are_recorded(pool: PgPool) {
     env.publish(&slow).await;
 
     let cases = [
-        (flaky_run, "failed", "failed", "loading orders: connection refused"),
+        (
+            flaky_run,
+            "failed",
+            "failed",
+            "loading orders: connection refused",
+        ),
         (refuse_run, "failed", "failed", "order 7 does not exist"),
         (give_up_run, "cancelled", "cancelled", "nothing to do today"),
-        (boom_run, "failed", "failed", "handler panicked: index out of bounds"),
-        (slow_run, "failed", "timed_out", "timed out after 150ms; handler returned: saw the token"),
+        (
+            boom_run,
+            "failed",
+            "failed",
+            "handler panicked: index out of bounds",
+        ),
+        (
+            slow_run,
+            "failed",
+            "timed_out",
+            "timed out after 150ms; handler returned: saw the token",
+        ),
     ];
     for (run_id, run_state, attempt_state, error) in cases {
         let run = env.run_in_state(run_id, run_state).await;
@@ -318,7 +431,10 @@ async fn handler_outcomes_are_recorded(pool: PgPool) {
         assert_eq!(attempts[0].error.as_deref(), Some(err.as_str()));
         assert!(attempts[0].finished_at.is_some());
     }
-    assert_eq!(env.logs(flaky_run).await, [(1, "info".to_owned(), "trying".to_owned())]);
+    assert_eq!(
+        env.logs(flaky_run).await,
+        [(1, "info".to_owned(), "trying".to_owned())]
+    );
     // Timed out after ~150 ms, not after the 5 s grace.
     let slow_ms = env.attempts(slow_run).await[0].duration_ms.unwrap();
     assert!((150..4_000).contains(&slow_ms), "{slow_ms} ms");
@@ -375,6 +491,7 @@ async fn capacity_bounds_concurrent_handlers(pool: PgPool) {
 #[sqlx::test(migrations = "../migrations")]
 async fn shutdown_stops_consuming_and_lets_the_running_handler_finish(pool: PgPool) {
     let env = Env::new(pool).await;
+    let (_capturing, mut events) = support::capture_events();
     let (started_tx, mut started) = mpsc::unbounded_channel();
     let release = Arc::new(Notify::new());
     let gate = release.clone();
@@ -385,7 +502,8 @@ async fn shutdown_stops_consuming_and_lets_the_running_handler_finish(pool: PgPo
             async move {
                 started_tx.send(ctx.run_id()).unwrap();
                 gate.notified().await;
-                ctx.log().info(format!("released; cancelled = {}", ctx.is_cancelled()));
+                ctx.log()
+                    .info(format!("released; cancelled = {}", ctx.is_cancelled()));
                 Ok(())
             }
         })
@@ -397,16 +515,13 @@ async fn shutdown_stops_consuming_and_lets_the_running_handler_finish(pool: PgPo
     assert_eq!(got, Some(first));
 
     running.shutdown.cancel();
-    let work = env.topology.work_queue();
-    let env_ref = &env;
-    wait_for("the consumer to be cancelled", || {
-        let work = work.clone();
-        async move { (env_ref.queue_state(&work).await.1 == 0).then_some(()) }
-    })
-    .await;
+    support::event(&mut events, "stopped consuming").await;
     // Stopped consuming: a new trigger stays in the queue.
     let second = env.submit("hold", Value::Null).await;
-    assert!(!running.handle.is_finished(), "run() waits for the in-flight handler");
+    assert!(
+        !running.handle.is_finished(),
+        "run() waits for the in-flight handler"
+    );
     assert_eq!(env.run(first).await.state, "running");
 
     release.notify_one();
@@ -414,10 +529,14 @@ async fn shutdown_stops_consuming_and_lets_the_running_handler_finish(pool: PgPo
     env.run_in_state(first, "succeeded").await;
     assert_eq!(
         env.logs(first).await,
-        [(1, "info".to_owned(), "released; cancelled = false".to_owned())]
+        [(
+            1,
+            "info".to_owned(),
+            "released; cancelled = false".to_owned()
+        )]
     );
     assert_eq!(env.run(second).await.state, "queued");
-    assert_eq!(env.queue_state(&env.topology.work_queue()).await, (1, 0));
+    assert_eq!(env.queue_state(&env.topology.work_queue()).await.0, 1);
     env.cleanup().await;
 }
 
@@ -455,14 +574,24 @@ async fn drain_timeout_cancels_handlers_and_records_them_interrupted(pool: PgPoo
         Some("interrupted by worker shutdown; handler returned: saw the token")
     );
     assert_eq!(env.attempts(polite).await[0].state, "cancelled");
-    assert_eq!(env.logs(polite).await, [(1, "warn".to_owned(), "stopping early".to_owned())]);
+    assert_eq!(
+        env.logs(polite).await,
+        [(1, "warn".to_owned(), "stopping early".to_owned())]
+    );
 
     let run = env.run(stubborn).await;
     assert_eq!(run.state, "failed");
     let error = run.error.unwrap();
-    assert!(error.starts_with("interrupted by worker shutdown; handler did not stop"), "{error}");
+    assert!(
+        error.starts_with("interrupted by worker shutdown; handler did not stop"),
+        "{error}"
+    );
     assert_eq!(env.attempts(stubborn).await[0].state, "cancelled");
-    assert_eq!(env.queue_state(&env.topology.work_queue()).await.0, 0, "both acked");
+    assert_eq!(
+        env.queue_state(&env.topology.work_queue()).await.0,
+        0,
+        "both acked"
+    );
     env.cleanup().await;
 }
 
@@ -470,7 +599,11 @@ async fn drain_timeout_cancels_handlers_and_records_them_interrupted(pool: PgPoo
 async fn a_deleted_work_queue_is_redeclared_and_consumed_again(pool: PgPool) {
     let env = Env::new(pool).await;
     let calls = Arc::new(AtomicUsize::new(0));
-    let worker = env.worker().handle("greet", greeter(&calls)).build().unwrap();
+    let worker = env
+        .worker()
+        .handle("greet", greeter(&calls))
+        .build()
+        .unwrap();
     let running = env.start(worker);
     let before = env.submit("greet", json!({"name": "Di"})).await;
     env.run_in_state(before, "succeeded").await;
@@ -492,46 +625,96 @@ async fn a_deleted_work_queue_is_redeclared_and_consumed_again(pool: PgPool) {
     env.cleanup().await;
 }
 
-/// The broker's `close_connection` as an operator would run it.
+/// Runs `rabbitmqctl` (RabbitMQ runs on this machine) and returns its output.
 fn rabbitmqctl(args: &[&str]) -> String {
     let out = std::process::Command::new("rabbitmqctl")
         .args(args)
         .output()
         .expect("rabbitmqctl (RabbitMQ runs on this machine)");
-    assert!(out.status.success(), "rabbitmqctl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "rabbitmqctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 #[sqlx::test(migrations = "../migrations")]
-async fn a_connection_closed_by_the_broker_is_recovered(pool: PgPool) {
+async fn a_connection_lost_mid_run_executes_once_and_consumes_again(pool: PgPool) {
     let env = Env::new(pool).await;
-    let calls = Arc::new(AtomicUsize::new(0));
-    let worker = env.worker().handle("greet", greeter(&calls)).build().unwrap();
+    let (_capturing, mut events) = support::capture_events();
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let release = Arc::new(Notify::new());
+    let (gate, calls) = (release.clone(), Arc::new(AtomicUsize::new(0)));
+    let counted = calls.clone();
+    let worker = env
+        .worker()
+        .handle("hold", move |ctx: JobContext, _: Value| {
+            let (started_tx, gate, counted) = (started_tx.clone(), gate.clone(), counted.clone());
+            async move {
+                counted.fetch_add(1, SeqCst);
+                started_tx.send(ctx.run_id()).unwrap();
+                gate.notified().await;
+                Ok(())
+            }
+        })
+        .build()
+        .unwrap();
     let connection_name = format!("chime-worker-{}", worker.id());
     let running = env.start(worker);
-    let before = env.submit("greet", json!({"name": "Fa"})).await;
-    env.run_in_state(before, "succeeded").await;
+    let held = env.submit("hold", Value::Null).await;
+    assert_eq!(
+        tokio::time::timeout(WAIT, started.recv()).await.unwrap(),
+        Some(held)
+    );
 
+    // The broker drops the connection while the handler runs: the delivery goes back to the
+    // queue and comes again after lapin's recovery; the original can no longer be acked.
     let listing = tokio::task::spawn_blocking(|| {
-        rabbitmqctl(&["list_connections", "-q", "--no-table-headers", "name", "client_properties"])
+        rabbitmqctl(&[
+            "list_connections",
+            "-q",
+            "--no-table-headers",
+            "pid",
+            "client_properties",
+        ])
     })
     .await
     .unwrap();
-    let pid_name = listing
+    let pid = listing
         .lines()
         .find(|line| line.contains(&connection_name))
         .and_then(|line| line.split('\t').next())
         .unwrap_or_else(|| panic!("connection {connection_name} in {listing}"))
         .to_owned();
     tokio::task::spawn_blocking(move || {
-        rabbitmqctl(&["close_connection", &pid_name, "test: forced close"])
+        rabbitmqctl(&["close_connection", &pid, "test: forced close"])
     })
     .await
     .unwrap();
+    release.notify_one();
 
-    let after = env.submit("greet", json!({"name": "Gu"})).await;
+    env.run_in_state(held, "succeeded").await;
+    support::events_matching(
+        &mut events,
+        &[
+            &|m: &str| m.starts_with("ack not sent: the channel closed meanwhile"),
+            &|m: &str| m.starts_with("duplicate"),
+        ],
+    )
+    .await;
+    assert_eq!(env.attempts(held).await.len(), 1);
+
+    // And the worker consumes again on the recovered connection.
+    let after = env.submit("hold", Value::Null).await;
+    assert_eq!(
+        tokio::time::timeout(WAIT, started.recv()).await.unwrap(),
+        Some(after)
+    );
+    release.notify_one();
     env.run_in_state(after, "succeeded").await;
     running.stop().await;
-    assert_eq!(calls.load(SeqCst), 2);
+    assert_eq!(calls.load(SeqCst), 2, "the held run executed once");
+    assert_eq!(env.queue_state(&env.topology.work_queue()).await.0, 0);
     env.cleanup().await;
 }

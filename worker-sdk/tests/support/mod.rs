@@ -10,7 +10,9 @@ use chime_worker::protocol::{CONTENT_TYPE, HEADER_ATTEMPT, PROTOCOL_VERSION};
 use chime_worker::{CancellationToken, Topology, Trigger, Worker, WorkerBuilder, WorkerError};
 use chrono::{DateTime, Utc};
 use lapin::message::Delivery;
-use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
+use lapin::options::{
+    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
+};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
 use serde_json::Value;
@@ -25,7 +27,9 @@ pub fn amqp_url() -> String {
 }
 
 fn unique(kind: &str) -> String {
-    let suffix: String = std::iter::repeat_with(fastrand::lowercase).take(10).collect();
+    let suffix: String = std::iter::repeat_with(fastrand::lowercase)
+        .take(10)
+        .collect();
     format!("{kind}{suffix}")
 }
 
@@ -39,6 +43,95 @@ pub fn init_tracing() {
     }
 }
 
+/// Worker log messages, for tests that wait on what the worker says it did.
+///
+/// `#[sqlx::test]` runs on a current-thread runtime, so a thread-local subscriber sees every
+/// event of the worker's tasks. Keep the guard alive for as long as events should be captured.
+pub fn capture_events() -> (
+    tracing::subscriber::DefaultGuard,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    use tracing_subscriber::layer::SubscriberExt;
+
+    struct Capture(tokio::sync::mpsc::UnboundedSender<String>);
+    struct Message(String);
+    impl tracing::field::Visit for Message {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            if field.name() == "message" {
+                self.0 = format!("{value:?}");
+            }
+        }
+    }
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Capture {
+        fn on_event(
+            &self,
+            event: &tracing::Event<'_>,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            let mut message = Message(String::new());
+            event.record(&mut message);
+            let _ = self.0.send(message.0);
+        }
+    }
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let subscriber = tracing_subscriber::registry().with(Capture(tx));
+    (tracing::subscriber::set_default(subscriber), rx)
+}
+
+/// Waits until a captured event's message equals `message`.
+pub async fn event(events: &mut tokio::sync::mpsc::UnboundedReceiver<String>, message: &str) {
+    events_matching(events, &[&|m: &str| m == message]).await
+}
+
+/// Waits until `n` captured events satisfied `matches`.
+pub async fn events_counted(
+    events: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+    matches: impl Fn(&str) -> bool,
+    n: usize,
+) {
+    let mut seen = 0;
+    let counted = tokio::time::timeout(WAIT, async {
+        while seen < n {
+            match events.recv().await {
+                Some(m) if matches(&m) => seen += 1,
+                Some(_) => {}
+                None => return,
+            }
+        }
+    })
+    .await;
+    assert!(
+        counted.is_ok() && seen == n,
+        "saw {seen} of {n} expected events within {WAIT:?}"
+    );
+}
+
+/// Waits until every predicate has matched some captured event (in any order).
+pub async fn events_matching(
+    events: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+    wanted: &[&dyn Fn(&str) -> bool],
+) {
+    let mut seen = vec![false; wanted.len()];
+    let mut log = Vec::new();
+    let found = tokio::time::timeout(WAIT, async {
+        while let Some(m) = events.recv().await {
+            for (i, want) in wanted.iter().enumerate() {
+                seen[i] |= want(&m);
+            }
+            log.push(m);
+            if seen.iter().all(|s| *s) {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert!(
+        matches!(found, Ok(true)),
+        "timed out after {WAIT:?} waiting for events; matched {seen:?}; saw {log:#?}"
+    );
+}
+
 /// One test's world: its database, its own prefix and group, and a publishing channel.
 pub struct Env {
     pub pool: PgPool,
@@ -47,6 +140,7 @@ pub struct Env {
     pub group: String,
     connection: Connection,
     pub channel: Channel,
+    cleaned: bool,
 }
 
 /// A row of `chime_runs`, as tests look at it.
@@ -119,6 +213,7 @@ impl Env {
             group,
             connection,
             channel,
+            cleaned: false,
         }
     }
 
@@ -203,25 +298,28 @@ impl Env {
         }
         let exchange = &self.topology.exchange();
         let properties = &properties;
-        wait_for("the trigger to be routed to the work queue", || async move {
-            let confirm = self
-                .channel
-                .basic_publish(
-                    exchange.as_str().into(),
-                    chime_worker::topology::WORK_KEY.into(),
-                    BasicPublishOptions {
-                        mandatory: true,
-                        ..BasicPublishOptions::default()
-                    },
-                    body,
-                    properties.clone(),
-                )
-                .await
-                .unwrap()
-                .await
-                .unwrap();
-            matches!(confirm, Confirmation::Ack(None)).then_some(())
-        })
+        wait_for(
+            "the trigger to be routed to the work queue",
+            || async move {
+                let confirm = self
+                    .channel
+                    .basic_publish(
+                        exchange.as_str().into(),
+                        chime_worker::topology::WORK_KEY.into(),
+                        BasicPublishOptions {
+                            mandatory: true,
+                            ..BasicPublishOptions::default()
+                        },
+                        body,
+                        properties.clone(),
+                    )
+                    .await
+                    .unwrap()
+                    .await
+                    .unwrap();
+                matches!(confirm, Confirmation::Ack(None)).then_some(())
+            },
+        )
         .await
     }
 
@@ -298,9 +396,38 @@ impl Env {
     }
 
     /// Deletes the test's exchange and queues.
-    pub async fn cleanup(self) {
+    pub async fn cleanup(mut self) {
         self.topology.delete(&self.channel).await.unwrap();
+        self.cleaned = true;
         let _ = self.connection.close(200, "test done".into()).await;
+    }
+}
+
+impl Drop for Env {
+    /// A failed test never reached [`Env::cleanup`]: delete its topology anyway, from a thread
+    /// with its own runtime (the test's runtime may be unwinding).
+    fn drop(&mut self) {
+        if self.cleaned {
+            return;
+        }
+        let topology = self.topology.clone();
+        let exchange = topology.exchange();
+        let cleanup = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(async {
+                let connection =
+                    Connection::connect(&amqp_url(), ConnectionProperties::default()).await?;
+                let channel = connection.create_channel().await?;
+                topology.delete(&channel).await?;
+                connection.close(200, "test cleanup".into()).await
+            })
+        });
+        if let Ok(Err(error)) = cleanup.join() {
+            eprintln!("could not delete the test topology of {exchange}: {error}");
+        }
     }
 }
 
