@@ -59,6 +59,9 @@ pub struct JobSpec {
     /// Cluster-wide overlap policy.
     #[serde(default)]
     pub concurrency: ConcurrencyPolicy,
+    /// Retries with exponential backoff after a failed attempt.
+    #[serde(default)]
+    pub retry: RetrySpec,
     /// Whether the job starts paused.
     #[serde(default)]
     pub paused: bool,
@@ -78,6 +81,70 @@ pub enum MisfirePolicy {
     FireOnce,
     /// Run every missed fire inside the catch-up window, up to `max_catchup`.
     FireAll,
+}
+
+/// Retry policy: `max_attempts` in all; the delay before attempt `n + 1` is
+/// `min(max, initial × multiplier^(n−1))`, spread by ±20 % with `jitter` (docs/failures.md).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetrySpec {
+    /// Attempts in all, the first included; 1 = no retry.
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+    /// Delay before the second attempt.
+    #[serde(default = "default_retry_initial", with = "humantime_serde_compat")]
+    pub initial: Duration,
+    /// Factor applied to the delay after each further failure.
+    #[serde(default = "default_retry_multiplier")]
+    pub multiplier: f64,
+    /// Upper bound of any delay.
+    #[serde(default = "default_retry_max", with = "humantime_serde_compat")]
+    pub max: Duration,
+    /// Spread delays by a random factor in [0.8, 1.2].
+    #[serde(default = "default_jitter")]
+    pub jitter: bool,
+}
+
+impl Default for RetrySpec {
+    fn default() -> Self {
+        RetrySpec {
+            max_attempts: default_max_attempts(),
+            initial: default_retry_initial(),
+            multiplier: default_retry_multiplier(),
+            max: default_retry_max(),
+            jitter: default_jitter(),
+        }
+    }
+}
+
+impl RetrySpec {
+    /// The policy as it travels in the trigger message.
+    pub fn to_wire(&self) -> chime_worker::protocol::RetryPolicy {
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        chime_worker::protocol::RetryPolicy {
+            max_attempts: self.max_attempts,
+            initial_ms: ms(self.initial),
+            multiplier: self.multiplier,
+            max_ms: ms(self.max),
+            jitter: self.jitter,
+        }
+    }
+}
+
+fn default_max_attempts() -> u32 {
+    3
+}
+fn default_retry_initial() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_retry_multiplier() -> f64 {
+    2.0
+}
+fn default_retry_max() -> Duration {
+    Duration::from_secs(600)
+}
+fn default_jitter() -> bool {
+    true
 }
 
 /// Cluster-wide overlap policy.

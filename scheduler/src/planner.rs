@@ -282,6 +282,7 @@ impl Planner {
                 attempt: 1,
                 params: planned.spec.params.clone(),
                 timeout: planned.spec.timeout,
+                retry: Some(planned.spec.retry.to_wire()),
             };
             if self.dispatch.send(run).await.is_err() {
                 anyhow::bail!("dispatcher stopped");

@@ -134,6 +134,7 @@ impl Publisher {
             timeout_ms: run
                 .timeout
                 .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+            retry: run.retry,
         };
         let mut headers = FieldTable::default();
         headers.insert(HEADER_ATTEMPT.into(), AMQPValue::LongUInt(run.attempt));

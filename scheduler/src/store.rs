@@ -113,6 +113,8 @@ pub struct OutboxRun {
     pub params: serde_json::Value,
     /// Handler timeout, from the job's spec.
     pub timeout: Option<Duration>,
+    /// Retry policy, from the job's spec.
+    pub retry: Option<chime_worker::protocol::RetryPolicy>,
 }
 
 /// A job as stored.
@@ -543,7 +545,7 @@ impl Store {
     ) -> anyhow::Result<Vec<OutboxRun>> {
         let rows = sqlx::query(
             "SELECT r.id, r.job_name, r.group_name, r.scheduled_at, r.attempt, r.params,
-                    j.spec->>'timeout' AS timeout
+                    j.spec->>'timeout' AS timeout, j.spec->'retry' AS retry
              FROM chime_runs r LEFT JOIN chime_jobs j ON j.name = r.job_name
              WHERE r.state = 'pending' AND r.scheduled_at <= $1
              ORDER BY r.scheduled_at, r.id LIMIT $2",
@@ -557,6 +559,10 @@ impl Store {
             .into_iter()
             .map(|r| {
                 let timeout: Option<String> = r.get("timeout");
+                let retry: Option<serde_json::Value> = r.get("retry");
+                let retry = retry
+                    .and_then(|v| serde_json::from_value::<crate::job::RetrySpec>(v).ok())
+                    .unwrap_or_default();
                 OutboxRun {
                     id: r.get("id"),
                     job: r.get("job_name"),
@@ -565,6 +571,7 @@ impl Store {
                     attempt: u32::try_from(r.get::<i32, _>("attempt")).unwrap_or(0) + 1,
                     params: r.get("params"),
                     timeout: timeout.and_then(|t| humantime::parse_duration(&t).ok()),
+                    retry: Some(retry.to_wire()),
                 }
             })
             .collect())

@@ -49,6 +49,25 @@ pub struct Trigger {
     /// Handler timeout in milliseconds, if the job has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
+    /// The job's retry policy. Absent means no retry (one attempt).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryPolicy>,
+}
+
+/// A job's retry policy as it travels in the trigger (durations in milliseconds). See
+/// `docs/failures.md` for the delay formula.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included; 1 = no retry.
+    pub max_attempts: u32,
+    /// Delay before the second attempt.
+    pub initial_ms: u64,
+    /// Factor applied to the delay after each further failure.
+    pub multiplier: f64,
+    /// Upper bound of any delay.
+    pub max_ms: u64,
+    /// Whether delays are spread by a random factor.
+    pub jitter: bool,
 }
 
 impl Trigger {
@@ -99,6 +118,13 @@ mod tests {
             scheduled_at: "2026-12-01T00:00:00Z".parse().unwrap(),
             params: serde_json::json!({"batch": 500}),
             timeout_ms: Some(300_000),
+            retry: Some(RetryPolicy {
+                max_attempts: 4,
+                initial_ms: 1_000,
+                multiplier: 2.0,
+                max_ms: 600_000,
+                jitter: true,
+            }),
         }
     }
 

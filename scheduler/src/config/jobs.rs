@@ -34,9 +34,13 @@ pub const JOB_FIELDS: &[&str] = &[
     "catchup_window",
     "max_catchup",
     "concurrency",
+    "retry",
     "paused",
     "description",
 ];
+
+/// Fields of the `retry` table.
+const RETRY_FIELDS: &[&str] = &["max_attempts", "initial", "multiplier", "max", "jitter"];
 
 /// Allowed values of `misfire`, as `MisfirePolicy` spells them.
 const MISFIRE_VALUES: &[&str] = &["skip", "fire_once", "fire_all"];
@@ -443,6 +447,7 @@ pub fn validate_job(table: &Map<String, Value>) -> Result<JobSpec, Vec<FieldErro
         );
     }
     check.one_of("concurrency", CONCURRENCY_VALUES);
+    check.retry();
     check.boolean("paused");
     if check.string("description").is_some() {
         check.keep("description");
@@ -492,22 +497,89 @@ impl<'a> Check<'a> {
         }
     }
 
+    /// The `retry` table: each key checked like a job field, errors named `retry.<key>`.
+    fn retry(&mut self) {
+        let Some(value) = self.get("retry") else {
+            return;
+        };
+        let Value::Object(table) = value else {
+            self.fail(
+                "retry",
+                format!(
+                    "retry must be a table, found {}; write it such as retry = {{ max_attempts = 4, \
+                     initial = \"10s\" }}",
+                    kind(value)
+                ),
+            );
+            return;
+        };
+        let mut inner = Check {
+            table,
+            errors: Vec::new(),
+            clean: Map::new(),
+        };
+        inner.unknown_keys(RETRY_FIELDS);
+        if let Some(n) = inner.whole_number("max_attempts")
+            && n == 0
+        {
+            inner.fail(
+                "max_attempts",
+                "at least 1 attempt is needed; use 1 for no retry",
+            );
+        }
+        let initial = inner.duration("initial");
+        if initial.is_some_and(|d| d.is_zero()) {
+            inner.fail("initial", "the first delay must be longer than 0s, such as \"1s\"");
+        }
+        if let Some(value) = inner.get("multiplier") {
+            match value.as_f64() {
+                Some(m) if (1.0..=100.0).contains(&m) => inner.keep("multiplier"),
+                _ => inner.fail(
+                    "multiplier",
+                    "expected a number from 1 to 100, such as 2 (each delay twice the last)",
+                ),
+            }
+        }
+        let max = inner.duration("max");
+        if let (Some(initial), Some(max)) = (initial, max)
+            && max < initial
+        {
+            inner.fail(
+                "max",
+                "the longest delay is shorter than the first; make max at least as long as initial",
+            );
+        }
+        inner.boolean("jitter");
+        for mut error in inner.errors {
+            error.field = Some(match error.field {
+                Some(field) => format!("retry.{field}"),
+                None => "retry".to_owned(),
+            });
+            self.errors.push(error);
+        }
+        self.clean.insert("retry".to_owned(), Value::Object(inner.clean));
+    }
+
     fn unknown_fields(&mut self) {
+        self.unknown_keys(JOB_FIELDS);
+    }
+
+    fn unknown_keys(&mut self, fields: &[&str]) {
         let mut unknown: Vec<&String> = self
             .table
             .keys()
-            .filter(|key| !JOB_FIELDS.contains(&key.as_str()))
+            .filter(|key| !fields.contains(&key.as_str()))
             .collect();
         unknown.sort();
         for key in unknown {
-            let message = match closest(key, JOB_FIELDS.iter().copied()) {
+            let message = match closest(key, fields.iter().copied()) {
                 Some(near) => format!("unknown field; did you mean {near:?}?"),
                 None if key == "<<" => "unknown field; YAML merge keys (\"<<\") are not \
                                         supported, so write the shared fields out in each job"
                     .to_owned(),
                 None => format!(
-                    "unknown field; remove it, or use one of the job fields: {}",
-                    JOB_FIELDS.join(", ")
+                    "unknown field; remove it, or use one of the fields: {}",
+                    fields.join(", ")
                 ),
             };
             let value = Some(render(&self.table[key]));

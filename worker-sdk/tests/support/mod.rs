@@ -267,6 +267,7 @@ impl Env {
             scheduled_at: self.scheduled_at(run_id).await,
             params,
             timeout_ms: None,
+            retry: None,
         }
     }
 

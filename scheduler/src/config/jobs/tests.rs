@@ -49,8 +49,8 @@ fn toml_job(text: &str) -> JobSpec {
 }
 
 const ALL_FIELDS: &str = "name, group, schedule, every, at, timezone, params, timeout, misfire, \
-                          misfire_grace, catchup_window, max_catchup, concurrency, paused, \
-                          description";
+                          misfire_grace, catchup_window, max_catchup, concurrency, retry, \
+                          paused, description";
 
 #[test]
 fn unknown_field_suggests_the_closest_field() {
@@ -75,13 +75,13 @@ fn unknown_field_without_a_near_miss_lists_the_fields() {
         [[jobs]]
         name = "send-reminders"
         group = "mail"
-        retry = { max_attempts = 4 }
+        notify = { email = "ops@example.com" }
         "#,
     );
     assert_eq!(
         error,
         format!(
-            r#"jobs.toml: job "send-reminders": field "retry" = {{"max_attempts":4}}: unknown field; remove it, or use one of the job fields: {ALL_FIELDS}"#
+            r#"jobs.toml: job "send-reminders": field "notify" = {{"email":"ops@example.com"}}: unknown field; remove it, or use one of the fields: {ALL_FIELDS}"#
         )
     );
 }
@@ -776,6 +776,7 @@ fn job_fields_match_the_spec_serde_form() {
         catchup_window: Duration::from_secs(1),
         max_catchup: 1,
         concurrency: ConcurrencyPolicy::Allow,
+        retry: crate::job::RetrySpec::default(),
         paused: false,
         description: Some("d".into()),
     };
@@ -854,5 +855,80 @@ fn one_line_squeezes_a_toml_report() {
     assert_eq!(
         one_line(report),
         "TOML parse error at line 2, column 8: invalid basic string, expected `\"`"
+    );
+}
+
+#[test]
+fn retry_table_is_checked_key_by_key() {
+    let errors = toml_errors(
+        r#"
+        [[jobs]]
+        name = "bill"
+        group = "billing"
+        retry = { max_attempts = 0, initial = "0s", multiplier = 0.5, max = "1h", jiter = true }
+        "#,
+    );
+    assert_eq!(
+        errors,
+        [
+            r#"jobs.toml: job "bill": field "retry.jiter" = true: unknown field; did you mean "jitter"?"#,
+            r#"jobs.toml: job "bill": field "retry.max_attempts" = 0: at least 1 attempt is needed; use 1 for no retry"#,
+            r#"jobs.toml: job "bill": field "retry.initial" = "0s": the first delay must be longer than 0s, such as "1s""#,
+            r#"jobs.toml: job "bill": field "retry.multiplier" = 0.5: expected a number from 1 to 100, such as 2 (each delay twice the last)"#,
+        ]
+    );
+}
+
+#[test]
+fn retry_max_shorter_than_initial() {
+    let error = toml_error(
+        r#"
+        [[jobs]]
+        name = "bill"
+        group = "billing"
+        retry = { initial = "1m", max = "10s" }
+        "#,
+    );
+    assert_eq!(
+        error,
+        r#"jobs.toml: job "bill": field "retry.max" = "10s": the longest delay is shorter than the first; make max at least as long as initial"#
+    );
+}
+
+#[test]
+fn retry_must_be_a_table() {
+    let error = toml_error(
+        r#"
+        [[jobs]]
+        name = "bill"
+        group = "billing"
+        retry = 3
+        "#,
+    );
+    assert_eq!(
+        error,
+        r#"jobs.toml: job "bill": field "retry" = 3: retry must be a table, found a number; write it such as retry = { max_attempts = 4, initial = "10s" }"#
+    );
+}
+
+#[test]
+fn retry_defaults_fill_what_is_not_given() {
+    let job = toml_job(
+        r#"
+        [[jobs]]
+        name = "bill"
+        group = "billing"
+        retry = { max_attempts = 5, initial = "1s", jitter = false }
+        "#,
+    );
+    assert_eq!(
+        job.retry,
+        crate::job::RetrySpec {
+            max_attempts: 5,
+            initial: Duration::from_secs(1),
+            multiplier: 2.0,
+            max: Duration::from_secs(600),
+            jitter: false,
+        }
     );
 }
