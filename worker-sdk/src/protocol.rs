@@ -28,6 +28,23 @@ pub const HEADER_DEAD_REASON: &str = "x-chime-dead-reason";
 /// Header naming the worker that dead-lettered a message.
 pub const HEADER_DEAD_BY: &str = "x-chime-dead-by";
 
+/// Header carrying the earliest instant (Unix milliseconds) a delayed retry may start; a retry
+/// that comes back from a delay tier early is re-tiered or held until then.
+pub const HEADER_NOT_BEFORE: &str = "x-chime-not-before";
+
+/// A message on the control exchange ([`crate::topology::control_exchange`]), fanned out to every
+/// worker under a prefix.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ControlMessage {
+    /// Stop this run if you hold it: fire its cancellation token.
+    CancelRun {
+        /// The run to cancel.
+        run_id: i64,
+    },
+}
+
 /// A trigger: "run attempt `attempt` of run `run_id` of job `job`, scheduled for `scheduled_at`".
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Trigger {

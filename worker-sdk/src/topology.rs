@@ -152,6 +152,27 @@ impl Topology {
     }
 }
 
+/// The fanout exchange for control messages ([`crate::protocol::ControlMessage`]) to every
+/// worker under `prefix`: `P.control`. Each worker binds an exclusive, auto-deleted queue to it.
+pub fn control_exchange(prefix: &str) -> String {
+    format!("{prefix}.control")
+}
+
+/// Declares the control exchange (durable fanout). Idempotent.
+pub async fn declare_control(channel: &Channel, prefix: &str) -> Result<(), lapin::Error> {
+    channel
+        .exchange_declare(
+            control_exchange(prefix).as_str().into(),
+            ExchangeKind::Fanout,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..ExchangeDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+}
+
 fn string(s: &str) -> AMQPValue {
     AMQPValue::LongString(s.into())
 }
