@@ -20,7 +20,13 @@ fi
 if rabbitmqctl -q await_startup --timeout 5 >/dev/null 2>&1; then
   echo "RabbitMQ: running"
 else
-  echo "RabbitMQ: down, starting it"
-  rabbitmq-server -detached
-  wait_until 120 RabbitMQ rabbitmqctl -q await_startup --timeout 5
+  # A node that is still booting (recovering many queues) answers late: only start one if no
+  # RabbitMQ node process exists, then wait for it to finish booting.
+  if pgrep -f 'beam.smp.*rabbit' >/dev/null; then
+    echo "RabbitMQ: starting up, waiting for it"
+  else
+    echo "RabbitMQ: down, starting it"
+    rabbitmq-server -detached
+  fi
+  wait_until 900 RabbitMQ rabbitmqctl -q await_startup --timeout 10
 fi
