@@ -529,7 +529,10 @@ impl<'a> Check<'a> {
         }
         let initial = inner.duration("initial");
         if initial.is_some_and(|d| d.is_zero()) {
-            inner.fail("initial", "the first delay must be longer than 0s, such as \"1s\"");
+            inner.fail(
+                "initial",
+                "the first delay must be longer than 0s, such as \"1s\"",
+            );
         }
         if let Some(value) = inner.get("multiplier") {
             match value.as_f64() {
@@ -557,7 +560,8 @@ impl<'a> Check<'a> {
             });
             self.errors.push(error);
         }
-        self.clean.insert("retry".to_owned(), Value::Object(inner.clean));
+        self.clean
+            .insert("retry".to_owned(), Value::Object(inner.clean));
     }
 
     fn unknown_fields(&mut self) {
