@@ -19,8 +19,9 @@ pub use jobs::{
 };
 pub(crate) use jobs::{LoadedJob, load_located_jobs};
 pub use settings::{
-    DEFAULT_AMQP_URL, DEFAULT_BIND, DEFAULT_DATABASE_URL, DEFAULT_QUEUE_PREFIX, LeaderSettings,
-    PlannerSettings, SETTINGS_KEYS, Settings, default_instance_id,
+    ALERT_GROUP_KEYS, AlertSettings, DEFAULT_AMQP_URL, DEFAULT_BIND, DEFAULT_DATABASE_URL,
+    DEFAULT_QUEUE_PREFIX, GroupAlertSettings, LeaderSettings, PlannerSettings, RescuerSettings,
+    SETTINGS_KEYS, Settings, default_instance_id, webhook_target,
 };
 
 /// Which job a [`ConfigError`] is about.

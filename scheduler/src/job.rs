@@ -62,6 +62,9 @@ pub struct JobSpec {
     /// Retries with exponential backoff after a failed attempt.
     #[serde(default)]
     pub retry: RetrySpec,
+    /// Where this job's alerts go, overriding the settings' `alerts` (docs/failures.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alerts: Option<AlertSpec>,
     /// Whether the job starts paused.
     #[serde(default)]
     pub paused: bool,
@@ -147,6 +150,48 @@ fn default_jitter() -> bool {
     true
 }
 
+/// A job's own alert target: its webhook and body format, each overriding the settings'.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlertSpec {
+    /// Webhook URL (`http://` or `https://`) the job's alerts are posted to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook: Option<String>,
+    /// Body format of the job's alerts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<AlertFormat>,
+}
+
+/// Body of an alert webhook.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AlertFormat {
+    /// `{"kind", "job", "group", "run_id", "attempt", "error", "at", "text"}`.
+    #[default]
+    Generic,
+    /// Slack-compatible incoming webhook: `{"text": …}`.
+    Slack,
+}
+
+impl AlertFormat {
+    /// As written in settings and job files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AlertFormat::Generic => "generic",
+            AlertFormat::Slack => "slack",
+        }
+    }
+
+    /// The format a word names, if any.
+    pub fn parse(word: &str) -> Option<AlertFormat> {
+        match word {
+            "generic" => Some(AlertFormat::Generic),
+            "slack" => Some(AlertFormat::Slack),
+            _ => None,
+        }
+    }
+}
+
 /// Cluster-wide overlap policy.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -160,6 +205,29 @@ pub enum ConcurrencyPolicy {
     Queue,
     /// Cancel the running one and start the new one.
     Replace,
+}
+
+impl ConcurrencyPolicy {
+    /// The policy as the job file spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConcurrencyPolicy::Allow => "allow",
+            ConcurrencyPolicy::Forbid => "forbid",
+            ConcurrencyPolicy::Queue => "queue",
+            ConcurrencyPolicy::Replace => "replace",
+        }
+    }
+
+    /// The policy a job file's word names, if any.
+    pub fn parse(word: &str) -> Option<ConcurrencyPolicy> {
+        match word {
+            "allow" => Some(ConcurrencyPolicy::Allow),
+            "forbid" => Some(ConcurrencyPolicy::Forbid),
+            "queue" => Some(ConcurrencyPolicy::Queue),
+            "replace" => Some(ConcurrencyPolicy::Replace),
+            _ => None,
+        }
+    }
 }
 
 impl JobSpec {

@@ -1,14 +1,17 @@
 //! Chime scheduler: a leader-elected planner that turns job schedules into runs and publishes
 //! trigger messages to RabbitMQ. See ARCHITECTURE.md for the module map and invariants.
 
+pub mod alerts;
 pub mod check;
 pub mod cli;
 pub mod config;
 pub mod job;
 pub mod leader;
 pub mod misfire;
+pub mod parking;
 pub mod planner;
 pub mod publish;
+pub mod rescuer;
 pub mod schedule;
 pub mod service;
 pub mod store;

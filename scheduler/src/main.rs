@@ -5,11 +5,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use chime_scheduler::cli::{Cli, Command};
+use chime_scheduler::cli::{Broker, Cli, Command};
 use chime_scheduler::config::Settings;
 use chime_scheduler::leader::LeaseTimings;
 use chime_scheduler::planner::PlannerTimings;
-use chime_scheduler::service::{self, JobLoader, ServiceConfig};
+use chime_scheduler::service::{self, DutySettings, JobLoader, ServiceConfig};
 use chime_scheduler::store::Store;
 use clap::Parser as _;
 use tokio::signal::unix::{SignalKind, signal};
@@ -54,8 +54,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         command => {
             let store = Store::connect(&settings.database_url, 2).await?;
+            let broker = Broker {
+                amqp_url: settings.amqp_url.clone(),
+                queue_prefix: settings.queue_prefix.clone(),
+            };
             let mut out = std::io::stdout().lock();
-            chime_scheduler::cli::control(&store, cli.output, command, &mut out).await
+            chime_scheduler::cli::operate(&store, Some(&broker), cli.output, command, &mut out)
+                .await
         }
     }
 }
@@ -75,6 +80,10 @@ async fn scheduler(settings: Settings, extra_jobs: Vec<PathBuf>) -> anyhow::Resu
             lookahead: settings.planner.lookahead,
             ..PlannerTimings::default()
         },
+    };
+    let duties = DutySettings {
+        rescuer: settings.rescuer,
+        alerts: settings.alerts.clone(),
     };
     let mut settings = settings;
     settings.jobs.extend(extra_jobs);
@@ -99,7 +108,7 @@ async fn scheduler(settings: Settings, extra_jobs: Vec<PathBuf>) -> anyhow::Resu
         }
         stop.cancel();
     });
-    service::run(config, loader, reload_rx, shutdown).await
+    service::run_with(config, duties, loader, reload_rx, shutdown).await
 }
 
 /// Logs go to stderr; `RUST_LOG` filters (default `info`), `CHIME_LOG_FORMAT=json` switches to

@@ -13,6 +13,14 @@
 //!   the dispatcher every pending run due by the horizon that it does not already hold: manual
 //!   triggers, runs a previous leader persisted but did not publish, and failed publishes.
 //!
+//! * **Concurrency policies** are decided against the database when a fire is written
+//!   ([`Store::insert_fires`]): `forbid` records the fire `skipped` while a run of the job is
+//!   unfinished, `queue` keeps the new run out of the dispatcher and the outbox until the
+//!   earlier runs of its job have finished (a database trigger wakes the sweep when one does),
+//!   and `replace` cancels the job's unfinished runs just before attempt 1 of the new run is
+//!   published (running ones through a `CancelRun` control message).
+//! * Next to these run the [`crate::rescuer`] and the [`crate::alerts`] duty.
+//!
 //! Before each publish the dispatcher checks the local trust window of its term; every database
 //! write is fenced by the term.
 
@@ -29,7 +37,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::job::JobSpec;
+use chime_worker::protocol::ControlMessage;
+
+use crate::config::{AlertSettings, RescuerSettings};
+use crate::job::{ConcurrencyPolicy, JobSpec};
 use crate::leader::Leadership;
 use crate::misfire::{self, CatchUpPolicy, Decision};
 use crate::publish::Publisher;
@@ -67,6 +78,10 @@ pub struct LeaderContext {
     pub instance: String,
     /// Loop timings.
     pub timings: PlannerTimings,
+    /// The rescuer's timings.
+    pub rescuer: RescuerSettings,
+    /// Alert webhooks (the alert duty runs only if some webhook is configured).
+    pub alerts: Arc<AlertSettings>,
 }
 
 /// Runs the leader's duties for `term` until `stop` is cancelled or the lease is lost.
@@ -88,6 +103,20 @@ pub async fn lead(
         stop: stop.clone(),
     };
     let dispatch = tokio::spawn(dispatcher.run(rx));
+    let rescuer = tokio::spawn(crate::rescuer::run(
+        ctx.store.clone(),
+        fence.clone(),
+        ctx.rescuer,
+        stop.clone(),
+    ));
+    // Job files can name webhooks too, so the duty always runs; without any webhook it only
+    // reads events.
+    let alerts = tokio::spawn(crate::alerts::run(
+        ctx.store.clone(),
+        fence.clone(),
+        ctx.alerts.clone(),
+        stop.clone(),
+    ));
     let mut planner = Planner {
         ctx,
         fence,
@@ -104,6 +133,11 @@ pub async fn lead(
     drop(planner);
     if let Err(e) = dispatch.await {
         error!(term, error = %e, "dispatcher ended abnormally");
+    }
+    for (duty, task) in [("rescuer", rescuer), ("alerts", alerts)] {
+        if let Err(e) = task.await {
+            error!(term, duty, error = %e, "leader duty ended abnormally");
+        }
     }
 }
 
@@ -270,19 +304,31 @@ impl Planner {
         if skipped > 0 {
             info!(skipped, "recorded skipped fires");
         }
-        for (id, job, scheduled_at) in created {
-            let Some(planned) = self.jobs.get(&job) else {
+        // A `queue` job's runs go one at a time: the first new one of this batch may go to the
+        // dispatcher if nothing of its job is unfinished; the others wait for the outbox sweep,
+        // which orders them.
+        let mut queued_jobs = HashSet::new();
+        for created in created {
+            let Some(planned) = self.jobs.get(&created.job) else {
                 continue;
             };
+            if planned.spec.concurrency == ConcurrencyPolicy::Queue
+                && (created.blocked || !queued_jobs.insert(created.job.clone()))
+            {
+                debug!(run_id = created.id, job = %created.job,
+                       "run waits for the job's earlier run (concurrency queue)");
+                continue;
+            }
             let run = OutboxRun {
-                id,
+                id: created.id,
                 group: planned.spec.group.clone(),
-                job,
-                scheduled_at,
+                job: created.job,
+                scheduled_at: created.scheduled_at,
                 attempt: 1,
                 params: planned.spec.params.clone(),
                 timeout: planned.spec.timeout,
                 retry: Some(planned.spec.retry.to_wire()),
+                concurrency: planned.spec.concurrency,
             };
             if self.dispatch.send(run).await.is_err() {
                 anyhow::bail!("dispatcher stopped");
@@ -326,6 +372,7 @@ fn new_fire(spec: &JobSpec, at: DateTime<Utc>, kind: TriggerKind, skip: Option<S
         kind,
         params: spec.params.clone(),
         skip,
+        concurrency: spec.concurrency,
     }
 }
 
@@ -362,11 +409,11 @@ impl Dispatcher {
                 biased;
                 () = self.stop.cancelled() => break,
                 Some((id, result)) = in_flight.next(), if !in_flight.is_empty() => {
-                    let result: Result<(), crate::publish::PublishError> = result;
+                    let result: anyhow::Result<()> = result;
                     match result {
                         Ok(()) => published.push(id),
                         Err(e) => {
-                            warn!(run_id = id, error = %e, "publish failed; the run stays in the outbox");
+                            warn!(run_id = id, error = %format!("{e:#}"), "publish failed; the run stays in the outbox");
                             held.remove(&id);
                         }
                     }
@@ -378,9 +425,10 @@ impl Dispatcher {
                         if *at > now { break; }
                         let Reverse((_, id)) = waiting.pop().expect("peeked");
                         let Some(run) = runs.remove(&id) else { continue };
-                        let publisher = self.ctx.publisher.clone();
+                        let ctx = self.ctx.clone();
+                        let fence = self.fence.clone();
                         in_flight.push(async move {
-                            let result = publisher.publish(&run, term).await;
+                            let result = publish(&ctx, &fence, &run, term).await;
                             (run.id, result)
                         });
                     }
@@ -476,6 +524,52 @@ impl Dispatcher {
             Err(e) => warn!(error = %format!("{e:#}"), "outbox sweep failed"),
         }
     }
+}
+
+/// Publishes one run. Attempt 1 of a `replace` job first cancels the job's earlier unfinished
+/// runs (fenced), telling the workers of running ones through a control message.
+async fn publish(
+    ctx: &LeaderContext,
+    fence: &Fence,
+    run: &OutboxRun,
+    term: i64,
+) -> anyhow::Result<()> {
+    if run.concurrency == ConcurrencyPolicy::Replace && run.attempt == 1 {
+        replace(ctx, fence, run).await?;
+    }
+    ctx.publisher.publish(run, term).await?;
+    Ok(())
+}
+
+async fn replace(ctx: &LeaderContext, fence: &Fence, run: &OutboxRun) -> anyhow::Result<()> {
+    let by = format!("replace policy (run {})", run.id);
+    let Some(cancelled) = ctx
+        .store
+        .cancel_superseded(fence, &run.job, run.id, &by)
+        .await?
+    else {
+        anyhow::bail!("lease lost (term {} no longer current)", fence.term);
+    };
+    for (id, before) in cancelled {
+        if before != "running" {
+            info!(run_id = id, job = %run.job, replaced_by = run.id, state = %before,
+                  "run cancelled before it started (concurrency replace)");
+            continue;
+        }
+        match ctx
+            .publisher
+            .publish_control(&ControlMessage::CancelRun { run_id: id })
+            .await
+        {
+            Ok(delivery) => info!(run_id = id, job = %run.job, replaced_by = run.id, ?delivery,
+                                  "asked the worker to cancel the running run (concurrency replace)"),
+            // The cancel request is recorded: if the worker is lost the rescuer finishes it as
+            // cancelled; otherwise the old run may overlap the new one.
+            Err(e) => warn!(run_id = id, job = %run.job, replaced_by = run.id, error = %e,
+                            "could not send the cancel control message (concurrency replace)"),
+        }
+    }
+    Ok(())
 }
 
 /// Notifications on `channel` as a stream of payloads; reconnects on its own.

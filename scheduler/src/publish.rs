@@ -6,13 +6,16 @@
 //! [`PublishError::Unroutable`] (after re-declaring the group's topology, so the next try routes).
 //! Nacks, timeouts and connection errors are errors too; the caller leaves the run in the outbox
 //! and tries again. Nothing is assumed published without a confirm.
+//!
+//! Control messages ([`ControlMessage`], such as "cancel run N") go the same way to the fanout
+//! exchange `P.control` that every worker binds a queue to.
 
 use std::collections::HashSet;
 use std::time::Duration;
 
 use chime_worker::Topology;
 use chime_worker::protocol::{
-    CONTENT_TYPE, HEADER_ATTEMPT, HEADER_TERM, PROTOCOL_VERSION, Trigger,
+    CONTENT_TYPE, ControlMessage, HEADER_ATTEMPT, HEADER_TERM, PROTOCOL_VERSION, Trigger,
 };
 use lapin::Confirmation;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
@@ -73,6 +76,17 @@ struct Link {
     connection: Connection,
     channel: Channel,
     declared: HashSet<String>,
+    control_declared: bool,
+}
+
+/// How a control message fared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControlDelivery {
+    /// The broker confirmed it into at least one worker's control queue.
+    Delivered,
+    /// No worker is listening (no queue is bound to the control exchange): no worker of this
+    /// prefix is running.
+    NoListener,
 }
 
 /// Publishes triggers; safe to share between tasks.
@@ -205,6 +219,66 @@ impl Publisher {
         }
     }
 
+    /// Publishes a control message to every worker under this prefix (fanout exchange
+    /// `P.control`, declared here if needed) and waits for the broker's confirm.
+    pub async fn publish_control(
+        &self,
+        message: &ControlMessage,
+    ) -> Result<ControlDelivery, PublishError> {
+        let body = serde_json::to_vec(message).expect("a ControlMessage always serialises");
+        let exchange = chime_worker::topology::control_exchange(&self.prefix);
+        let properties = BasicProperties::default()
+            .with_content_type(CONTENT_TYPE.into())
+            .with_delivery_mode(2);
+        let confirm = {
+            let mut guard = self.link().await?;
+            let link = guard.as_mut().expect("link() leaves a link in place");
+            let sent = async {
+                if !link.control_declared {
+                    chime_worker::topology::declare_control(&link.channel, &self.prefix).await?;
+                    link.control_declared = true;
+                }
+                link.channel
+                    .basic_publish(
+                        exchange.as_str().into(),
+                        "".into(),
+                        BasicPublishOptions {
+                            mandatory: true,
+                            ..BasicPublishOptions::default()
+                        },
+                        &body,
+                        properties,
+                    )
+                    .await
+            }
+            .await;
+            match sent {
+                Ok(confirm) => confirm,
+                Err(e) => {
+                    *guard = None;
+                    return Err(e.into());
+                }
+            }
+        };
+        let confirmation = match tokio::time::timeout(CONFIRM_TIMEOUT, confirm).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => {
+                self.drop_link().await;
+                return Err(e.into());
+            }
+            Err(_) => {
+                self.drop_link().await;
+                return Err(PublishError::Unconfirmed(CONFIRM_TIMEOUT));
+            }
+        };
+        match confirmation {
+            Confirmation::Ack(None) => Ok(ControlDelivery::Delivered),
+            Confirmation::Ack(Some(_)) => Ok(ControlDelivery::NoListener),
+            Confirmation::Nack(_) => Err(PublishError::Nacked),
+            Confirmation::NotRequested => unreachable!("the channel is in confirm mode"),
+        }
+    }
+
     /// Closes the connection (graceful shutdown).
     pub async fn close(&self) {
         if let Some(link) = self.link.lock().await.take() {
@@ -274,6 +348,7 @@ impl Publisher {
             connection,
             channel,
             declared: HashSet::new(),
+            control_declared: false,
         })
     }
 

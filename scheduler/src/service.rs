@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::config::{AlertSettings, RescuerSettings};
 use crate::job::JobSpec;
 use crate::leader::{Elector, LeaseTimings, while_leading};
 use crate::planner::{LeaderContext, PlannerTimings, lead};
@@ -39,10 +40,30 @@ pub struct ServiceConfig {
     pub planner: PlannerTimings,
 }
 
-/// Runs an instance until `shutdown`. Each message on `reload` re-reads the job files and
-/// applies the difference (logged).
+/// Settings of the leader's failure-handling duties: the rescuer and alerts.
+#[derive(Debug, Clone, Default)]
+pub struct DutySettings {
+    /// The rescuer of runs of lost workers and of stuck retries.
+    pub rescuer: RescuerSettings,
+    /// Alert webhooks.
+    pub alerts: AlertSettings,
+}
+
+/// Runs an instance until `shutdown`, with default [`DutySettings`]. Each message on `reload`
+/// re-reads the job files and applies the difference (logged).
 pub async fn run(
     config: ServiceConfig,
+    loader: JobLoader,
+    reload: mpsc::Receiver<()>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    run_with(config, DutySettings::default(), loader, reload, shutdown).await
+}
+
+/// [`run`] with the given settings of the leader's failure-handling duties.
+pub async fn run_with(
+    config: ServiceConfig,
+    duties: DutySettings,
     loader: JobLoader,
     mut reload: mpsc::Receiver<()>,
     shutdown: CancellationToken,
@@ -70,6 +91,8 @@ pub async fn run(
         publisher: publisher.clone(),
         instance: config.instance_id.clone(),
         timings: config.planner,
+        rescuer: duties.rescuer,
+        alerts: Arc::new(duties.alerts),
     });
     let duties_stop = CancellationToken::new();
     let duties = tokio::spawn(while_leading(

@@ -14,7 +14,13 @@ use serde::Serialize;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgPool, Row as _};
 
-use crate::job::JobSpec;
+use crate::job::{ConcurrencyPolicy, JobSpec};
+
+mod failures;
+pub use failures::{
+    AlertEvent, AlertKind, AlertRecord, CancelOutcome, ClaimedAlert, IntervalColumn,
+    REPLAYABLE_STATES, ReplayOutcome, Rescued, RunBrief,
+};
 
 /// Migrations embedded from `migrations/`; `run` takes an advisory lock, so several instances
 /// starting at once migrate safely.
@@ -94,6 +100,23 @@ pub struct NewFire {
     pub params: serde_json::Value,
     /// `Some(reason)` records the fire as skipped instead of publishing it.
     pub skip: Option<String>,
+    /// The job's overlap policy: `forbid` turns the fire into a skip while an earlier run of the
+    /// job is unfinished, `queue` holds the new run back in the outbox until it finishes.
+    pub concurrency: ConcurrencyPolicy,
+}
+
+/// A run the planner created as `pending`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreatedRun {
+    /// Run id.
+    pub id: i64,
+    /// Job name.
+    pub job: String,
+    /// Scheduled instant.
+    pub scheduled_at: DateTime<Utc>,
+    /// Held back behind an unfinished earlier run of a `queue`-policy job: the outbox sweep
+    /// publishes it once that run has finished.
+    pub blocked: bool,
 }
 
 /// A run waiting in the outbox (persisted, not yet confirmed by the broker).
@@ -115,6 +138,9 @@ pub struct OutboxRun {
     pub timeout: Option<Duration>,
     /// Retry policy, from the job's spec.
     pub retry: Option<chime_worker::protocol::RetryPolicy>,
+    /// The job's overlap policy: with `replace`, publishing attempt 1 first cancels the job's
+    /// earlier unfinished runs.
+    pub concurrency: ConcurrencyPolicy,
 }
 
 /// A job as stored.
@@ -185,6 +211,16 @@ pub struct RunRecord {
     pub started_at: Option<DateTime<Utc>>,
     /// When it finished.
     pub finished_at: Option<DateTime<Utc>>,
+    /// When a `retrying` run's next attempt is due.
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    /// When an operator (or the `replace` policy) asked to cancel it.
+    pub cancel_requested_at: Option<DateTime<Utc>>,
+    /// Who asked to cancel it.
+    pub cancel_requested_by: Option<String>,
+    /// Who replayed it from the parking lot.
+    pub replayed_by: Option<String>,
+    /// When it was replayed.
+    pub replayed_at: Option<DateTime<Utc>>,
 }
 
 /// One execution attempt.
@@ -243,7 +279,8 @@ pub struct RunFilter {
 }
 
 const RUN_COLUMNS: &str = "id, job_name, group_name, scheduled_at, trigger, state, reason, attempt, \
-     worker_id, error, params, term, requested_by, created_at, published_at, started_at, finished_at";
+     worker_id, error, params, term, requested_by, created_at, published_at, started_at, finished_at, \
+     next_attempt_at, cancel_requested_at, cancel_requested_by, replayed_by, replayed_at";
 
 impl Store {
     /// Connects a pool to `url`.
@@ -462,13 +499,18 @@ impl Store {
     /// advances the jobs' cursors. A fire that already has a run is left alone (the unique key on
     /// (job, scheduled instant) makes a duplicate trigger impossible).
     ///
+    /// The concurrency policy is decided here, against the database, in the same statement:
+    /// a `forbid` fire while the job has an unfinished run (pending, queued, running or retrying)
+    /// is recorded `skipped` with reason `previous run N still active (concurrency forbid)`; a
+    /// `queue` fire in that case is created `pending` but reported [`CreatedRun::blocked`].
+    ///
     /// Returns `Ok(None)` if `fence` no longer holds the lease: nothing was written. Otherwise
     /// the runs that were created as `pending`.
     pub async fn insert_fires(
         &self,
         fence: &Fence,
         fires: &[NewFire],
-    ) -> anyhow::Result<Option<Vec<(i64, String, DateTime<Utc>)>>> {
+    ) -> anyhow::Result<Option<Vec<CreatedRun>>> {
         let jobs: Vec<&str> = fires.iter().map(|f| f.job.as_str()).collect();
         let groups: Vec<&str> = fires.iter().map(|f| f.group.as_str()).collect();
         let instants: Vec<DateTime<Utc>> = fires.iter().map(|f| f.scheduled_at).collect();
@@ -485,6 +527,7 @@ impl Store {
             })
             .collect();
         let reasons: Vec<Option<&str>> = fires.iter().map(|f| f.skip.as_deref()).collect();
+        let policies: Vec<&str> = fires.iter().map(|f| f.concurrency.as_str()).collect();
         let rows = sqlx::query(
             "WITH lease AS (
                  SELECT term FROM chime_leader
@@ -492,14 +535,30 @@ impl Store {
                  FOR SHARE
              ), fires AS (
                  SELECT * FROM unnest($3::text[], $4::text[], $5::timestamptz[], $6::text[],
-                                      $7::jsonb[], $8::text[], $9::text[])
-                     AS f(job_name, group_name, scheduled_at, trigger, params, state, reason)
+                                      $7::jsonb[], $8::text[], $9::text[], $10::text[])
+                     AS f(job_name, group_name, scheduled_at, trigger, params, state, reason, policy)
+             ), decided AS (
+                 SELECT f.job_name, f.group_name, f.scheduled_at, f.trigger, f.params,
+                        CASE WHEN f.state = 'pending' AND f.policy = 'forbid' AND a.id IS NOT NULL
+                             THEN 'skipped' ELSE f.state END AS state,
+                        CASE WHEN f.state = 'pending' AND f.policy = 'forbid' AND a.id IS NOT NULL
+                             THEN format('previous run %s still active (concurrency forbid)', a.id)
+                             ELSE f.reason END AS reason,
+                        (f.policy = 'queue' AND a.id IS NOT NULL) AS blocked
+                 FROM fires f
+                 LEFT JOIN LATERAL (
+                     SELECT e.id FROM chime_runs e
+                     WHERE f.policy IN ('forbid', 'queue') AND f.state = 'pending'
+                       AND e.job_name = f.job_name
+                       AND e.state IN ('pending', 'queued', 'running', 'retrying')
+                     ORDER BY e.id DESC LIMIT 1
+                 ) a ON true
              ), ins AS (
                  INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, params, state,
                                          reason, term)
-                 SELECT f.job_name, f.group_name, f.scheduled_at, f.trigger, f.params, f.state,
-                        f.reason, lease.term
-                 FROM fires f CROSS JOIN lease
+                 SELECT d.job_name, d.group_name, d.scheduled_at, d.trigger, d.params, d.state,
+                        d.reason, lease.term
+                 FROM decided d CROSS JOIN lease
                  ON CONFLICT (job_name, scheduled_at) WHERE trigger <> 'manual' DO NOTHING
                  RETURNING id, job_name, scheduled_at, state
              ), cursor AS (
@@ -509,9 +568,12 @@ impl Store {
                  WHERE j.name = c.job_name AND (j.cursor_at IS NULL OR j.cursor_at < c.at)
              )
              SELECT 'lease' AS kind, NULL::bigint AS id, NULL::text AS job_name,
-                    NULL::timestamptz AS scheduled_at FROM lease
+                    NULL::timestamptz AS scheduled_at, false AS blocked FROM lease
              UNION ALL
-             SELECT 'run', id, job_name, scheduled_at FROM ins WHERE state = 'pending'",
+             SELECT 'run', i.id, i.job_name, i.scheduled_at, d.blocked
+             FROM ins i JOIN decided d
+               ON d.job_name = i.job_name AND d.scheduled_at = i.scheduled_at
+             WHERE i.state = 'pending'",
         )
         .bind(&fence.holder)
         .bind(fence.term)
@@ -522,6 +584,7 @@ impl Store {
         .bind(&params)
         .bind(&states)
         .bind(&reasons)
+        .bind(&policies)
         .fetch_all(&self.pool)
         .await
         .context("inserting runs")?;
@@ -531,13 +594,20 @@ impl Store {
             if r.get::<&str, _>("kind") == "lease" {
                 leased = true;
             } else {
-                created.push((r.get("id"), r.get("job_name"), r.get("scheduled_at")));
+                created.push(CreatedRun {
+                    id: r.get("id"),
+                    job: r.get("job_name"),
+                    scheduled_at: r.get("scheduled_at"),
+                    blocked: r.get("blocked"),
+                });
             }
         }
         Ok(leased.then_some(created))
     }
 
-    /// Runs in the outbox due by `horizon`, oldest first, at most `limit`.
+    /// Runs in the outbox due by `horizon`, oldest first, at most `limit`. A pending run of a
+    /// `queue`-policy job is left out while an earlier run of the job is unfinished, so the job's
+    /// runs are published one after the other.
     pub async fn outbox(
         &self,
         horizon: DateTime<Utc>,
@@ -545,9 +615,14 @@ impl Store {
     ) -> anyhow::Result<Vec<OutboxRun>> {
         let rows = sqlx::query(
             "SELECT r.id, r.job_name, r.group_name, r.scheduled_at, r.attempt, r.params,
-                    j.spec->>'timeout' AS timeout, j.spec->'retry' AS retry
+                    j.spec->>'timeout' AS timeout, j.spec->'retry' AS retry,
+                    j.spec->>'concurrency' AS concurrency
              FROM chime_runs r LEFT JOIN chime_jobs j ON j.name = r.job_name
              WHERE r.state = 'pending' AND r.scheduled_at <= $1
+               AND NOT (coalesce(j.spec->>'concurrency', 'allow') = 'queue' AND EXISTS (
+                   SELECT 1 FROM chime_runs e
+                   WHERE e.job_name = r.job_name AND e.id < r.id
+                     AND e.state IN ('pending', 'queued', 'running', 'retrying')))
              ORDER BY r.scheduled_at, r.id LIMIT $2",
         )
         .bind(horizon)
@@ -560,6 +635,7 @@ impl Store {
             .map(|r| {
                 let timeout: Option<String> = r.get("timeout");
                 let retry: Option<serde_json::Value> = r.get("retry");
+                let concurrency: Option<String> = r.get("concurrency");
                 let retry = retry
                     .and_then(|v| serde_json::from_value::<crate::job::RetrySpec>(v).ok())
                     .unwrap_or_default();
@@ -572,6 +648,10 @@ impl Store {
                     params: r.get("params"),
                     timeout: timeout.and_then(|t| humantime::parse_duration(&t).ok()),
                     retry: Some(retry.to_wire()),
+                    concurrency: concurrency
+                        .as_deref()
+                        .and_then(ConcurrencyPolicy::parse)
+                        .unwrap_or_default(),
                 }
             })
             .collect())
@@ -745,6 +825,11 @@ fn run_record(r: sqlx::postgres::PgRow) -> RunRecord {
         published_at: r.get("published_at"),
         started_at: r.get("started_at"),
         finished_at: r.get("finished_at"),
+        next_attempt_at: r.get("next_attempt_at"),
+        cancel_requested_at: r.get("cancel_requested_at"),
+        cancel_requested_by: r.get("cancel_requested_by"),
+        replayed_by: r.get("replayed_by"),
+        replayed_at: r.get("replayed_at"),
     }
 }
 

@@ -195,5 +195,15 @@ pub async fn delete_topology(prefix: &str, group: &str) {
         .delete(&channel)
         .await
         .expect("delete topology");
+    // Workers and `chime runs cancel` declare the prefix's control exchange.
+    channel
+        .exchange_delete(
+            chime_worker::topology::control_exchange(prefix)
+                .as_str()
+                .into(),
+            lapin::options::ExchangeDeleteOptions::default(),
+        )
+        .await
+        .expect("delete the control exchange");
     let _ = connection.close(200, "test done".into()).await;
 }

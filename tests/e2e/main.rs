@@ -4,6 +4,9 @@
 
 mod common;
 mod control;
+mod failures;
 mod fires;
 mod ha;
+mod ops;
 mod outage;
+mod policies;

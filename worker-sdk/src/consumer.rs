@@ -10,7 +10,9 @@
 //! prefetch and re-consumes, with capped backoff, until shutdown.
 //!
 //! Each opening is a [`Link`]: a consumer channel and a confirm-mode channel for parking
-//! messages. Deliveries keep the `Link` they arrived on, because an ack must go out on the
+//! messages and publishing retries. The consumer channel also consumes the worker's control
+//! queue: an exclusive, auto-deleted queue bound to the fanout exchange `P.control`, which
+//! carries operators' cancels ([`ControlMessage`]) to every worker. Deliveries keep the `Link` they arrived on, because an ack must go out on the
 //! delivery's own channel; acks of a dead channel return `Ok(false)` and the broker redelivers
 //! those messages, which the claim then recognises as duplicates.
 
@@ -29,6 +31,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::backoff;
 use crate::delivery;
+use crate::protocol::ControlMessage;
+use crate::topology;
 use crate::worker::Shared;
 
 /// One opening of the group's queue: the channels a delivery needs until it is acked.
@@ -40,6 +44,13 @@ pub(crate) struct Link {
     /// Fired by a delivery task when the publish channel died, so the supervisor reopens.
     pub broken: CancellationToken,
     consumer_tag: String,
+}
+
+/// A link and its two consumers: the work queue's and the control queue's.
+pub(crate) struct Opened {
+    link: Arc<Link>,
+    work: Consumer,
+    control: Consumer,
 }
 
 /// The worker's connection and the links it opened.
@@ -84,9 +95,11 @@ impl Broker {
         &mut self,
         shared: &Shared,
         capacity: u16,
-    ) -> Result<(Arc<Link>, Consumer), lapin::Error> {
+    ) -> Result<Opened, lapin::Error> {
         self.generation += 1;
         let consumer_tag = format!("{}-{}", self.connection_name, self.generation);
+        let prefix = shared.topology.prefix();
+        let control_queue = format!("{prefix}.control.{}.{}", shared.id, self.generation);
         let connection = self.connection().await?;
         let consume = connection.create_channel().await?;
         let publish = match connection.create_channel().await {
@@ -106,17 +119,33 @@ impl Broker {
             publish
                 .confirm_select(ConfirmSelectOptions::default())
                 .await?;
-            consume
+            topology::declare_control_queue(&consume, prefix, &control_queue).await?;
+            // Control messages are hints (a missed cancel leaves the run to finish or time out),
+            // so they need no acks.
+            let control = consume
+                .basic_consume(
+                    control_queue.as_str().into(),
+                    format!("{consumer_tag}-control").as_str().into(),
+                    BasicConsumeOptions {
+                        no_ack: true,
+                        exclusive: true,
+                        ..BasicConsumeOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await?;
+            let work = consume
                 .basic_consume(
                     shared.topology.work_queue().as_str().into(),
                     consumer_tag.as_str().into(),
                     BasicConsumeOptions::default(),
                     FieldTable::default(),
                 )
-                .await
+                .await?;
+            Ok::<_, lapin::Error>((work, control))
         };
-        let consumer = match setup.await {
-            Ok(consumer) => consumer,
+        let (work, control) = match setup.await {
+            Ok(consumers) => consumers,
             Err(error) => {
                 // Do not leak a channel per failed attempt.
                 close_channel(&consume).await;
@@ -141,11 +170,16 @@ impl Broker {
         self.links.push(link.clone());
         tracing::info!(
             queue = %shared.topology.work_queue(),
+            control_queue = %control_queue,
             consumer = %link.consumer_tag,
             prefetch = capacity,
             "consuming"
         );
-        Ok((link, consumer))
+        Ok(Opened {
+            link,
+            work,
+            control,
+        })
     }
 
     /// Closes every channel and the connection.
@@ -187,14 +221,14 @@ pub(crate) async fn supervise(
     shared: Arc<Shared>,
     broker: &mut Broker,
     capacity: u16,
-    first: (Arc<Link>, Consumer),
+    first: Opened,
     shutdown: &CancellationToken,
     tracker: &TaskTracker,
 ) {
     let mut current = Some(first);
     let mut failures: u32 = 0;
     loop {
-        let (link, consumer) = match current.take() {
+        let opened = match current.take() {
             Some(opened) => opened,
             None => match broker.open(&shared, capacity).await {
                 Ok(opened) => opened,
@@ -210,7 +244,7 @@ pub(crate) async fn supervise(
             },
         };
         let opened_at = Instant::now();
-        match consume(&shared, link, consumer, shutdown, tracker).await {
+        match consume(&shared, opened, shutdown, tracker).await {
             LinkEnd::Shutdown => return,
             LinkEnd::Lost(why) => {
                 if opened_at.elapsed() > Duration::from_secs(60) {
@@ -245,11 +279,15 @@ async fn pause(wait: Duration, shutdown: &CancellationToken) -> bool {
 
 async fn consume(
     shared: &Arc<Shared>,
-    link: Arc<Link>,
-    mut consumer: Consumer,
+    opened: Opened,
     shutdown: &CancellationToken,
     tracker: &TaskTracker,
 ) -> LinkEnd {
+    let Opened {
+        link,
+        work: mut consumer,
+        mut control,
+    } = opened;
     loop {
         let next = tokio::select! {
             biased;
@@ -261,8 +299,20 @@ async fn consume(
                 // The consumer channel may be fine: stop its consumer so no delivery waits in
                 // a stream nobody reads, and keep it open for the in-flight acks.
                 stop_consuming(&link, consumer).await;
-                return LinkEnd::Lost("the parking lot channel closed".into());
+                return LinkEnd::Lost("the publishing channel closed".into());
             }
+            message = control.next() => match message {
+                Some(Ok(message)) => {
+                    on_control(shared, &message.data);
+                    continue;
+                }
+                // The channel or connection failed: the work consumer sees it too.
+                Some(Err(error)) => Some(Err(error)),
+                None => {
+                    stop_consuming(&link, consumer).await;
+                    return LinkEnd::Lost("the broker cancelled the control queue consumer".into());
+                }
+            },
             next = consumer.next() => next,
         };
         match next {
@@ -286,6 +336,23 @@ async fn consume(
                 );
             }
         }
+    }
+}
+
+/// Acts on one control message.
+fn on_control(shared: &Shared, body: &[u8]) {
+    match serde_json::from_slice::<ControlMessage>(body) {
+        Ok(ControlMessage::CancelRun { run_id }) => {
+            if shared.cancel_run(run_id) {
+                tracing::info!(
+                    run_id,
+                    "cancel requested by an operator: fired the run's cancellation token"
+                );
+            } else {
+                tracing::debug!(run_id, "cancel for a run this worker does not hold");
+            }
+        }
+        Err(error) => tracing::warn!(%error, "ignoring a control message that does not decode"),
     }
 }
 

@@ -133,9 +133,10 @@ impl JobContext {
         &self.params
     }
 
-    /// Fires when the handler should stop: the job's timeout elapsed, or the worker is shutting
-    /// down and its drain timeout passed. A handler that returns soon after is recorded as timed
-    /// out or interrupted; one that ignores it is abandoned after a grace period.
+    /// Fires when the handler should stop: the job's timeout elapsed, an operator cancelled the
+    /// run, or the worker is shutting down and its drain timeout passed. A handler that returns
+    /// soon after is recorded as timed out, cancelled or interrupted; one that ignores it is
+    /// abandoned after a grace period (its task is aborted at its next await).
     pub fn cancellation_token(&self) -> &CancellationToken {
         &self.cancellation
     }

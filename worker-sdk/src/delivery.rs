@@ -1,17 +1,20 @@
-//! One delivery, start to finish: decode, dead-letter what cannot run, claim, execute, record,
-//! ack.
+//! One delivery, start to finish: decode, dead-letter what cannot run, wait until it is due,
+//! claim (or take over from a lost worker), execute, record, then retry, park or ack.
 //!
 //! The order is the guarantee. The claim comes before the handler, so a duplicate delivery of an
-//! attempt never executes twice; the outcome is committed before the ack, so an ack never hides
-//! a lost record; a parked copy is confirmed before the original is acked, so a dead-lettered
-//! message is never lost.
+//! attempt never executes twice; the outcome is committed before anything is published or
+//! acked, so an ack never hides a lost record and a lost or hung worker's late outcome is fenced
+//! out; a retry or a parked copy is confirmed by the broker before the original is acked, so a
+//! crash in between can duplicate it (the claim drops the duplicate) but never lose it. Each of
+//! those steps can be redone by a redelivery of the original: a run found `retrying` or `dead`
+//! at this attempt has its retry published (or its message parked) again.
 
 use std::any::Any;
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures::FutureExt;
+use chrono::{DateTime, Utc};
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions};
 use tokio::sync::mpsc;
@@ -21,12 +24,57 @@ use tracing::Instrument;
 
 use crate::consumer::Link;
 use crate::context::{JobContext, JobLogger, Level, LogLine, LogSink, MAX_PENDING_BATCHES};
+use crate::delay;
 use crate::handler::ErasedHandler;
-use crate::outcome::{self, Ending, Execution, Outcome};
+use crate::outcome::{self, Ending, Execution, Outcome, RunEnd};
 use crate::parking;
 use crate::protocol::Trigger;
-use crate::store::{Claim, Recorded};
-use crate::worker::{Shared, Unrecorded};
+use crate::retry::{self, Wait};
+use crate::store::{AttemptRecord, Claim, Recorded, RunSnapshot, TakeOver, TakenOver};
+use crate::worker::{Entered, InFlight, Shared, Unrecorded};
+
+/// How often a worker re-reads a run that is `running` on another worker while it waits for
+/// that worker to be judged lost.
+const TAKE_OVER_POLL: Duration = Duration::from_millis(50);
+/// Take-overs refused in a row before a delivery gives up (each refusal means the run changed
+/// between reading and taking it, so this only guards against a row that never matches).
+const MAX_REFUSALS: u32 = 20;
+/// Pause before requeueing a message whose publish failed, so a broken broker does not spin.
+const REQUEUE_PAUSE: Duration = Duration::from_secs(1);
+
+/// A delivery, and whether it has been settled (acked early by `ack_after`, or acked or
+/// requeued): settling twice is a no-op.
+pub(crate) struct Inbound {
+    delivery: Delivery,
+    settled: AtomicBool,
+}
+
+impl Inbound {
+    fn new(delivery: Delivery) -> Self {
+        Inbound {
+            delivery,
+            settled: AtomicBool::new(false),
+        }
+    }
+
+    async fn ack(&self) {
+        if !self.settled.swap(true, Ordering::SeqCst) {
+            ack(&self.delivery).await;
+        }
+    }
+
+    async fn requeue(&self) {
+        if self.settled.swap(true, Ordering::SeqCst) {
+            tracing::error!(
+                "the delivery was already acked early (ack_after), so it cannot be requeued; the \
+                 run stays as recorded and the scheduler's rescuer republishes a run stuck in \
+                 `retrying` or `running`"
+            );
+        } else {
+            requeue(&self.delivery).await;
+        }
+    }
+}
 
 /// Handles one delivery; never fails (every path ends in an ack or a requeue, and a log line).
 pub(crate) async fn handle(shared: Arc<Shared>, link: Arc<Link>, delivery: Delivery) {
@@ -40,6 +88,7 @@ pub(crate) async fn handle(shared: Arc<Shared>, link: Arc<Link>, delivery: Deliv
                 .as_ref()
                 .and_then(|id| id.as_str().parse::<i64>().ok());
             let span = tracing::warn_span!("undecodable", run_id);
+            let delivery = Inbound::new(delivery);
             return dead_letter(&shared, &link, &delivery, run_id, error.to_string())
                 .instrument(span)
                 .await;
@@ -51,10 +100,12 @@ pub(crate) async fn handle(shared: Arc<Shared>, link: Arc<Link>, delivery: Deliv
         job = %trigger.job,
         attempt = trigger.attempt
     );
-    run(shared, link, delivery, trigger).instrument(span).await
+    run(shared, link, Inbound::new(delivery), trigger)
+        .instrument(span)
+        .await
 }
 
-async fn run(shared: Arc<Shared>, link: Arc<Link>, delivery: Delivery, mut trigger: Trigger) {
+async fn run(shared: Arc<Shared>, link: Arc<Link>, delivery: Inbound, mut trigger: Trigger) {
     let Some(handler) = shared.handlers.get(&trigger.job).cloned() else {
         let reason = format!(
             "unknown job `{}`: worker {} of group `{}` has handlers for {}",
@@ -66,39 +117,40 @@ async fn run(shared: Arc<Shared>, link: Arc<Link>, delivery: Delivery, mut trigg
         return dead_letter(&shared, &link, &delivery, Some(trigger.run_id), reason).await;
     };
 
-    // One delivery of a run at a time in this worker (see `Store::claim`).
-    let Some(_in_flight) = shared.enter(trigger.run_id) else {
-        tracing::info!(
-            "duplicate delivery of a run this worker is handling right now; acked without running"
-        );
-        return ack(&delivery).await;
+    // One delivery of a run at a time in this worker (see `Store::claim`). A later attempt
+    // (its retry, published just before this worker acks the earlier one) waits its turn.
+    let slot = match shared.enter(trigger.run_id, trigger.attempt).await {
+        Entered::Yes(slot) => slot,
+        Entered::Duplicate => {
+            tracing::info!(
+                "duplicate delivery of a run this worker is handling right now; acked without running"
+            );
+            return delivery.ack().await;
+        }
+        Entered::Busy => {
+            tracing::warn!("a later attempt of a run this worker is still handling; requeueing it");
+            return delivery.requeue().await;
+        }
     };
 
     // An earlier delivery of this attempt ran here but could not record its outcome.
     if let Some(pending) = shared.take_unrecorded(trigger.run_id, trigger.attempt) {
         tracing::info!("redelivery of an attempt whose outcome is not recorded yet; recording it");
-        return finish(&shared, &delivery, trigger.run_id, pending).await;
+        return finish(&shared, &link, &delivery, trigger.run_id, pending).await;
     }
 
-    match shared.store.claim(&trigger, &shared.id).await {
-        Ok(Claim::Claimed) => {}
-        Ok(Claim::Refused(run)) => {
-            match run {
-                Some(run) => tracing::info!(
-                    state = %run.state,
-                    run_attempt = run.attempt,
-                    run_job = %run.job_name,
-                    run_worker = run.worker_id.as_deref().unwrap_or("-"),
-                    "duplicate or stale delivery: the run is not waiting for this attempt; acked without running"
-                ),
-                None => tracing::info!("stale delivery: no such run; acked without running"),
-            }
-            return ack(&delivery).await;
-        }
-        Err(error) => {
-            tracing::error!(%error, "cannot claim the run (database unavailable); requeueing the delivery");
-            return requeue(&delivery).await;
-        }
+    if let Some(due) = delay::not_before(&delivery.delivery)
+        && !wait_until_due(&shared, &link, &delivery, &trigger, due).await
+    {
+        return;
+    }
+
+    let Some(attempt) = acquire(&shared, &link, &delivery, &trigger).await else {
+        return;
+    };
+    if attempt != trigger.attempt {
+        tracing::Span::current().record("attempt", attempt);
+        trigger.attempt = attempt;
     }
 
     let started = Instant::now();
@@ -110,7 +162,6 @@ async fn run(shared: Arc<Shared>, link: Arc<Link>, delivery: Delivery, mut trigg
         trigger.attempt,
         Some(flush_tx),
     ));
-    let token = shared.stop_handlers.child_token();
     let params = std::mem::take(&mut trigger.params);
     let ctx = JobContext::new(
         trigger.run_id,
@@ -118,7 +169,7 @@ async fn run(shared: Arc<Shared>, link: Arc<Link>, delivery: Delivery, mut trigg
         trigger.attempt,
         trigger.scheduled_at,
         params.clone(),
-        token.clone(),
+        slot.token.clone(),
         JobLogger::new(sink.clone()),
     );
     let timeout = trigger.timeout_ms.map(Duration::from_millis);
@@ -126,7 +177,8 @@ async fn run(shared: Arc<Shared>, link: Arc<Link>, delivery: Delivery, mut trigg
     let done = CancellationToken::new();
     let (execution, lost_lines) = tokio::join!(
         async {
-            let execution = execute(&shared, &handler, ctx, params, token, timeout).await;
+            let execution =
+                execute(&shared, &delivery, &handler, ctx, params, &slot, timeout).await;
             done.cancel();
             execution
         },
@@ -136,20 +188,31 @@ async fn run(shared: Arc<Shared>, link: Arc<Link>, delivery: Delivery, mut trigg
     let mut lines = sink.finish();
     if lost_lines > 0 {
         lines.push(LogLine {
-            at: chrono::Utc::now(),
+            at: Utc::now(),
             level: Level::Warn,
             message: format!(
                 "{lost_lines} log lines were lost because the log store was unavailable"
             ),
         });
     }
-    let outcome = outcome::outcome(trigger.attempt, execution, shared.cancel_grace);
+    let outcome = outcome::outcome(
+        trigger.attempt,
+        execution,
+        shared.cancel_grace,
+        trigger.retry.as_ref(),
+        fastrand::f64(),
+    );
+    let next_attempt_at = match &outcome.run {
+        RunEnd::Retry { delay } => Some(Utc::now() + *delay),
+        _ => None,
+    };
     match &outcome.error {
         None => tracing::info!(?duration, "run succeeded"),
         Some(error) => tracing::warn!(
             ?duration,
             attempt_state = outcome.attempt.as_str(),
-            run_state = outcome.run.as_str(),
+            run_state = outcome.run.state(),
+            next_attempt_at = next_attempt_at.map(|t| t.to_rfc3339()),
             error = %error,
             "run did not succeed"
         ),
@@ -157,32 +220,289 @@ async fn run(shared: Arc<Shared>, link: Arc<Link>, delivery: Delivery, mut trigg
     let pending = Unrecorded {
         attempt: trigger.attempt,
         outcome,
+        next_attempt_at,
         duration,
         lines,
     };
-    finish(&shared, &delivery, trigger.run_id, pending).await
+    finish(&shared, &link, &delivery, trigger.run_id, pending).await
 }
 
-/// Runs the handler under its timeout and the worker's cancellation, catching panics.
+/// Waits until a delayed message is due: holds it in memory for the last moments, or sends it
+/// through another delay tier (confirmed, then the original is acked). True when it is due now.
+async fn wait_until_due(
+    shared: &Shared,
+    link: &Link,
+    delivery: &Inbound,
+    trigger: &Trigger,
+    due: DateTime<Utc>,
+) -> bool {
+    let remaining = (due - Utc::now()).to_std().unwrap_or_default();
+    match retry::plan_wait(remaining) {
+        Wait::Now => true,
+        Wait::Hold(wait) => {
+            tracing::debug!(?wait, "retry due shortly; holding it in memory");
+            tokio::time::sleep(wait).await;
+            true
+        }
+        Wait::Tier(_) => {
+            match delay::publish(
+                &link.publish,
+                &shared.topology,
+                &delivery.delivery.properties,
+                &delivery.delivery.data,
+                trigger.attempt,
+                due,
+            )
+            .await
+            {
+                Ok(key) => {
+                    tracing::debug!(?remaining, via = %key, "retry not due yet; sent through another delay tier");
+                    delivery.ack().await;
+                }
+                Err(error) => {
+                    tracing::error!(%error, "cannot re-tier an early retry; requeueing it");
+                    requeue_after_publish_failure(link, delivery).await;
+                }
+            }
+            false
+        }
+    }
+}
+
+/// Claims the delivery's attempt, or takes the run over from a lost worker; returns the attempt
+/// this worker now owns. Every other case is settled here: a stale or duplicate delivery is
+/// acked, a retry or parked copy whose publish failed is published again, the last delivery the
+/// broker allows ends the run `dead`.
+async fn acquire(
+    shared: &Shared,
+    link: &Link,
+    delivery: &Inbound,
+    trigger: &Trigger,
+) -> Option<u32> {
+    let limit = shared.topology.delivery_limit();
+    let deliveries = delay::delivery_count(&delivery.delivery);
+    let last = limit > 0 && deliveries >= limit;
+    let redelivered = delivery.delivery.redelivered;
+    let attempt = i32::try_from(trigger.attempt).unwrap_or(i32::MAX);
+    let mut wait_deadline: Option<Instant> = None;
+    let mut refusals = 0;
+    loop {
+        let found = if last {
+            shared.store.snapshot(trigger.run_id).await
+        } else {
+            match shared.store.claim(trigger, &shared.id).await {
+                Ok(Claim::Claimed) => return Some(trigger.attempt),
+                Ok(Claim::Refused(run)) => Ok(run),
+                Err(error) => Err(error),
+            }
+        };
+        let run = match found {
+            Ok(Some(run)) => run,
+            Ok(None) => {
+                tracing::info!("stale delivery: no such run; acked without running");
+                delivery.ack().await;
+                return None;
+            }
+            Err(error) => {
+                tracing::error!(%error, "cannot claim the run (database unavailable); requeueing the delivery");
+                delivery.requeue().await;
+                return None;
+            }
+        };
+        let waiting = matches!(run.state.as_str(), "pending" | "queued" | "retrying");
+        match run.state.as_str() {
+            _ if waiting && run.attempt < attempt && run.cancel_requested => {
+                tracing::info!(state = %run.state, "an operator cancelled the run before it started; acked without running");
+            }
+            _ if waiting && run.attempt < attempt && last && run.job_name == trigger.job => {
+                let reason = format!(
+                    "delivery limit reached: the trigger was delivered {} times without an ack \
+                     (x-delivery-limit {limit}): workers holding it crashed or lost their channel; \
+                     not run again, to stop a crash loop",
+                    deliveries + 1
+                );
+                dead_letter(shared, link, delivery, Some(trigger.run_id), reason).await;
+                return None;
+            }
+            "retrying" if redelivered && run.attempt >= attempt => {
+                // Our earlier delivery recorded the retry but could not publish it.
+                let due = run.next_attempt_at.unwrap_or_else(Utc::now);
+                let ran = u32::try_from(run.attempt).unwrap_or(trigger.attempt);
+                tracing::info!(
+                    next_attempt = ran + 1,
+                    "the run's retry may not have been published; publishing it again"
+                );
+                publish_retry(shared, link, delivery, ran, due).await;
+                return None;
+            }
+            "dead" if redelivered && run.attempt >= attempt && run.reason.is_some() => {
+                let reason = run.reason.as_deref().unwrap_or_default();
+                tracing::info!(%reason, "the dead run's message may not have been parked; parking it again");
+                park_dead(shared, link, delivery, reason, run.error.as_deref()).await;
+                return None;
+            }
+            // A later attempt than the message's: a take-over of this very message (its body
+            // keeps the attempt it was published with) that was lost in turn.
+            "running" if run.attempt >= attempt && run.job_name == trigger.job => {
+                let holder = run.worker_id.clone().unwrap_or_default();
+                let ours = holder == shared.id;
+                if ours && !run.holder_restarted {
+                    tracing::info!(
+                        "duplicate delivery of an attempt this worker is running; acked without running"
+                    );
+                } else if run.worker_lost || ours {
+                    // `ours` here: claimed by this worker id before it last registered.
+                    match take_over(shared, trigger, &run, &holder, ours, last, deliveries).await {
+                        Ok(TakenOver::Claimed { attempt }) => return Some(attempt),
+                        Ok(TakenOver::Dead { reason }) => {
+                            tracing::error!(%reason, lost_worker = %holder, "run dead: its attempt was lost with its worker, and no attempt is left");
+                            park_dead(shared, link, delivery, &reason, None).await;
+                            return None;
+                        }
+                        Ok(TakenOver::Cancelled) => {
+                            tracing::info!(lost_worker = %holder, "lost attempt recorded; the run was cancelled by an operator");
+                        }
+                        Ok(TakenOver::Refused) if refusals < MAX_REFUSALS => {
+                            refusals += 1;
+                            tracing::debug!(
+                                "take-over refused (the run moved on, or its worker is back); looking again"
+                            );
+                            tokio::time::sleep(TAKE_OVER_POLL).await;
+                            continue;
+                        }
+                        Ok(TakenOver::Refused) => {
+                            tracing::error!(
+                                lost_worker = %holder,
+                                "the run looks taken by a lost worker but cannot be taken over \
+                                 (is its attempt row missing?); acked without running, the \
+                                 scheduler's rescuer handles it"
+                            );
+                        }
+                        Err(error) => {
+                            tracing::error!(%error, "cannot take the run over (database unavailable); requeueing the delivery");
+                            delivery.requeue().await;
+                            return None;
+                        }
+                    }
+                } else if redelivered || last {
+                    // Its worker may have just died: the broker redelivers at once, the
+                    // heartbeat goes stale only after three intervals.
+                    let interval = run.worker_interval_ms.unwrap_or(5_000).max(1);
+                    let patience =
+                        Duration::from_millis(3 * interval as u64) + Duration::from_secs(1);
+                    let deadline = *wait_deadline.get_or_insert_with(|| {
+                        tracing::info!(worker = %holder, ?patience, "run is running on another worker; waiting to see if that worker is lost");
+                        Instant::now() + patience
+                    });
+                    if Instant::now() < deadline {
+                        tokio::time::sleep(TAKE_OVER_POLL).await;
+                        continue;
+                    }
+                    tracing::info!(
+                        worker = %holder,
+                        "duplicate delivery: the run is still running on a live worker, which records it; acked without running"
+                    );
+                } else {
+                    tracing::info!(
+                        worker = %holder,
+                        "duplicate delivery: the run is running on another worker; acked without running"
+                    );
+                }
+            }
+            _ => tracing::info!(
+                state = %run.state,
+                run_attempt = run.attempt,
+                run_job = %run.job_name,
+                run_worker = run.worker_id.as_deref().unwrap_or("-"),
+                "duplicate or stale delivery: the run is not waiting for this attempt; acked without running"
+            ),
+        }
+        delivery.ack().await;
+        return None;
+    }
+}
+
+async fn take_over(
+    shared: &Shared,
+    trigger: &Trigger,
+    run: &RunSnapshot,
+    holder: &str,
+    own_earlier_life: bool,
+    last: bool,
+    deliveries: u32,
+) -> Result<TakenOver, sqlx::Error> {
+    let lost_error = if own_earlier_life {
+        format!("worker {holder} restarted while running this attempt")
+    } else {
+        format!(
+            "worker {holder} was lost while running this attempt (no heartbeat for 3 × {} ms, \
+             or stopped)",
+            run.worker_interval_ms.unwrap_or(5_000)
+        )
+    };
+    let limit = shared.topology.delivery_limit();
+    let lost = u32::try_from(run.attempt).unwrap_or(trigger.attempt);
+    let dead_reason = last.then(|| {
+        format!(
+            "delivery limit reached: the trigger was delivered {} times without an ack \
+             (x-delivery-limit {limit}); attempt {lost} was lost with worker {holder}",
+            deliveries + 1,
+        )
+    });
+    let taken = shared
+        .store
+        .take_over(
+            &TakeOver {
+                run_id: trigger.run_id,
+                job: &trigger.job,
+                attempt: lost,
+                lost_worker: holder,
+                lost_error: &lost_error,
+                require_lost: !own_earlier_life,
+                delivery_limit: limit,
+                max_attempts: retry::max_attempts(trigger.retry.as_ref()),
+                dead_reason,
+            },
+            &shared.id,
+        )
+        .await?;
+    if let TakenOver::Claimed { attempt } = taken {
+        tracing::warn!(lost_worker = %holder, lost_attempt = lost, attempt, "{lost_error}; took the run over as attempt {attempt}");
+    }
+    Ok(taken)
+}
+
+/// Runs the handler in its own task under its timeout, the operator's cancel and the worker's
+/// shutdown, acking the delivery early once it has run for `ack_after`.
 async fn execute(
     shared: &Shared,
+    delivery: &Inbound,
     handler: &ErasedHandler,
     ctx: JobContext,
     params: serde_json::Value,
-    token: CancellationToken,
+    slot: &InFlight<'_>,
     timeout: Option<Duration>,
 ) -> Execution {
-    let handler = AssertUnwindSafe(async { handler(ctx, params).await }).catch_unwind();
-    tokio::pin!(handler);
-    let deadline = timeout.map(|t| Instant::now() + t);
+    let token = &slot.token;
+    // Its own task, so a handler that ignores its token (or blocks a thread) cannot stop this
+    // one from giving up on it; `abort` then drops it at its next await point.
+    let mut task = tokio::spawn(handler(ctx, params));
+    let start = Instant::now();
+    let deadline = timeout.and_then(|t| start.checked_add(t));
+    let ack_at = start.checked_add(shared.ack_after);
+    let mut acked_early = false;
     let mut timed_out = None;
     // Set once the handler's token fired: it has this long to return.
     let mut grace_deadline: Option<Instant> = None;
+    if token.is_cancelled() {
+        grace_deadline = Some(start + shared.cancel_grace);
+    }
     let ending = loop {
         tokio::select! {
-            result = &mut handler => break match result {
+            joined = &mut task => break match joined {
                 Ok(returned) => Ending::Returned(returned),
-                Err(panic) => Ending::Panicked(panic_message(panic.as_ref())),
+                Err(e) if e.is_panic() => Ending::Panicked(panic_message(e.into_panic().as_ref())),
+                Err(_) => Ending::Abandoned,
             },
             _ = sleep_until(deadline), if timed_out.is_none() && grace_deadline.is_none() => {
                 tracing::warn!(timeout = ?timeout, "job timeout elapsed; cancelling the handler");
@@ -195,15 +515,26 @@ async fn execute(
             }
             _ = sleep_until(grace_deadline), if grace_deadline.is_some() => break Ending::Abandoned,
             _ = shared.abandon.cancelled() => break Ending::Abandoned,
+            _ = sleep_until(ack_at), if !acked_early => {
+                acked_early = true;
+                tracing::info!(
+                    ack_after = ?shared.ack_after,
+                    "handler still running: acked its delivery early (before the broker's consumer \
+                     timeout); the heartbeat and the scheduler's rescuer protect the run from now on"
+                );
+                delivery.ack().await;
+            }
         }
     };
     if matches!(ending, Ending::Abandoned) {
-        tracing::error!(grace = ?shared.cancel_grace, "handler ignored its cancellation; abandoned");
+        task.abort();
+        tracing::error!(grace = ?shared.cancel_grace, "handler ignored its cancellation; abandoned (its task is aborted at its next await)");
     }
     Execution {
         ending,
         timed_out,
         interrupted: shared.stop_handlers.is_cancelled(),
+        cancel_requested: slot.cancel_requested.load(Ordering::SeqCst),
     }
 }
 
@@ -252,23 +583,56 @@ async fn flush_logs(
     lost
 }
 
-/// Records the outcome, then acks; if the record cannot be written, keeps it for a later try
-/// and requeues the delivery so it is not lost.
-async fn finish(shared: &Shared, delivery: &Delivery, run_id: i64, pending: Unrecorded) {
+/// Records the outcome, then publishes the retry or parks the message, then acks; if the record
+/// cannot be written, keeps it for a later try and requeues the delivery so it is not lost.
+async fn finish(
+    shared: &Shared,
+    link: &Link,
+    delivery: &Inbound,
+    run_id: i64,
+    pending: Unrecorded,
+) {
     let Unrecorded {
         attempt,
         outcome,
+        next_attempt_at,
         duration,
         lines,
     } = &pending;
+    let record = AttemptRecord {
+        outcome,
+        next_attempt_at: *next_attempt_at,
+        duration: *duration,
+        lines,
+    };
     match shared
         .store
-        .record_outcome(run_id, *attempt, &shared.id, outcome, *duration, lines)
+        .record_outcome(run_id, *attempt, &shared.id, &record)
         .await
     {
+        Ok(Recorded::Both(state)) => match (&outcome.run, state.as_str()) {
+            (RunEnd::Retry { .. }, "retrying") => {
+                let due = next_attempt_at.unwrap_or_else(Utc::now);
+                publish_retry(shared, link, delivery, *attempt, due).await;
+            }
+            (RunEnd::Dead { reason }, "dead") => {
+                tracing::error!(%reason, "run dead: attempts exhausted");
+                park_dead(shared, link, delivery, reason, outcome.error.as_deref()).await;
+            }
+            (end, state) => {
+                if end.state() != state {
+                    tracing::info!(
+                        run_state = %state,
+                        "an operator cancelled the run meanwhile: recorded `{state}` instead of `{}`",
+                        end.state()
+                    );
+                }
+                delivery.ack().await;
+            }
+        },
         Ok(recorded) => {
             log_recorded(recorded, outcome);
-            ack(delivery).await;
+            delivery.ack().await;
         }
         Err(error) => {
             tracing::error!(
@@ -278,22 +642,117 @@ async fn finish(shared: &Shared, delivery: &Delivery, run_id: i64, pending: Unre
                  retry and requeueing the delivery"
             );
             shared.keep_unrecorded(run_id, pending);
-            requeue(delivery).await;
+            delivery.requeue().await;
         }
     }
 }
 
 pub(crate) fn log_recorded(recorded: Recorded, outcome: &Outcome) {
     match recorded {
-        Recorded::Both => {}
+        Recorded::Both(_) => {}
         Recorded::AttemptOnly => tracing::warn!(
             attempt_state = outcome.attempt.as_str(),
             "attempt recorded, but the run had moved on meanwhile (cancelled or rescued); run left as it is"
         ),
-        Recorded::Nothing => tracing::info!(
-            "attempt was no longer running in the database (already recorded, or taken over); nothing written"
+        Recorded::Nothing => tracing::warn!(
+            attempt_state = outcome.attempt.as_str(),
+            "late outcome discarded: the attempt is no longer running on this worker in the \
+             database (already recorded, or recorded lost and taken over while this worker \
+             was judged lost)"
         ),
     }
+}
+
+/// Publishes attempt `ran + 1` (the delivery's trigger with that attempt) due at `due` through
+/// the delay tiers, then acks the original; requeues the original if the broker does not
+/// confirm, so its redelivery publishes the retry again.
+async fn publish_retry(
+    shared: &Shared,
+    link: &Link,
+    delivery: &Inbound,
+    ran: u32,
+    due: DateTime<Utc>,
+) {
+    let mut next = match Trigger::from_body(&delivery.delivery.data) {
+        Ok(trigger) => trigger,
+        Err(error) => {
+            // Unreachable: the delivery decoded before it ran.
+            tracing::error!(%error, "cannot re-encode the trigger for its retry");
+            return delivery.requeue().await;
+        }
+    };
+    next.attempt = ran + 1;
+    match delay::publish(
+        &link.publish,
+        &shared.topology,
+        &delivery.delivery.properties,
+        &next.to_body(),
+        next.attempt,
+        due,
+    )
+    .await
+    {
+        Ok(key) => {
+            tracing::info!(
+                next_attempt = next.attempt,
+                due = %due.to_rfc3339(),
+                via = %key,
+                "retry published"
+            );
+            delivery.ack().await;
+        }
+        Err(error) => {
+            tracing::error!(
+                %error,
+                next_attempt = next.attempt,
+                "cannot publish the retry; requeueing the original so that its redelivery \
+                 publishes the retry again"
+            );
+            requeue_after_publish_failure(link, delivery).await;
+        }
+    }
+}
+
+/// Parks the delivery of a run recorded `dead` with `reason`, then acks it; requeues it if the
+/// parking lot does not confirm (its redelivery parks it again).
+async fn park_dead(
+    shared: &Shared,
+    link: &Link,
+    delivery: &Inbound,
+    reason: &str,
+    error: Option<&str>,
+) {
+    match parking::park(
+        &link.publish,
+        &shared.topology,
+        &delivery.delivery,
+        reason,
+        error,
+        &shared.id,
+    )
+    .await
+    {
+        Ok(()) => {
+            tracing::warn!(
+                reason = %reason,
+                parking_queue = %shared.topology.parking_queue(),
+                "message parked"
+            );
+            delivery.ack().await;
+        }
+        Err(error) => {
+            tracing::error!(%error, reason = %reason, "cannot park the dead run's message; requeueing it");
+            requeue_after_publish_failure(link, delivery).await;
+        }
+    }
+}
+
+async fn requeue_after_publish_failure(link: &Link, delivery: &Inbound) {
+    if !link.publish.status().connected() {
+        link.broken.cancel();
+    }
+    tokio::time::sleep(REQUEUE_PAUSE).await;
+    delivery.requeue().await;
 }
 
 /// Parks the message with `reason`, marks its run dead if known, then acks it. If parking
@@ -301,15 +760,16 @@ pub(crate) fn log_recorded(recorded: Recorded, outcome: &Outcome) {
 async fn dead_letter(
     shared: &Shared,
     link: &Link,
-    delivery: &Delivery,
+    delivery: &Inbound,
     run_id: Option<i64>,
     reason: String,
 ) {
     match parking::park(
         &link.publish,
         &shared.topology,
-        delivery,
+        &delivery.delivery,
         &reason,
+        None,
         &shared.id,
     )
     .await
@@ -335,15 +795,11 @@ async fn dead_letter(
                     ),
                 }
             }
-            ack(delivery).await;
+            delivery.ack().await;
         }
         Err(error) => {
             tracing::error!(%error, reason = %reason, "cannot dead-letter the message; requeueing it");
-            if !link.publish.status().connected() {
-                link.broken.cancel();
-            }
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            requeue(delivery).await;
+            requeue_after_publish_failure(link, delivery).await;
         }
     }
 }

@@ -7,6 +7,13 @@
 //! group's parking lot with the reason. On shutdown it drains: stop consuming, let in-flight
 //! handlers finish (bounded), cancel the rest, record everything, exit.
 //!
+//! Failures (`docs/failures.md`): a retryable failure is retried under the job's retry policy
+//! ([`retry`]) through the group's delay tiers, and a run out of attempts is parked `dead`;
+//! timeouts and operators' cancels (control messages) fire the handler's token; a run of a
+//! crashed worker is taken over when that worker's heartbeat goes stale; a message that keeps
+//! crashing workers is parked `dead` at the broker's delivery limit; handlers that run long have
+//! their delivery acked early, before RabbitMQ's consumer timeout.
+//!
 //! ```no_run
 //! use chime_worker::{JobContext, JobError, Worker};
 //!
@@ -38,11 +45,14 @@
 mod backoff;
 mod consumer;
 mod context;
+mod delay;
 mod delivery;
 mod handler;
 mod outcome;
 mod parking;
 pub mod protocol;
+mod publish;
+pub mod retry;
 mod store;
 pub mod testing;
 pub mod topology;
@@ -54,8 +64,9 @@ pub use outcome::JobError;
 pub use protocol::Trigger;
 pub use topology::Topology;
 pub use worker::{
-    BuildError, DEFAULT_AMQP_URL, DEFAULT_CANCEL_GRACE, DEFAULT_CAPACITY, DEFAULT_DB_RETRY_BUDGET,
-    DEFAULT_DRAIN_TIMEOUT, DEFAULT_HEARTBEAT_INTERVAL, Worker, WorkerBuilder, WorkerError,
+    BuildError, DEFAULT_ACK_AFTER, DEFAULT_AMQP_URL, DEFAULT_CANCEL_GRACE, DEFAULT_CAPACITY,
+    DEFAULT_DB_RETRY_BUDGET, DEFAULT_DRAIN_TIMEOUT, DEFAULT_HEARTBEAT_INTERVAL, Worker,
+    WorkerBuilder, WorkerError,
 };
 
 /// Re-exported so handlers can name the token type without adding `tokio-util` themselves.

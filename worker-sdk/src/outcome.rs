@@ -1,18 +1,21 @@
 //! What a handler's result means: [`JobError`] and the pure mapping from an execution to the
 //! attempt and run states the worker records.
 //!
-//! Everything here is pure: no IO, no clock. The retry tiers (a later issue) plug in at
-//! [`decide_after_failure`] and nowhere else.
+//! Everything here is pure: no IO, no clock (the jitter's random number is an argument). The
+//! retry decision itself is [`crate::retry`].
 
 use std::error::Error as StdError;
 use std::fmt;
 use std::time::Duration;
 
+use crate::protocol::RetryPolicy;
+use crate::retry::{self, Decision};
+
 /// A handler's verdict when it does not succeed. Returning it decides what happens to the run:
 ///
 /// | constructor | attempt recorded as | run |
 /// |---|---|---|
-/// | [`JobError::retry`], [`JobError::retry_after`], any error through `?` | `failed` | goes through the retry decision (today: `failed`) |
+/// | [`JobError::retry`], [`JobError::retry_after`], any error through `?` | `failed` | `retrying` while the job's retry policy has attempts left, else `dead` (parked) |
 /// | [`JobError::fail`] | `failed` | `failed`, never retried |
 /// | [`JobError::cancel`] | `cancelled` | `cancelled` |
 ///
@@ -177,20 +180,32 @@ impl AttemptState {
     }
 }
 
-/// Final state of a run (`chime_runs.state`) as the worker records it after an attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RunState {
+/// What becomes of the run after an attempt (`chime_runs.state` and what the worker does next).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum RunEnd {
     Succeeded,
+    /// Failed for good without retry (`JobError::fail`).
     Failed,
     Cancelled,
+    /// `retrying`: publish the next attempt through the delay tiers, due after `delay`.
+    Retry {
+        delay: Duration,
+    },
+    /// `dead`: attempts exhausted; park the message with `reason`.
+    Dead {
+        reason: String,
+    },
 }
 
-impl RunState {
-    pub(crate) fn as_str(self) -> &'static str {
+impl RunEnd {
+    /// The run state recorded for this end.
+    pub(crate) fn state(&self) -> &'static str {
         match self {
-            RunState::Succeeded => "succeeded",
-            RunState::Failed => "failed",
-            RunState::Cancelled => "cancelled",
+            RunEnd::Succeeded => "succeeded",
+            RunEnd::Failed => "failed",
+            RunEnd::Cancelled => "cancelled",
+            RunEnd::Retry { .. } => "retrying",
+            RunEnd::Dead { .. } => "dead",
         }
     }
 }
@@ -202,8 +217,8 @@ pub(crate) enum Ending {
     Returned(Result<(), JobError>),
     /// The handler panicked; the panic message.
     Panicked(String),
-    /// The handler did not stop within the grace period after its token fired; its future was
-    /// dropped.
+    /// The handler did not stop within the grace period after its token fired; its task was
+    /// aborted.
     Abandoned,
 }
 
@@ -215,52 +230,54 @@ pub(crate) struct Execution {
     pub timed_out: Option<Duration>,
     /// The worker was shutting down and had fired the handler's token before the handler ended.
     pub interrupted: bool,
-}
-
-/// Why an attempt failed, as input to the retry decision.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum Failure {
-    /// The handler asked for a retry (explicitly or by `?` on an error).
-    Retryable { after: Option<Duration> },
-    /// The handler panicked.
-    Panicked,
-    /// The job's timeout elapsed.
-    TimedOut,
-    /// The worker shut down before the handler finished.
-    Interrupted,
+    /// An operator cancelled the run (control message) before the handler ended.
+    pub cancel_requested: bool,
 }
 
 /// What the worker records for one finished attempt.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Outcome {
     pub attempt: AttemptState,
-    pub run: RunState,
+    pub run: RunEnd,
     pub error: Option<String>,
 }
 
-/// The retry decision: what becomes of a run whose attempt `attempt` failed retryably.
-///
-/// **The retry path plugs in exactly here.** Today there are no retry tiers yet, so every
-/// retryable failure ends the run `failed` with the attempt's error. The retry issue changes this
-/// function to consult the job's retry policy (`attempt` against `max_attempts`, backoff with
-/// jitter, the handler's requested delay in [`Failure::Retryable`]) and to return "retry after
-/// `d`" (the worker then publishes the trigger with `attempt + 1` to a delay tier and records the
-/// run `retrying`) or "dead" (park the message, run `dead`).
-pub(crate) fn decide_after_failure(attempt: u32, failure: Failure) -> RunState {
-    let _ = (attempt, failure);
-    RunState::Failed
+/// The run's end after attempt `attempt` failed retryably with `error`: retry after the
+/// policy's delay (or the handler's `requested` one) while attempts remain, else dead with the
+/// reason `attempts exhausted (n of max): error`. `random` is uniform in [0, 1) (the jitter).
+fn after_retryable_failure(
+    attempt: u32,
+    policy: Option<&RetryPolicy>,
+    requested: Option<Duration>,
+    random: f64,
+    error: &str,
+) -> RunEnd {
+    match retry::decide(policy, attempt, requested, random) {
+        Decision::Retry { delay, .. } => RunEnd::Retry { delay },
+        Decision::Exhausted { max_attempts } => RunEnd::Dead {
+            reason: format!("attempts exhausted ({attempt} of {max_attempts}): {error}"),
+        },
+    }
 }
 
-/// Maps an execution of attempt `attempt` to the states and error the worker records.
-pub(crate) fn outcome(attempt: u32, execution: Execution, cancel_grace: Duration) -> Outcome {
+/// Maps an execution of attempt `attempt` to the states and error the worker records, under the
+/// job's retry `policy` (`None`: one attempt). `random` is uniform in [0, 1) (the jitter).
+pub(crate) fn outcome(
+    attempt: u32,
+    execution: Execution,
+    cancel_grace: Duration,
+    policy: Option<&RetryPolicy>,
+    random: f64,
+) -> Outcome {
     let Execution {
         ending,
         timed_out,
         interrupted,
+        cancel_requested,
     } = execution;
-    let failed = |state, failure, error: String| Outcome {
+    let retryable = |state, requested, error: String| Outcome {
         attempt: state,
-        run: decide_after_failure(attempt, failure),
+        run: after_retryable_failure(attempt, policy, requested, random, &error),
         error: Some(error),
     };
     let abandoned = || {
@@ -268,55 +285,66 @@ pub(crate) fn outcome(attempt: u32, execution: Execution, cancel_grace: Duration
             "handler did not stop within {cancel_grace:?} of its cancellation and was abandoned"
         )
     };
-    match (ending, timed_out) {
-        (Ending::Returned(Ok(())), _) => Outcome {
+    let detail = |ending: &Ending| match ending {
+        Ending::Returned(Err(e)) => format!("handler returned: {e}"),
+        Ending::Panicked(p) => format!("handler panicked: {p}"),
+        Ending::Abandoned => abandoned(),
+        Ending::Returned(Ok(())) => unreachable!("success is matched first"),
+    };
+    if let Ending::Returned(Ok(())) = ending {
+        // Finishing successfully wins, even after the token fired.
+        return Outcome {
             attempt: AttemptState::Succeeded,
-            run: RunState::Succeeded,
+            run: RunEnd::Succeeded,
             error: None,
-        },
-        (ending, Some(limit)) => {
-            let detail = match ending {
-                Ending::Returned(Err(e)) => format!("; handler returned: {e}"),
-                Ending::Panicked(p) => format!("; handler panicked: {p}"),
-                Ending::Abandoned => format!("; {}", abandoned()),
-                Ending::Returned(Ok(())) => unreachable!("matched above"),
-            };
-            failed(
-                AttemptState::TimedOut,
-                Failure::TimedOut,
-                format!("timed out after {limit:?}{detail}"),
-            )
+        };
+    }
+    if cancel_requested {
+        // The operator's decision wins over a timeout or a retryable error: no retry.
+        return Outcome {
+            attempt: AttemptState::Cancelled,
+            run: RunEnd::Cancelled,
+            error: Some(format!("cancelled by an operator; {}", detail(&ending))),
+        };
+    }
+    if let Some(limit) = timed_out {
+        let requested = match &ending {
+            Ending::Returned(Err(e)) => e.requested_delay(),
+            _ => None,
+        };
+        return retryable(
+            AttemptState::TimedOut,
+            requested,
+            format!("timed out after {limit:?}; {}", detail(&ending)),
+        );
+    }
+    match ending {
+        Ending::Returned(Err(JobError::Cancel { .. })) | Ending::Abandoned if interrupted => {
+            let error = format!("interrupted by worker shutdown; {}", detail(&ending));
+            retryable(AttemptState::Cancelled, None, error)
         }
-        (Ending::Returned(Err(JobError::Cancel { message })), None) if interrupted => failed(
-            AttemptState::Cancelled,
-            Failure::Interrupted,
-            format!("interrupted by worker shutdown; handler returned: {message}"),
-        ),
-        (Ending::Abandoned, None) => failed(
-            AttemptState::Cancelled,
-            Failure::Interrupted,
-            format!("interrupted by worker shutdown; {}", abandoned()),
-        ),
-        (Ending::Returned(Err(e)), None) => match e {
-            JobError::Retry { message, after } => {
-                failed(AttemptState::Failed, Failure::Retryable { after }, message)
-            }
-            JobError::Fail { message } => Outcome {
-                attempt: AttemptState::Failed,
-                run: RunState::Failed,
-                error: Some(message),
-            },
-            JobError::Cancel { message } => Outcome {
-                attempt: AttemptState::Cancelled,
-                run: RunState::Cancelled,
-                error: Some(message),
-            },
+        Ending::Abandoned => {
+            // Only a fired token leads here, and every firing is one of the cases above.
+            let error = format!("interrupted; {}", abandoned());
+            retryable(AttemptState::Cancelled, None, error)
+        }
+        Ending::Returned(Err(JobError::Retry { message, after })) => {
+            retryable(AttemptState::Failed, after, message)
+        }
+        Ending::Returned(Err(JobError::Fail { message })) => Outcome {
+            attempt: AttemptState::Failed,
+            run: RunEnd::Failed,
+            error: Some(message),
         },
-        (Ending::Panicked(p), None) => failed(
-            AttemptState::Failed,
-            Failure::Panicked,
-            format!("handler panicked: {p}"),
-        ),
+        Ending::Returned(Err(JobError::Cancel { message })) => Outcome {
+            attempt: AttemptState::Cancelled,
+            run: RunEnd::Cancelled,
+            error: Some(message),
+        },
+        Ending::Panicked(p) => {
+            retryable(AttemptState::Failed, None, format!("handler panicked: {p}"))
+        }
+        Ending::Returned(Ok(())) => unreachable!("matched above"),
     }
 }
 
@@ -360,13 +388,21 @@ mod tests {
             ending,
             timed_out: timed_out.map(Duration::from_millis),
             interrupted,
+            cancel_requested: false,
         }
     }
 
+    fn dead(reason: &str) -> RunEnd {
+        RunEnd::Dead {
+            reason: reason.to_owned(),
+        }
+    }
+
+    /// No retry policy: one attempt, so every retryable failure is final (`dead`).
     #[test]
     fn executions_map_to_recorded_states() {
         use AttemptState as A;
-        use RunState as R;
+        use RunEnd as R;
         let grace = Duration::from_secs(5);
         let ok = || Ending::Returned(Ok(()));
         let err = |e: JobError| Ending::Returned(Err(e));
@@ -377,7 +413,7 @@ mod tests {
             (
                 ex(err(JobError::retry("db down")), None, false),
                 A::Failed,
-                R::Failed,
+                dead("attempts exhausted (1 of 1): db down"),
                 Some("db down"),
             ),
             (
@@ -395,19 +431,23 @@ mod tests {
             (
                 ex(Ending::Panicked("index out of bounds".into()), None, false),
                 A::Failed,
-                R::Failed,
+                dead("attempts exhausted (1 of 1): handler panicked: index out of bounds"),
                 Some("handler panicked: index out of bounds"),
             ),
             (
                 ex(err(JobError::cancel("token fired")), Some(250), false),
                 A::TimedOut,
-                R::Failed,
+                dead(
+                    "attempts exhausted (1 of 1): timed out after 250ms; handler returned: token fired",
+                ),
                 Some("timed out after 250ms; handler returned: token fired"),
             ),
             (
                 ex(Ending::Abandoned, Some(250), false),
                 A::TimedOut,
-                R::Failed,
+                dead(
+                    "attempts exhausted (1 of 1): timed out after 250ms; handler did not stop within 5s of its cancellation and was abandoned",
+                ),
                 Some(
                     "timed out after 250ms; handler did not stop within 5s of its cancellation and was abandoned",
                 ),
@@ -416,13 +456,17 @@ mod tests {
             (
                 ex(err(JobError::cancel("token fired")), None, true),
                 A::Cancelled,
-                R::Failed,
+                dead(
+                    "attempts exhausted (1 of 1): interrupted by worker shutdown; handler returned: token fired",
+                ),
                 Some("interrupted by worker shutdown; handler returned: token fired"),
             ),
             (
                 ex(Ending::Abandoned, None, true),
                 A::Cancelled,
-                R::Failed,
+                dead(
+                    "attempts exhausted (1 of 1): interrupted by worker shutdown; handler did not stop within 5s of its cancellation and was abandoned",
+                ),
                 Some(
                     "interrupted by worker shutdown; handler did not stop within 5s of its cancellation and was abandoned",
                 ),
@@ -437,7 +481,7 @@ mod tests {
         ];
         for (execution, attempt, run, error) in table {
             let case = format!("{execution:?}");
-            let got = outcome(1, execution, grace);
+            let got = outcome(1, execution, grace, None, 0.5);
             assert_eq!(
                 got,
                 Outcome {
@@ -451,17 +495,127 @@ mod tests {
     }
 
     #[test]
-    fn every_failure_ends_the_run_failed_until_retry_tiers_exist() {
-        for failure in [
-            Failure::Retryable { after: None },
-            Failure::Retryable {
-                after: Some(Duration::from_secs(1)),
-            },
-            Failure::Panicked,
-            Failure::TimedOut,
-            Failure::Interrupted,
+    fn retryable_failures_retry_while_the_policy_has_attempts_left() {
+        let policy = RetryPolicy {
+            max_attempts: 3,
+            initial_ms: 1_000,
+            multiplier: 2.0,
+            max_ms: 60_000,
+            jitter: false,
+        };
+        let s = Duration::from_secs;
+        let retryable = [
+            (Ending::Returned(Err(JobError::retry("x"))), None),
+            (Ending::Panicked("p".into()), None),
+            (Ending::Returned(Err(JobError::cancel("t"))), Some(100)),
+        ];
+        for (ending, timed_out) in retryable {
+            let case = format!("{ending:?}");
+            let run = |attempt| {
+                outcome(
+                    attempt,
+                    ex(clone(&ending), timed_out, false),
+                    s(5),
+                    Some(&policy),
+                    0.5,
+                )
+                .run
+            };
+            assert_eq!(run(1), RunEnd::Retry { delay: s(1) }, "{case}");
+            assert_eq!(run(2), RunEnd::Retry { delay: s(2) }, "{case}");
+            assert!(
+                matches!(run(3), RunEnd::Dead { reason } if reason.starts_with("attempts exhausted (3 of 3): ")),
+                "{case}"
+            );
+        }
+        // The handler's own delay replaces the policy's, also after a timeout.
+        let asked = Ending::Returned(Err(JobError::retry_after(s(7), "busy")));
+        assert_eq!(
+            outcome(1, ex(asked, None, false), s(5), Some(&policy), 0.5).run,
+            RunEnd::Retry { delay: s(7) }
+        );
+        let asked = Ending::Returned(Err(JobError::retry_after(s(9), "late")));
+        assert_eq!(
+            outcome(1, ex(asked, Some(100), false), s(5), Some(&policy), 0.5).run,
+            RunEnd::Retry { delay: s(9) }
+        );
+        // fail and cancel are never retried.
+        for (e, want) in [
+            (JobError::fail("no"), RunEnd::Failed),
+            (JobError::cancel("no"), RunEnd::Cancelled),
         ] {
-            assert_eq!(decide_after_failure(1, failure), RunState::Failed);
+            let got = outcome(
+                1,
+                ex(Ending::Returned(Err(e)), None, false),
+                s(5),
+                Some(&policy),
+                0.5,
+            );
+            assert_eq!(got.run, want);
+        }
+    }
+
+    #[test]
+    fn an_operators_cancel_wins_over_timeout_and_retry() {
+        let policy = RetryPolicy {
+            max_attempts: 5,
+            initial_ms: 1_000,
+            multiplier: 2.0,
+            max_ms: 60_000,
+            jitter: true,
+        };
+        let grace = Duration::from_millis(500);
+        let table = [
+            (
+                Ending::Returned(Err(JobError::cancel("saw the token"))),
+                Some(100),
+                "cancelled by an operator; handler returned: saw the token",
+            ),
+            (
+                Ending::Returned(Err(JobError::retry("interrupted"))),
+                None,
+                "cancelled by an operator; handler returned: interrupted",
+            ),
+            (
+                Ending::Abandoned,
+                None,
+                "cancelled by an operator; handler did not stop within 500ms of its cancellation and was abandoned",
+            ),
+        ];
+        for (ending, timed_out, error) in table {
+            let mut execution = ex(ending, timed_out, false);
+            execution.cancel_requested = true;
+            assert_eq!(
+                outcome(1, execution, grace, Some(&policy), 0.5),
+                Outcome {
+                    attempt: AttemptState::Cancelled,
+                    run: RunEnd::Cancelled,
+                    error: Some(error.to_owned()),
+                }
+            );
+        }
+        // Success still wins.
+        let mut execution = ex(Ending::Returned(Ok(())), None, false);
+        execution.cancel_requested = true;
+        assert_eq!(
+            outcome(1, execution, grace, Some(&policy), 0.5).run,
+            RunEnd::Succeeded
+        );
+    }
+
+    fn clone(ending: &Ending) -> Ending {
+        match ending {
+            Ending::Returned(Ok(())) => Ending::Returned(Ok(())),
+            Ending::Returned(Err(e)) => Ending::Returned(Err(match e {
+                JobError::Retry { message, after } => JobError::Retry {
+                    message: message.clone(),
+                    after: *after,
+                },
+                JobError::Fail { message } => JobError::fail(message.clone()),
+                JobError::Cancel { message } => JobError::cancel(message.clone()),
+            })),
+            Ending::Panicked(p) => Ending::Panicked(p.clone()),
+            Ending::Abandoned => Ending::Abandoned,
         }
     }
 }

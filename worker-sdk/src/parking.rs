@@ -7,40 +7,36 @@
 //! confirm-mode channel, and only a plain broker ack counts: `Ack(Some(returned))` means no queue
 //! took it (unroutable) and `Nack` means the queue refused it; either way the original must stay.
 
-use std::time::Duration;
-
+use lapin::Channel;
 use lapin::message::Delivery;
-use lapin::options::BasicPublishOptions;
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Channel, Confirmation};
 
-use crate::protocol::{HEADER_DEAD_BY, HEADER_DEAD_REASON};
+use crate::protocol::{HEADER_DEAD_BY, HEADER_DEAD_REASON, HEADER_ERROR, HEADER_PARKED_AT};
+use crate::publish::{self, PublishError};
 use crate::topology::{PARKING_KEY, Topology};
 
-/// How long to wait for the broker's confirm of a parked copy.
-const CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Why a message could not be parked.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum ParkError {
-    #[error("publishing to the parking lot failed: {0}")]
-    Publish(#[from] lapin::Error),
-    #[error("the parking lot copy was unroutable ({0}): is the parking queue bound?")]
-    Unroutable(String),
-    #[error("the broker refused the parking lot copy (nack)")]
-    Nacked,
-    #[error("the broker did not confirm the parking lot copy within {CONFIRM_TIMEOUT:?}")]
-    Timeout,
-    #[error("the parking lot channel is not in confirm mode, so the copy cannot be trusted")]
-    NotConfirmed,
+/// Why a message is parked, and what else its parked copy says.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Parked<'a> {
+    /// `x-chime-dead-reason`.
+    pub reason: &'a str,
+    /// `x-chime-error`: the last attempt's error, for runs that ran.
+    pub error: Option<&'a str>,
+    /// `x-chime-parked-at`, Unix ms.
+    pub at_ms: i64,
 }
 
-/// The headers of a parked copy: the original's plus why and by whom.
+/// The headers of a parked copy: the original's plus why, by whom, when and the last error.
 pub(crate) fn parked_headers(
     original: Option<&FieldTable>,
-    reason: &str,
+    parked: Parked<'_>,
     worker_id: &str,
 ) -> FieldTable {
+    let Parked {
+        reason,
+        error,
+        at_ms,
+    } = parked;
     let mut headers = original.cloned().unwrap_or_default();
     headers.insert(
         HEADER_DEAD_REASON.into(),
@@ -50,6 +46,10 @@ pub(crate) fn parked_headers(
         HEADER_DEAD_BY.into(),
         AMQPValue::LongString(worker_id.into()),
     );
+    headers.insert(HEADER_PARKED_AT.into(), AMQPValue::LongLongInt(at_ms));
+    if let Some(error) = error {
+        headers.insert(HEADER_ERROR.into(), AMQPValue::LongString(error.into()));
+    }
     headers
 }
 
@@ -60,39 +60,29 @@ pub(crate) async fn park(
     topology: &Topology,
     delivery: &Delivery,
     reason: &str,
+    error: Option<&str>,
     worker_id: &str,
-) -> Result<(), ParkError> {
-    let headers = parked_headers(delivery.properties.headers().as_ref(), reason, worker_id);
+) -> Result<(), PublishError> {
+    let parked = Parked {
+        reason,
+        error,
+        at_ms: chrono::Utc::now().timestamp_millis(),
+    };
+    let headers = parked_headers(delivery.properties.headers().as_ref(), parked, worker_id);
     let properties = delivery
         .properties
         .clone()
         .with_headers(headers)
         // Persistent, whatever the original said: a parked message waits for a human.
         .with_delivery_mode(2);
-    let exchange = topology.exchange();
-    let confirm = channel
-        .basic_publish(
-            exchange.as_str().into(),
-            PARKING_KEY.into(),
-            BasicPublishOptions {
-                mandatory: true,
-                ..BasicPublishOptions::default()
-            },
-            &delivery.data,
-            properties,
-        )
-        .await?;
-    match tokio::time::timeout(CONFIRM_TIMEOUT, confirm).await {
-        Err(_) => Err(ParkError::Timeout),
-        Ok(Err(e)) => Err(ParkError::Publish(e)),
-        Ok(Ok(Confirmation::Ack(None))) => Ok(()),
-        Ok(Ok(Confirmation::Ack(Some(returned)))) => Err(ParkError::Unroutable(format!(
-            "{} {}",
-            returned.reply_code, returned.reply_text
-        ))),
-        Ok(Ok(Confirmation::Nack(_))) => Err(ParkError::Nacked),
-        Ok(Ok(Confirmation::NotRequested)) => Err(ParkError::NotConfirmed),
-    }
+    publish::confirmed(
+        channel,
+        &topology.exchange(),
+        PARKING_KEY,
+        &delivery.data,
+        properties,
+    )
+    .await
 }
 
 #[cfg(test)]
@@ -103,7 +93,12 @@ mod tests {
     fn parked_headers_keep_the_original_and_add_reason_and_worker() {
         let mut original = FieldTable::default();
         original.insert("x-chime-attempt".into(), AMQPValue::LongUInt(2));
-        let h = parked_headers(Some(&original), "unknown job `x`", "w1");
+        let parked = Parked {
+            reason: "unknown job `x`",
+            error: Some("boom"),
+            at_ms: 1_800_000_000_000,
+        };
+        let h = parked_headers(Some(&original), parked, "w1");
         let get = |k: &str| h.inner().get(k).cloned();
         assert_eq!(get("x-chime-attempt"), Some(AMQPValue::LongUInt(2)));
         assert_eq!(
@@ -113,6 +108,14 @@ mod tests {
         assert_eq!(
             get(HEADER_DEAD_BY),
             Some(AMQPValue::LongString("w1".into()))
+        );
+        assert_eq!(
+            get(HEADER_PARKED_AT),
+            Some(AMQPValue::LongLongInt(1_800_000_000_000))
+        );
+        assert_eq!(
+            get(HEADER_ERROR),
+            Some(AMQPValue::LongString("boom".into()))
         );
     }
 }

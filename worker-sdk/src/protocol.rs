@@ -28,6 +28,12 @@ pub const HEADER_DEAD_REASON: &str = "x-chime-dead-reason";
 /// Header naming the worker that dead-lettered a message.
 pub const HEADER_DEAD_BY: &str = "x-chime-dead-by";
 
+/// Header set on parked messages: when the worker parked it (Unix milliseconds).
+pub const HEADER_PARKED_AT: &str = "x-chime-parked-at";
+
+/// Header set on parked messages of runs that ran: the last attempt's error.
+pub const HEADER_ERROR: &str = "x-chime-error";
+
 /// Header carrying the earliest instant (Unix milliseconds) a delayed retry may start; a retry
 /// that comes back from a delay tier early is re-tiered or held until then.
 pub const HEADER_NOT_BEFORE: &str = "x-chime-not-before";

@@ -9,24 +9,43 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgPool, Postgres, Row};
+use sqlx::{Connection, PgConnection, PgPool, Postgres, Row};
 
 use crate::backoff;
 use crate::context::LogLine;
-use crate::outcome::Outcome;
+use crate::outcome::{Outcome, RunEnd};
 use crate::protocol::Trigger;
 
+/// The run as a refused claim explains it, with its worker's liveness: a worker is lost when its
+/// heartbeat is older than three of its own intervals, it has stopped, or it never registered.
+macro_rules! run_snapshot_select {
+    () => {
+        "r.job_name, r.state, r.attempt, r.worker_id, r.reason, r.error, r.next_attempt_at,
+       r.cancel_requested_at IS NOT NULL AS cancel_requested,
+       w.heartbeat_interval_ms,
+       coalesce(r.started_at < w.started_at, false) AS holder_restarted,
+       (w.id IS NULL OR w.stopped_at IS NOT NULL
+        OR w.heartbeat_at < now() - 3 * w.heartbeat_interval_ms * interval '1 millisecond')
+           AS worker_lost
+  FROM chime_runs r
+  LEFT JOIN chime_workers w ON w.id = r.worker_id
+ WHERE r.id = $1"
+    };
+}
+
 /// The claim, in one statement: move the run to `running` for this attempt and insert the
-/// attempt row, only if the run is waiting (`pending`, `queued`, `retrying`) and this attempt is
-/// newer than the run's last. The trailing SELECT reads the run as it was *before* the update
-/// (data-modifying CTEs are invisible to the outer query), so a refused claim says why.
-const CLAIM_SQL: &str = "\
-WITH claimed AS (
+/// attempt row, only if the run is waiting (`pending`, `queued`, `retrying`), nobody asked to
+/// cancel it, and this attempt is newer than the run's last. The trailing SELECT reads the run
+/// as it was *before* the update (data-modifying CTEs are invisible to the outer query), so a
+/// refused claim says why.
+const CLAIM_SQL: &str = concat!(
+    "WITH claimed AS (
     UPDATE chime_runs
        SET state = 'running', attempt = $2, worker_id = $3, started_at = now(),
-           finished_at = NULL, error = NULL
+           finished_at = NULL, error = NULL, next_attempt_at = NULL
      WHERE id = $1 AND job_name = $4
        AND state IN ('pending', 'queued', 'retrying')
+       AND cancel_requested_at IS NULL
        AND attempt < $2
     RETURNING id, started_at
 ), attempt_row AS (
@@ -34,9 +53,16 @@ WITH claimed AS (
     SELECT id, $2, $3, 'running', started_at FROM claimed
 )
 SELECT (SELECT started_at FROM claimed) AS claimed_at,
-       r.job_name, r.state, r.attempt, r.worker_id
-  FROM chime_runs r
- WHERE r.id = $1";
+       ",
+    run_snapshot_select!()
+);
+
+/// The run as it is, without claiming it.
+const SNAPSHOT_SQL: &str = concat!(
+    "SELECT NULL::timestamptz AS claimed_at,
+       ",
+    run_snapshot_select!()
+);
 
 /// A run as the claim found it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,6 +71,17 @@ pub(crate) struct RunSnapshot {
     pub state: String,
     pub attempt: i32,
     pub worker_id: Option<String>,
+    pub reason: Option<String>,
+    pub error: Option<String>,
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    pub cancel_requested: bool,
+    /// The heartbeat interval of the run's worker, if it is registered.
+    pub worker_interval_ms: Option<i32>,
+    /// The run's worker is lost (see [`run_snapshot_select`]); meaningless without a worker.
+    pub worker_lost: bool,
+    /// The run's worker registered again after it claimed the run (a restart under the same
+    /// worker id): the attempt belongs to its earlier life.
+    pub holder_restarted: bool,
 }
 
 /// Result of a claim.
@@ -57,15 +94,66 @@ pub(crate) enum Claim {
 }
 
 /// What recording an outcome changed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Recorded {
-    /// Attempt and run rows updated.
-    Both,
+    /// Attempt and run rows updated; the run's new state (`cancelled` instead of `retrying` or
+    /// `dead` when an operator asked to cancel it meanwhile).
+    Both(String),
     /// The attempt row was updated but the run had moved on (cancelled or rescued meanwhile).
     AttemptOnly,
     /// The attempt row was no longer `running`: recorded before (a retry after a commit whose
-    /// reply was lost) or taken over.
+    /// reply was lost) or taken over by another worker or the rescuer (this worker was judged
+    /// lost), so a late outcome is discarded.
     Nothing,
+}
+
+/// A finished attempt, as recorded.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AttemptRecord<'a> {
+    pub outcome: &'a Outcome,
+    /// When the next attempt is due (with a retry).
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    /// How long the handler ran (monotonic clock).
+    pub duration: Duration,
+    /// Log lines not stored yet.
+    pub lines: &'a [LogLine],
+}
+
+/// Taking over attempt `attempt` of a run from a lost worker.
+#[derive(Debug, Clone)]
+pub(crate) struct TakeOver<'a> {
+    pub run_id: i64,
+    pub job: &'a str,
+    /// The attempt that was running on the lost worker.
+    pub attempt: u32,
+    pub lost_worker: &'a str,
+    /// Stored as the lost attempt's error.
+    pub lost_error: &'a str,
+    /// Check in the same transaction that the lost worker is still lost (false when it is this
+    /// worker's own earlier incarnation).
+    pub require_lost: bool,
+    /// Dead instead of a new attempt when the run has this many lost attempts (the work queue's
+    /// delivery limit).
+    pub delivery_limit: u32,
+    /// Dead instead of a new attempt when the lost attempt was the last the job's retry policy
+    /// allows: a lost attempt counts like a failed one (the rescuer decides the same way).
+    pub max_attempts: u32,
+    /// Dead instead of a new attempt, whatever the count, with this reason (the delivery is the
+    /// last one the broker allows).
+    pub dead_reason: Option<String>,
+}
+
+/// What a take-over did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TakenOver {
+    /// The lost attempt is recorded and this worker owns the next one, `attempt`.
+    Claimed { attempt: u32 },
+    /// The lost attempt is recorded and the run is dead with `reason`.
+    Dead { reason: String },
+    /// The lost attempt is recorded and the run cancelled: an operator had asked for it.
+    Cancelled,
+    /// Nothing done: the attempt is no longer running on that worker, or the worker is back.
+    Refused,
 }
 
 /// A worker's registry row.
@@ -76,6 +164,7 @@ pub(crate) struct WorkerRow<'a> {
     pub hostname: &'a str,
     pub capacity: u16,
     pub jobs: &'a [String],
+    pub heartbeat_interval: Duration,
 }
 
 /// The worker's database access.
@@ -149,12 +238,7 @@ impl Store {
                 return Ok(Claim::Refused(None));
             };
             let claimed_at: Option<DateTime<Utc>> = row.try_get("claimed_at")?;
-            let snapshot = RunSnapshot {
-                job_name: row.try_get("job_name")?,
-                state: row.try_get("state")?,
-                attempt: row.try_get("attempt")?,
-                worker_id: row.try_get("worker_id")?,
-            };
+            let snapshot = snapshot(&row)?;
             let ours_from_a_lost_reply = retry > 0
                 && snapshot.state == "running"
                 && snapshot.attempt == attempt
@@ -164,6 +248,143 @@ impl Store {
             } else {
                 Claim::Refused(Some(snapshot))
             })
+        })
+        .await
+    }
+
+    /// The run as it is now (`None`: no such run).
+    pub(crate) async fn snapshot(&self, run_id: i64) -> Result<Option<RunSnapshot>, sqlx::Error> {
+        self.retrying("reading a run", |_| async move {
+            let row = sqlx::query(SNAPSHOT_SQL)
+                .bind(run_id)
+                .fetch_optional(&self.pool)
+                .await?;
+            row.as_ref().map(snapshot).transpose()
+        })
+        .await
+    }
+
+    /// Records attempt `t.attempt` of a run `lost` and, in the same transaction, claims the next
+    /// attempt for `worker_id`, or ends the run `dead` (delivery limit) or `cancelled`
+    /// (requested). Fenced like an outcome: only while that attempt is still `running` on the
+    /// lost worker, so two workers racing for a take-over cannot both win.
+    pub(crate) async fn take_over(
+        &self,
+        t: &TakeOver<'_>,
+        worker_id: &str,
+    ) -> Result<TakenOver, sqlx::Error> {
+        let attempt = attempt_i32(t.attempt);
+        self.retrying("taking over a run from a lost worker", |_| async move {
+            let mut tx = self.pool.begin().await?;
+            let marked = sqlx::query(
+                "UPDATE chime_attempts a
+                    SET state = 'lost', error = $4, finished_at = now(),
+                        duration_ms = greatest(0, (extract(epoch FROM now() - a.started_at) * 1000)::bigint)
+                  WHERE a.run_id = $1 AND a.attempt = $2 AND a.worker_id = $3 AND a.state = 'running'
+                    AND (NOT $5 OR NOT EXISTS (
+                        SELECT 1 FROM chime_workers w
+                         WHERE w.id = $3 AND w.stopped_at IS NULL
+                           AND w.heartbeat_at >= now() - 3 * w.heartbeat_interval_ms * interval '1 millisecond'))",
+            )
+            .bind(t.run_id)
+            .bind(attempt)
+            .bind(t.lost_worker)
+            .bind(t.lost_error)
+            .bind(t.require_lost)
+            .execute(&mut *tx)
+            .await?;
+            if marked.rows_affected() == 0 {
+                return Ok(TakenOver::Refused);
+            }
+            let cancel_requested: Option<bool> = sqlx::query_scalar(
+                "SELECT cancel_requested_at IS NOT NULL FROM chime_runs
+                  WHERE id = $1 AND job_name = $2 AND state = 'running' AND attempt = $3
+                    AND worker_id = $4
+                    FOR UPDATE",
+            )
+            .bind(t.run_id)
+            .bind(t.job)
+            .bind(attempt)
+            .bind(t.lost_worker)
+            .fetch_optional(&mut *tx)
+            .await?;
+            let Some(cancel_requested) = cancel_requested else {
+                return Ok(TakenOver::Refused); // rolled back: the run is not where we thought
+            };
+            let lost: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM chime_attempts WHERE run_id = $1 AND state = 'lost'",
+            )
+            .bind(t.run_id)
+            .fetch_one(&mut *tx)
+            .await?;
+            let dead_reason = t
+                .dead_reason
+                .clone()
+                .or_else(|| {
+                    (lost >= i64::from(t.delivery_limit)).then(|| {
+                        format!(
+                            "delivery limit reached: {lost} attempts were lost with their \
+                             workers (limit {}), the last on worker {}; a handler that crashes \
+                             its worker?",
+                            t.delivery_limit, t.lost_worker
+                        )
+                    })
+                })
+                .or_else(|| {
+                    (t.attempt >= t.max_attempts).then(|| {
+                        format!(
+                            "worker lost on the last attempt ({} of {})",
+                            t.attempt, t.max_attempts
+                        )
+                    })
+                });
+            let taken = if cancel_requested {
+                sqlx::query(
+                    "UPDATE chime_runs SET state = 'cancelled', finished_at = now(), error = $2
+                      WHERE id = $1",
+                )
+                .bind(t.run_id)
+                .bind(format!("cancelled by an operator; {}", t.lost_error))
+                .execute(&mut *tx)
+                .await?;
+                TakenOver::Cancelled
+            } else if let Some(reason) = dead_reason {
+                sqlx::query(
+                    "UPDATE chime_runs
+                        SET state = 'dead', reason = $2, error = $3, finished_at = now(),
+                            next_attempt_at = NULL
+                      WHERE id = $1",
+                )
+                .bind(t.run_id)
+                .bind(&reason)
+                .bind(t.lost_error)
+                .execute(&mut *tx)
+                .await?;
+                TakenOver::Dead { reason }
+            } else {
+                let next = attempt + 1;
+                sqlx::query(
+                    "WITH claimed AS (
+                         UPDATE chime_runs
+                            SET state = 'running', attempt = $2, worker_id = $3, started_at = now(),
+                                finished_at = NULL, error = NULL, next_attempt_at = NULL
+                          WHERE id = $1
+                         RETURNING id, started_at
+                     )
+                     INSERT INTO chime_attempts (run_id, attempt, worker_id, state, started_at)
+                     SELECT id, $2, $3, 'running', started_at FROM claimed",
+                )
+                .bind(t.run_id)
+                .bind(next)
+                .bind(worker_id)
+                .execute(&mut *tx)
+                .await?;
+                TakenOver::Claimed {
+                    attempt: u32::try_from(next).unwrap_or(u32::MAX),
+                }
+            };
+            tx.commit().await?;
+            Ok(taken)
         })
         .await
     }
@@ -184,15 +405,26 @@ impl Store {
     /// Records a finished attempt: attempt row, run row and the remaining log lines, in one
     /// transaction. `finished_at` is `started_at + duration` (a monotonic duration measured by
     /// the worker added to the DB clock's start), so a delayed write does not stretch the run.
+    ///
+    /// A run an operator asked to cancel meanwhile ends `cancelled` rather than `retrying` or
+    /// `dead`; the returned state says which.
     pub(crate) async fn record_outcome(
         &self,
         run_id: i64,
         attempt: u32,
         worker_id: &str,
-        outcome: &Outcome,
-        duration: Duration,
-        lines: &[LogLine],
+        record: &AttemptRecord<'_>,
     ) -> Result<Recorded, sqlx::Error> {
+        let AttemptRecord {
+            outcome,
+            next_attempt_at,
+            duration,
+            lines,
+        } = *record;
+        let reason = match &outcome.run {
+            RunEnd::Dead { reason } => Some(reason.as_str()),
+            _ => None,
+        };
         let attempt_no = attempt_i32(attempt);
         let duration_ms = i64::try_from(duration.as_millis()).unwrap_or(i64::MAX);
         self.retrying("recording an attempt's outcome", |_| async move {
@@ -215,30 +447,42 @@ impl Store {
             let Some(finished_at) = finished_at else {
                 return Ok(Recorded::Nothing);
             };
-            let run = sqlx::query(
-                "UPDATE chime_runs SET state = $4, finished_at = $5, error = $6
-                  WHERE id = $1 AND attempt = $2 AND worker_id = $3 AND state = 'running'",
+            let state: Option<String> = sqlx::query_scalar(
+                "UPDATE chime_runs
+                    SET state = CASE WHEN $4 IN ('retrying', 'dead') AND cancel_requested_at IS NOT NULL
+                                     THEN 'cancelled' ELSE $4 END,
+                        finished_at = CASE WHEN $4 = 'retrying' AND cancel_requested_at IS NULL
+                                           THEN NULL ELSE $5 END,
+                        error = $6,
+                        reason = CASE WHEN $4 = 'dead' AND cancel_requested_at IS NULL
+                                      THEN $7 ELSE reason END,
+                        next_attempt_at = CASE WHEN $4 = 'retrying' AND cancel_requested_at IS NULL
+                                               THEN $8 END
+                  WHERE id = $1 AND attempt = $2 AND worker_id = $3 AND state = 'running'
+                 RETURNING state",
             )
             .bind(run_id)
             .bind(attempt_no)
             .bind(worker_id)
-            .bind(outcome.run.as_str())
+            .bind(outcome.run.state())
             .bind(finished_at)
             .bind(outcome.error.as_deref())
-            .execute(&mut *tx)
+            .bind(reason)
+            .bind(next_attempt_at)
+            .fetch_optional(&mut *tx)
             .await?;
             insert_logs(&mut *tx, run_id, attempt, lines).await?;
             tx.commit().await?;
-            Ok(if run.rows_affected() == 1 {
-                Recorded::Both
-            } else {
-                Recorded::AttemptOnly
+            Ok(match state {
+                Some(state) => Recorded::Both(state),
+                None => Recorded::AttemptOnly,
             })
         })
         .await
     }
 
-    /// Marks a waiting run of `group` dead with `reason` (unknown job, undecodable trigger).
+    /// Marks a waiting run of `group` dead with `reason` (unknown job, undecodable trigger, the
+    /// last delivery the broker allows).
     /// Returns false if there is no such waiting run.
     pub(crate) async fn mark_dead(
         &self,
@@ -268,11 +512,13 @@ impl Store {
     pub(crate) async fn register_worker(&self, w: &WorkerRow<'_>) -> Result<(), sqlx::Error> {
         self.retrying("registering the worker", |_| async move {
             sqlx::query(
-                "INSERT INTO chime_workers (id, group_name, hostname, capacity, jobs)
-                 VALUES ($1, $2, $3, $4, $5)
+                "INSERT INTO chime_workers
+                        (id, group_name, hostname, capacity, jobs, heartbeat_interval_ms)
+                 VALUES ($1, $2, $3, $4, $5, $6)
                  ON CONFLICT (id) DO UPDATE
                     SET group_name = EXCLUDED.group_name, hostname = EXCLUDED.hostname,
                         capacity = EXCLUDED.capacity, jobs = EXCLUDED.jobs,
+                        heartbeat_interval_ms = EXCLUDED.heartbeat_interval_ms,
                         started_at = now(), heartbeat_at = now(), stopped_at = NULL",
             )
             .bind(w.id)
@@ -280,6 +526,11 @@ impl Store {
             .bind(w.hostname)
             .bind(i32::from(w.capacity))
             .bind(w.jobs)
+            .bind(
+                i32::try_from(w.heartbeat_interval.as_millis())
+                    .unwrap_or(i32::MAX)
+                    .max(1),
+            )
             .execute(&self.pool)
             .await
             .map(drop)
@@ -287,13 +538,36 @@ impl Store {
         .await
     }
 
-    /// Refreshes the worker's heartbeat (one try: the next beat is the retry).
-    pub(crate) async fn heartbeat(&self, worker_id: &str) -> Result<(), sqlx::Error> {
-        sqlx::query("UPDATE chime_workers SET heartbeat_at = now() WHERE id = $1")
-            .bind(worker_id)
-            .execute(&self.pool)
-            .await
-            .map(drop)
+    /// Refreshes the worker's heartbeat on `connection`, a connection of its own (opened here
+    /// when there is none), so that busy handlers holding every pooled connection cannot delay
+    /// it: a heartbeat three intervals late gets the worker's runs taken over. One try, bounded
+    /// by `limit`; the next beat is the retry. A failed connection is dropped and reopened.
+    pub(crate) async fn heartbeat(
+        &self,
+        connection: &mut Option<PgConnection>,
+        worker_id: &str,
+        limit: Duration,
+    ) -> Result<(), sqlx::Error> {
+        let beat = async {
+            if connection.is_none() {
+                let options = self.pool.connect_options();
+                *connection = Some(PgConnection::connect_with(&options).await?);
+            }
+            let conn = connection.as_mut().expect("opened above");
+            sqlx::query("UPDATE chime_workers SET heartbeat_at = now() WHERE id = $1")
+                .bind(worker_id)
+                .execute(conn)
+                .await
+                .map(drop)
+        };
+        let result = match tokio::time::timeout(limit, beat).await {
+            Ok(result) => result,
+            Err(_) => Err(sqlx::Error::PoolTimedOut),
+        };
+        if result.is_err() {
+            *connection = None;
+        }
+        result
     }
 
     /// Marks the worker stopped.
@@ -342,6 +616,24 @@ where
     .execute(executor)
     .await
     .map(drop)
+}
+
+fn snapshot(row: &sqlx::postgres::PgRow) -> Result<RunSnapshot, sqlx::Error> {
+    Ok(RunSnapshot {
+        job_name: row.try_get("job_name")?,
+        state: row.try_get("state")?,
+        attempt: row.try_get("attempt")?,
+        worker_id: row.try_get("worker_id")?,
+        reason: row.try_get("reason")?,
+        error: row.try_get("error")?,
+        next_attempt_at: row.try_get("next_attempt_at")?,
+        cancel_requested: row.try_get("cancel_requested")?,
+        worker_interval_ms: row.try_get("heartbeat_interval_ms")?,
+        worker_lost: row
+            .try_get::<Option<bool>, _>("worker_lost")?
+            .unwrap_or(true),
+        holder_restarted: row.try_get("holder_restarted")?,
+    })
 }
 
 fn attempt_i32(attempt: u32) -> i32 {

@@ -7,11 +7,24 @@
 //! | exchange | `P.G` | direct, durable; every message of the group goes through it |
 //! | work queue | `P.G.work` | quorum, bound with key `work`; explicit `x-delivery-limit`; dead-letters to `P.G` with key `parking` (at-least-once) |
 //! | parking lot | `P.G.parking` | quorum, bound with key `parking`; runs that cannot go on wait here for an operator |
+//! | delay tiers | `P.G.retry.<tier>` for each of [`RETRY_TIERS`] | quorum, fixed `x-message-ttl`, bound with key `retry.<tier>`; dead-letter back to `P.G` with key `work` (at-least-once) |
 //!
-//! Retry delay tiers (`P.G.retry.<tier>`, fixed TTL each, dead-lettering back with key `work`)
-//! join this table with the failure-handling work; the exchange and routing keys leave room for
-//! them. Declaring the same topology twice with the same arguments is a no-op in RabbitMQ, and
-//! declaring it with different arguments is a channel error, so every argument lives here, once.
+//! [`Topology::declare`] declares the exchange, work queue and parking lot. A delay tier is
+//! declared by the worker that first sends a message through it ([`Topology::declare_tier`],
+//! just before that confirmed publish), so a group whose jobs retry after 1 s and 2 s has two
+//! tier queues, not thirteen: every quorum queue is a Raft group with its own log on the broker.
+//!
+//! RabbitMQ 3.10 has no delayed-message plugin and a queue with per-message TTLs only expires
+//! its head, so a 5 s retry would wait behind a 1 h one; each tier therefore has one fixed TTL,
+//! which keeps its FIFO order equal to its expiry order. Declaring the same topology twice with
+//! the same arguments is a no-op in RabbitMQ, and declaring it with different arguments is a
+//! channel error, so every argument lives here, once.
+//!
+//! Under the prefix there is also the control exchange `P.control` (fanout,
+//! [`control_exchange`]): every worker binds an exclusive, auto-deleted queue to it and receives
+//! [`crate::protocol::ControlMessage`]s such as "cancel run N".
+
+use std::time::Duration;
 
 use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
@@ -23,6 +36,49 @@ pub const WORK_KEY: &str = "work";
 pub const PARKING_KEY: &str = "parking";
 /// Default name prefix of every exchange and queue Chime declares.
 pub const DEFAULT_PREFIX: &str = "chime";
+/// One delay tier: a queue whose messages wait `ttl`, then go back to the work queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryTier {
+    /// Name used in the queue name (`P.G.retry.<name>`) and routing key (`retry.<name>`).
+    pub name: &'static str,
+    /// The tier queue's `x-message-ttl`.
+    pub ttl: Duration,
+}
+
+const fn tier(name: &'static str, ms: u64) -> RetryTier {
+    RetryTier {
+        name,
+        ttl: Duration::from_millis(ms),
+    }
+}
+
+/// The delay tiers of every group, shortest first. A delay is served by hopping through the
+/// largest tier not longer than what remains (see [`crate::retry::plan_wait`]); the two
+/// sub-second tiers keep the last in-memory wait under [`crate::retry::HOLD_MAX`] whatever the
+/// delay, so jittered delays stay exact without holding a consumer slot for long.
+pub const RETRY_TIERS: [RetryTier; 13] = [
+    tier("250ms", 250),
+    tier("500ms", 500),
+    tier("1s", 1_000),
+    tier("2s", 2_000),
+    tier("5s", 5_000),
+    tier("10s", 10_000),
+    tier("30s", 30_000),
+    tier("1m", 60_000),
+    tier("2m", 120_000),
+    tier("5m", 300_000),
+    tier("10m", 600_000),
+    tier("30m", 1_800_000),
+    tier("1h", 3_600_000),
+];
+
+impl RetryTier {
+    /// Routing key of this tier on the group's exchange: `retry.<name>`.
+    pub fn routing_key(&self) -> String {
+        format!("retry.{}", self.name)
+    }
+}
+
 /// Default quorum delivery limit: how many times a message may be handed out (crash loops,
 /// requeues) before RabbitMQ dead-letters it to the parking lot. RabbitMQ 3.10 has no default.
 pub const DEFAULT_DELIVERY_LIMIT: u32 = 5;
@@ -56,6 +112,16 @@ impl Topology {
         &self.group
     }
 
+    /// The name prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The work queue's quorum delivery limit (`x-delivery-limit`).
+    pub fn delivery_limit(&self) -> u32 {
+        self.delivery_limit
+    }
+
     /// The group's exchange.
     pub fn exchange(&self) -> String {
         format!("{}.{}", self.prefix, self.group)
@@ -69,6 +135,11 @@ impl Topology {
     /// The group's parking-lot (dead-letter) queue.
     pub fn parking_queue(&self) -> String {
         format!("{}.{}.parking", self.prefix, self.group)
+    }
+
+    /// The queue of delay tier `tier`: `P.G.retry.<tier>`.
+    pub fn retry_queue(&self, tier: &RetryTier) -> String {
+        format!("{}.{}.retry.{}", self.prefix, self.group, tier.name)
     }
 
     fn work_queue_arguments(&self) -> FieldTable {
@@ -93,7 +164,69 @@ impl Topology {
         args
     }
 
-    /// Declares the exchange and queues and binds them. Idempotent.
+    fn retry_queue_arguments(&self, tier: &RetryTier) -> FieldTable {
+        let ttl = u32::try_from(tier.ttl.as_millis()).expect("tier TTLs fit in u32 ms");
+        let mut args = FieldTable::default();
+        args.insert("x-queue-type".into(), string("quorum"));
+        args.insert("x-message-ttl".into(), AMQPValue::LongUInt(ttl));
+        args.insert("x-dead-letter-exchange".into(), string(&self.exchange()));
+        args.insert("x-dead-letter-routing-key".into(), string(WORK_KEY));
+        // As for the work queue: an expired retry must reach the work queue, not vanish.
+        args.insert("x-dead-letter-strategy".into(), string("at-least-once"));
+        args.insert("x-overflow".into(), string("reject-publish"));
+        args
+    }
+
+    /// The queues every group has from the start, with routing key and arguments: work queue
+    /// and parking lot.
+    fn base_queues(&self) -> [(String, String, FieldTable); 2] {
+        [
+            (
+                self.work_queue(),
+                WORK_KEY.to_owned(),
+                self.work_queue_arguments(),
+            ),
+            (
+                self.parking_queue(),
+                PARKING_KEY.to_owned(),
+                self.parking_queue_arguments(),
+            ),
+        ]
+    }
+
+    /// Every queue the group may have: the base queues and all delay tiers.
+    fn queues(&self) -> Vec<(String, String, FieldTable)> {
+        let mut queues = self.base_queues().to_vec();
+        for tier in &RETRY_TIERS {
+            queues.push((
+                self.retry_queue(tier),
+                tier.routing_key(),
+                self.retry_queue_arguments(tier),
+            ));
+        }
+        queues
+    }
+
+    /// Declares delay tier `tier`'s queue and binds it to the group's exchange (which must
+    /// exist: [`Topology::declare`]). Idempotent; cheap enough to call before every delayed
+    /// publish, which also repairs a tier queue an operator deleted.
+    pub async fn declare_tier(
+        &self,
+        channel: &Channel,
+        tier: &RetryTier,
+    ) -> Result<(), lapin::Error> {
+        declare_bound(
+            channel,
+            &self.exchange(),
+            &self.retry_queue(tier),
+            &tier.routing_key(),
+            self.retry_queue_arguments(tier),
+        )
+        .await
+    }
+
+    /// Declares the exchange, the work queue and the parking lot and binds them. Idempotent.
+    /// Delay tiers are declared on first use ([`Topology::declare_tier`]).
     pub async fn declare(&self, channel: &Channel) -> Result<(), lapin::Error> {
         let exchange = self.exchange();
         channel
@@ -107,30 +240,8 @@ impl Topology {
                 FieldTable::default(),
             )
             .await?;
-        let durable = QueueDeclareOptions {
-            durable: true,
-            ..QueueDeclareOptions::default()
-        };
-        for (queue, key, args) in [
-            (self.work_queue(), WORK_KEY, self.work_queue_arguments()),
-            (
-                self.parking_queue(),
-                PARKING_KEY,
-                self.parking_queue_arguments(),
-            ),
-        ] {
-            channel
-                .queue_declare(queue.as_str().into(), durable, args)
-                .await?;
-            channel
-                .queue_bind(
-                    queue.as_str().into(),
-                    exchange.as_str().into(),
-                    key.into(),
-                    QueueBindOptions::default(),
-                    FieldTable::default(),
-                )
-                .await?;
+        for (queue, key, args) in self.base_queues() {
+            declare_bound(channel, &exchange, &queue, &key, args).await?;
         }
         Ok(())
     }
@@ -138,7 +249,7 @@ impl Topology {
     /// Deletes the group's exchange and queues (tests and `chime` admin cleanup only).
     pub async fn delete(&self, channel: &Channel) -> Result<(), lapin::Error> {
         use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
-        for queue in [self.work_queue(), self.parking_queue()] {
+        for (queue, _, _) in self.queues() {
             channel
                 .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
                 .await?;
@@ -173,6 +284,61 @@ pub async fn declare_control(channel: &Channel, prefix: &str) -> Result<(), lapi
         .await
 }
 
+/// Declares the control exchange and a worker's own queue `queue` on it: exclusive (only this
+/// connection may consume it) and auto-deleted (it goes when the worker does), bound to the
+/// fanout exchange. Idempotent for the connection that owns it.
+pub async fn declare_control_queue(
+    channel: &Channel,
+    prefix: &str,
+    queue: &str,
+) -> Result<(), lapin::Error> {
+    declare_control(channel, prefix).await?;
+    channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                exclusive: true,
+                auto_delete: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    channel
+        .queue_bind(
+            queue.into(),
+            control_exchange(prefix).as_str().into(),
+            "".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+}
+
+/// Declares durable queue `queue` with `args` and binds it to `exchange` with `key`.
+async fn declare_bound(
+    channel: &Channel,
+    exchange: &str,
+    queue: &str,
+    key: &str,
+    args: FieldTable,
+) -> Result<(), lapin::Error> {
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    channel.queue_declare(queue.into(), durable, args).await?;
+    channel
+        .queue_bind(
+            queue.into(),
+            exchange.into(),
+            key.into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+}
+
 fn string(s: &str) -> AMQPValue {
     AMQPValue::LongString(s.into())
 }
@@ -198,5 +364,21 @@ mod tests {
         assert_eq!(get("x-dead-letter-exchange"), Some(string("p.g")));
         assert_eq!(get("x-dead-letter-routing-key"), Some(string(PARKING_KEY)));
         assert_eq!(get("x-queue-type"), Some(string("quorum")));
+    }
+
+    #[test]
+    fn retry_tiers_are_sorted_and_dead_letter_back_to_work() {
+        assert!(RETRY_TIERS.windows(2).all(|w| w[0].ttl < w[1].ttl));
+        let t = Topology::new("p", "g");
+        let one_second = RETRY_TIERS.iter().find(|t| t.name == "1s").unwrap();
+        assert_eq!(t.retry_queue(one_second), "p.g.retry.1s");
+        assert_eq!(one_second.routing_key(), "retry.1s");
+        let args = t.retry_queue_arguments(one_second);
+        let get = |k: &str| args.inner().get(k).cloned();
+        assert_eq!(get("x-message-ttl"), Some(AMQPValue::LongUInt(1_000)));
+        assert_eq!(get("x-dead-letter-exchange"), Some(string("p.g")));
+        assert_eq!(get("x-dead-letter-routing-key"), Some(string(WORK_KEY)));
+        assert_eq!(get("x-queue-type"), Some(string("quorum")));
+        assert_eq!(t.queues().len(), 2 + RETRY_TIERS.len());
     }
 }

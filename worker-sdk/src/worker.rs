@@ -8,15 +8,19 @@
 //! 4. abandon (drop) handlers that still run; every attempt is recorded, whatever happened;
 //! 5. close the AMQP channels and connection, mark the worker stopped, close an owned pool.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use serde::de::DeserializeOwned;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -25,7 +29,7 @@ use crate::context::{JobContext, LogLine};
 use crate::delivery;
 use crate::handler::{self, Handlers};
 use crate::outcome::{JobError, Outcome};
-use crate::store::{Store, WorkerRow};
+use crate::store::{AttemptRecord, Store, WorkerRow};
 use crate::topology::{DEFAULT_PREFIX, Topology};
 
 /// RabbitMQ URL used when none is given.
@@ -36,8 +40,15 @@ pub const DEFAULT_CAPACITY: u16 = 8;
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a handler has to return after its cancellation token fired.
 pub const DEFAULT_CANCEL_GRACE: Duration = Duration::from_secs(5);
-/// How often the worker refreshes `chime_workers.heartbeat_at`.
-pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(5);
+/// How often the worker refreshes `chime_workers.heartbeat_at`. Others judge the worker lost
+/// once its heartbeat is three intervals old.
+pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_millis(500);
+/// How long a handler may run before its delivery is acked early, so that RabbitMQ's
+/// `consumer_timeout` (30 min by default, not settable per queue on 3.10) never closes the
+/// channel under it. From then on the heartbeat and the scheduler's rescuer protect the run.
+pub const DEFAULT_ACK_AFTER: Duration = Duration::from_secs(10 * 60);
+/// How often outcomes that could not be written are tried again.
+const UNRECORDED_RETRY: Duration = Duration::from_secs(5);
 /// How long a database write keeps retrying through connection errors.
 pub const DEFAULT_DB_RETRY_BUDGET: Duration = Duration::from_secs(30);
 
@@ -57,6 +68,9 @@ pub enum BuildError {
     /// `.capacity(0)`.
     #[error("capacity must be at least 1 (got 0)")]
     ZeroCapacity,
+    /// `.heartbeat_interval(Duration::ZERO)`.
+    #[error("heartbeat_interval must be longer than 0, such as 500ms (the default)")]
+    ZeroHeartbeat,
     /// Neither `.pool(..)` nor `.database_url(..)`.
     #[error("no database: call .pool(pool) or .database_url(\"postgres://…\")")]
     NoDatabase,
@@ -111,6 +125,8 @@ pub struct WorkerBuilder {
     cancel_grace: Duration,
     heartbeat_interval: Duration,
     db_retry_budget: Duration,
+    ack_after: Duration,
+    delivery_limit: u32,
     handlers: Handlers,
     duplicate: Option<String>,
 }
@@ -181,8 +197,25 @@ impl WorkerBuilder {
     }
 
     /// How often the worker's heartbeat is refreshed; default [`DEFAULT_HEARTBEAT_INTERVAL`].
+    /// The interval is stored with the worker: it counts as lost (its runs are taken over) once
+    /// its heartbeat is three intervals old.
     pub fn heartbeat_interval(mut self, interval: Duration) -> Self {
         self.heartbeat_interval = interval;
+        self
+    }
+
+    /// How long a handler may run before its delivery is acked early; default
+    /// [`DEFAULT_ACK_AFTER`]. Keep it below the broker's `consumer_timeout`.
+    pub fn ack_after(mut self, after: Duration) -> Self {
+        self.ack_after = after;
+        self
+    }
+
+    /// The work queue's quorum delivery limit; default
+    /// [`DEFAULT_DELIVERY_LIMIT`](crate::topology::DEFAULT_DELIVERY_LIMIT). It is a queue
+    /// argument, so it must match what the scheduler and the other workers of the group declare.
+    pub fn delivery_limit(mut self, limit: u32) -> Self {
+        self.delivery_limit = limit;
         self
     }
 
@@ -223,6 +256,9 @@ impl WorkerBuilder {
         if self.capacity == 0 {
             return Err(BuildError::ZeroCapacity);
         }
+        if self.heartbeat_interval.is_zero() {
+            return Err(BuildError::ZeroHeartbeat);
+        }
         let database = match (self.pool, self.database_url) {
             (Some(pool), _) => Database::Pool(pool),
             (None, Some(url)) => Database::Url(Box::new(
@@ -237,7 +273,8 @@ impl WorkerBuilder {
         Ok(Worker {
             id,
             hostname,
-            topology: Topology::new(self.prefix, self.group),
+            topology: Topology::new(self.prefix, self.group)
+                .with_delivery_limit(self.delivery_limit),
             database,
             amqp_url: self.amqp_url,
             capacity: self.capacity,
@@ -245,6 +282,7 @@ impl WorkerBuilder {
             cancel_grace: self.cancel_grace,
             heartbeat_interval: self.heartbeat_interval,
             db_retry_budget: self.db_retry_budget,
+            ack_after: self.ack_after,
             handlers: self.handlers,
         })
     }
@@ -270,6 +308,7 @@ pub struct Worker {
     cancel_grace: Duration,
     heartbeat_interval: Duration,
     db_retry_budget: Duration,
+    ack_after: Duration,
     handlers: Handlers,
 }
 
@@ -301,6 +340,8 @@ impl Worker {
             cancel_grace: DEFAULT_CANCEL_GRACE,
             heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
             db_retry_budget: DEFAULT_DB_RETRY_BUDGET,
+            ack_after: DEFAULT_ACK_AFTER,
+            delivery_limit: crate::topology::DEFAULT_DELIVERY_LIMIT,
             handlers: Handlers::default(),
             duplicate: None,
         }
@@ -339,7 +380,9 @@ impl Worker {
             stop_handlers: CancellationToken::new(),
             abandon: CancellationToken::new(),
             cancel_grace: self.cancel_grace,
+            ack_after: self.ack_after,
             in_flight: Mutex::default(),
+            released: Notify::new(),
             unrecorded: Mutex::default(),
         });
         let row = WorkerRow {
@@ -348,6 +391,7 @@ impl Worker {
             hostname: &self.hostname,
             capacity: self.capacity,
             jobs: &jobs,
+            heartbeat_interval: self.heartbeat_interval,
         };
         if let Err(source) = shared.store.register_worker(&row).await {
             return Err(WorkerError::Register {
@@ -386,6 +430,7 @@ impl Worker {
             self.heartbeat_interval,
             stop_heartbeat.clone(),
         ));
+        let unrecorded = tokio::spawn(unrecorded_loop(shared.clone(), stop_heartbeat.clone()));
         let tracker = TaskTracker::new();
         consumer::supervise(
             shared.clone(),
@@ -400,8 +445,10 @@ impl Worker {
         drain(&shared, &tracker, self.drain_timeout).await;
         broker.close().await;
         stop_heartbeat.cancel();
-        if let Err(error) = heartbeat.await {
-            tracing::error!(%error, "heartbeat task failed");
+        for (task, what) in [(heartbeat, "heartbeat"), (unrecorded, "outcome retry")] {
+            if let Err(error) = task.await {
+                tracing::error!(%error, "{what} task failed");
+            }
         }
         shared.retry_unrecorded().await;
         let lost = shared.unrecorded().len();
@@ -500,14 +547,39 @@ async fn heartbeat_loop(shared: Arc<Shared>, every: Duration, stop: Cancellation
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticks.tick().await; // the first tick is immediate; registration just happened
+    let mut connection = None;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = ticks.tick() => {}
+        }
+        // Past three intervals the beat is too late to matter; give up and reconnect.
+        let limit = (every * 3).max(Duration::from_secs(1));
+        if let Err(error) = shared
+            .store
+            .heartbeat(&mut connection, &shared.id, limit)
+            .await
+        {
+            tracing::warn!(%error, "heartbeat failed; others judge this worker lost after three missed beats");
+        }
+    }
+    if let Some(connection) = connection
+        && let Err(error) = sqlx::Connection::close(connection).await
+    {
+        tracing::debug!(%error, "closing the heartbeat connection");
+    }
+}
+
+/// Retries outcomes that could not be written, every few seconds, apart from the heartbeat (a
+/// write may wait out the store's whole retry budget).
+async fn unrecorded_loop(shared: Arc<Shared>, stop: CancellationToken) {
+    let mut ticks = tokio::time::interval(UNRECORDED_RETRY);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks.tick().await;
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = ticks.tick() => {}
-        }
-        if let Err(error) = shared.store.heartbeat(&shared.id).await {
-            tracing::warn!(%error, "heartbeat failed");
-            continue;
         }
         shared.retry_unrecorded().await;
     }
@@ -524,27 +596,60 @@ pub(crate) struct Shared {
     /// Fired after the cancel grace of a shutdown: drop handlers that still run.
     pub(crate) abandon: CancellationToken,
     pub(crate) cancel_grace: Duration,
-    in_flight: Mutex<HashSet<i64>>,
+    /// A handler running this long has its delivery acked early.
+    pub(crate) ack_after: Duration,
+    in_flight: Mutex<HashMap<i64, RunSlot>>,
+    /// Notified whenever a run leaves `in_flight`.
+    released: Notify,
     unrecorded: Mutex<HashMap<i64, Unrecorded>>,
+}
+
+/// How long a delivery of a later attempt waits for this worker to be done with an earlier one.
+const SLOT_WAIT: Duration = Duration::from_secs(10);
+
+/// What the worker keeps about a run it is handling: the attempt, and for control messages its
+/// handler's token.
+struct RunSlot {
+    attempt: u32,
+    token: CancellationToken,
+    cancel_requested: Arc<AtomicBool>,
 }
 
 /// An attempt's outcome that could not be written yet.
 pub(crate) struct Unrecorded {
     pub attempt: u32,
     pub outcome: Outcome,
+    /// When the retry is due, if the run is to be retried.
+    pub next_attempt_at: Option<DateTime<Utc>>,
     pub duration: Duration,
     pub lines: Vec<LogLine>,
 }
 
-/// Marks a run as being handled by this worker until dropped.
+/// Whether a delivery may go on with its run.
+pub(crate) enum Entered<'a> {
+    /// It may; the guard leaves the run when dropped.
+    Yes(InFlight<'a>),
+    /// This worker is handling the same (or a later) attempt of the run.
+    Duplicate,
+    /// This worker is still handling an earlier attempt after [`SLOT_WAIT`].
+    Busy,
+}
+
+/// Marks a run as being handled by this worker until dropped, with the handler's cancellation
+/// token (fired by the timeout, the shutdown, or an operator's cancel).
 pub(crate) struct InFlight<'a> {
     shared: &'a Shared,
     run_id: i64,
+    /// The handler's token; a child of the worker's `stop_handlers`.
+    pub token: CancellationToken,
+    /// Set when an operator's cancel fired the token.
+    pub cancel_requested: Arc<AtomicBool>,
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         lock(&self.shared.in_flight).remove(&self.run_id);
+        self.shared.released.notify_waiters();
     }
 }
 
@@ -554,14 +659,59 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
-    /// Enters run `run_id`, unless this worker is already handling a delivery of it.
-    pub(crate) fn enter(&self, run_id: i64) -> Option<InFlight<'_>> {
-        // Release the lock before building the guard: dropping an unused guard takes it again.
-        let entered = lock(&self.in_flight).insert(run_id);
-        entered.then(|| InFlight {
-            shared: self,
-            run_id,
-        })
+    /// Enters run `run_id` for attempt `attempt`, unless this worker is already handling a
+    /// delivery of it: of the same or an earlier attempt, that is a duplicate; of an earlier
+    /// one, the caller waits (up to [`SLOT_WAIT`]) for it to be done, as a retry comes back
+    /// within milliseconds when its delay is short.
+    pub(crate) async fn enter(&self, run_id: i64, attempt: u32) -> Entered<'_> {
+        let deadline = tokio::time::Instant::now() + SLOT_WAIT;
+        loop {
+            let released = self.released.notified();
+            tokio::pin!(released);
+            // Registers for the next release before looking, so none is missed.
+            released.as_mut().enable();
+            let held = {
+                let mut in_flight = lock(&self.in_flight);
+                match in_flight.entry(run_id) {
+                    Entry::Occupied(slot) => Some(slot.get().attempt),
+                    Entry::Vacant(vacant) => {
+                        let token = self.stop_handlers.child_token();
+                        let cancel_requested = Arc::new(AtomicBool::new(false));
+                        vacant.insert(RunSlot {
+                            attempt,
+                            token: token.clone(),
+                            cancel_requested: cancel_requested.clone(),
+                        });
+                        // Build the guard after the lock is released: dropping it locks again.
+                        drop(in_flight);
+                        return Entered::Yes(InFlight {
+                            shared: self,
+                            run_id,
+                            token,
+                            cancel_requested,
+                        });
+                    }
+                }
+            };
+            if held.is_some_and(|held| held >= attempt) {
+                return Entered::Duplicate;
+            }
+            if tokio::time::timeout_at(deadline, released).await.is_err() {
+                return Entered::Busy;
+            }
+        }
+    }
+
+    /// An operator's cancel of run `run_id`: fires its handler's token if this worker holds the
+    /// run. Returns whether it did.
+    pub(crate) fn cancel_run(&self, run_id: i64) -> bool {
+        let in_flight = lock(&self.in_flight);
+        let Some(slot) = in_flight.get(&run_id) else {
+            return false;
+        };
+        slot.cancel_requested.store(true, Ordering::SeqCst);
+        slot.token.cancel();
+        true
     }
 
     fn unrecorded(&self) -> MutexGuard<'_, HashMap<i64, Unrecorded>> {
@@ -572,9 +722,12 @@ impl Shared {
         self.unrecorded().insert(run_id, pending);
     }
 
+    /// The kept outcome of run `run_id` for a redelivery of attempt `attempt`: the attempt that
+    /// ran may be later than the message's (a take-over runs the next attempt on the same
+    /// message), never earlier.
     pub(crate) fn take_unrecorded(&self, run_id: i64, attempt: u32) -> Option<Unrecorded> {
         let mut unrecorded = self.unrecorded();
-        if unrecorded.get(&run_id)?.attempt == attempt {
+        if unrecorded.get(&run_id)?.attempt >= attempt {
             unrecorded.remove(&run_id)
         } else {
             None
@@ -589,19 +742,20 @@ impl Shared {
             let Some(pending) = self.unrecorded().remove(&run_id) else {
                 continue; // a redelivery is recording it
             };
+            let record = AttemptRecord {
+                outcome: &pending.outcome,
+                next_attempt_at: pending.next_attempt_at,
+                duration: pending.duration,
+                lines: &pending.lines,
+            };
             match self
                 .store
-                .record_outcome(
-                    run_id,
-                    pending.attempt,
-                    &self.id,
-                    &pending.outcome,
-                    pending.duration,
-                    &pending.lines,
-                )
+                .record_outcome(run_id, pending.attempt, &self.id, &record)
                 .await
             {
                 Ok(recorded) => {
+                    // A retry or a parked copy is published when the requeued delivery comes
+                    // back and finds the run `retrying` or `dead` at this attempt.
                     tracing::info!(run_id, "recorded a delayed outcome");
                     delivery::log_recorded(recorded, &pending.outcome);
                 }
@@ -694,5 +848,14 @@ mod tests {
             .capacity(0)
             .build();
         assert!(matches!(zero, Err(BuildError::ZeroCapacity)));
+        assert_eq!(w.heartbeat_interval, Duration::from_millis(500));
+        assert_eq!(w.ack_after, DEFAULT_ACK_AFTER);
+        assert_eq!(w.topology().delivery_limit(), 5);
+        let no_beat = Worker::builder("g")
+            .pool(lazy_pool())
+            .handle("a", noop)
+            .heartbeat_interval(Duration::ZERO)
+            .build();
+        assert!(matches!(no_beat, Err(BuildError::ZeroHeartbeat)));
     }
 }

@@ -399,10 +399,11 @@ async fn handler_outcomes_are_recorded(pool: PgPool) {
     slow.timeout_ms = Some(150);
     env.publish(&slow).await;
 
+    // No retry policy in these triggers: one attempt, so a retryable failure ends `dead`.
     let cases = [
         (
             flaky_run,
-            "failed",
+            "dead",
             "failed",
             "loading orders: connection refused",
         ),
@@ -410,13 +411,13 @@ async fn handler_outcomes_are_recorded(pool: PgPool) {
         (give_up_run, "cancelled", "cancelled", "nothing to do today"),
         (
             boom_run,
-            "failed",
+            "dead",
             "failed",
             "handler panicked: index out of bounds",
         ),
         (
             slow_run,
-            "failed",
+            "dead",
             "timed_out",
             "timed out after 150ms; handler returned: saw the token",
         ),
@@ -567,8 +568,9 @@ async fn drain_timeout_cancels_handlers_and_records_them_interrupted(pool: PgPoo
 
     running.stop().await;
 
+    // No retry policy: the interrupted attempt was the last one.
     let run = env.run(polite).await;
-    assert_eq!(run.state, "failed");
+    assert_eq!(run.state, "dead");
     assert_eq!(
         run.error.as_deref(),
         Some("interrupted by worker shutdown; handler returned: saw the token")
@@ -580,7 +582,7 @@ async fn drain_timeout_cancels_handlers_and_records_them_interrupted(pool: PgPoo
     );
 
     let run = env.run(stubborn).await;
-    assert_eq!(run.state, "failed");
+    assert_eq!(run.state, "dead");
     let error = run.error.unwrap();
     assert!(
         error.starts_with("interrupted by worker shutdown; handler did not stop"),

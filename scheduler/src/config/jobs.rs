@@ -35,12 +35,17 @@ pub const JOB_FIELDS: &[&str] = &[
     "max_catchup",
     "concurrency",
     "retry",
+    "alerts",
     "paused",
     "description",
 ];
 
 /// Fields of the `retry` table.
 const RETRY_FIELDS: &[&str] = &["max_attempts", "initial", "multiplier", "max", "jitter"];
+/// Fields of the `alerts` table.
+const ALERT_FIELDS: &[&str] = &["webhook", "format"];
+/// Allowed values of an alert `format`.
+pub(super) const ALERT_FORMATS: &[&str] = &["generic", "slack"];
 
 /// Allowed values of `misfire`, as `MisfirePolicy` spells them.
 const MISFIRE_VALUES: &[&str] = &["skip", "fire_once", "fire_all"];
@@ -448,6 +453,7 @@ pub fn validate_job(table: &Map<String, Value>) -> Result<JobSpec, Vec<FieldErro
     }
     check.one_of("concurrency", CONCURRENCY_VALUES);
     check.retry();
+    check.alerts();
     check.boolean("paused");
     if check.string("description").is_some() {
         check.keep("description");
@@ -562,6 +568,46 @@ impl<'a> Check<'a> {
         }
         self.clean
             .insert("retry".to_owned(), Value::Object(inner.clean));
+    }
+
+    /// The `alerts` table (`webhook`, `format`), errors named `alerts.<key>`.
+    fn alerts(&mut self) {
+        let Some(value) = self.get("alerts") else {
+            return;
+        };
+        let Value::Object(table) = value else {
+            self.fail(
+                "alerts",
+                format!(
+                    "alerts must be a table, found {}; write it such as alerts = {{ webhook = \
+                     \"https://hooks.example.com/chime\", format = \"slack\" }}",
+                    kind(value)
+                ),
+            );
+            return;
+        };
+        let mut inner = Check {
+            table,
+            errors: Vec::new(),
+            clean: Map::new(),
+        };
+        inner.unknown_keys(ALERT_FIELDS);
+        if let Some(url) = inner.string("webhook") {
+            match webhook_problem(url) {
+                None => inner.keep("webhook"),
+                Some(problem) => inner.fail("webhook", problem),
+            }
+        }
+        inner.one_of("format", ALERT_FORMATS);
+        for mut error in inner.errors {
+            error.field = Some(match error.field {
+                Some(field) => format!("alerts.{field}"),
+                None => "alerts".to_owned(),
+            });
+            self.errors.push(error);
+        }
+        self.clean
+            .insert("alerts".to_owned(), Value::Object(inner.clean));
     }
 
     fn unknown_fields(&mut self) {
@@ -831,6 +877,24 @@ fn quoted_list(words: &[&str], conjunction: &str) -> String {
             format!("{} {conjunction} {last}", rest.join(", "))
         }
         _ => quoted.join(""),
+    }
+}
+
+/// What is wrong with an alert webhook URL, with the fix, or `None` if it is usable.
+pub(super) fn webhook_problem(url: &str) -> Option<String> {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"));
+    match rest {
+        Some(rest)
+            if !rest.is_empty() && !rest.starts_with('/') && !url.contains(char::is_whitespace) =>
+        {
+            None
+        }
+        _ => Some(
+            "expected an http:// or https:// URL, such as \"https://hooks.slack.com/services/…\""
+                .to_owned(),
+        ),
     }
 }
 

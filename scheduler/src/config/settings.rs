@@ -5,6 +5,7 @@
 //! image, so `database_url` and `amqp_url` with passwords should come from `CHIME_DATABASE_URL`
 //! and `CHIME_AMQP_URL`. Messages and `Debug` output never show a URL's password.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -12,10 +13,10 @@ use std::time::Duration;
 
 use config::{Source, ValueKind};
 
-use super::jobs::{duration_problem, identifier_problem};
+use super::jobs::{ALERT_FORMATS, duration_problem, identifier_problem, webhook_problem};
 use super::suggest::{closest, distance};
 use super::{ConfigError, ConfigErrors, SourceFormat, render_config};
-use crate::job::JobSpec;
+use crate::job::{AlertFormat, JobSpec};
 
 /// Default `database_url`: the development machine's PostgreSQL, trust auth.
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/chime";
@@ -38,7 +39,18 @@ pub const SETTINGS_KEYS: &[&str] = &[
     "leader.lease_ttl",
     "leader.renew_interval",
     "planner.lookahead",
+    "rescuer.interval",
+    "rescuer.rescue_after",
+    "rescuer.retry_slack",
+    "alerts.webhook",
+    "alerts.format",
+    "alerts.min_interval",
+    "alerts.consecutive_failures",
 ];
+
+/// Keys of one group's alert overrides, `alerts.groups.<group>.<key>`.
+pub const ALERT_GROUP_KEYS: &[&str] =
+    &["webhook", "format", "min_interval", "consecutive_failures"];
 
 /// Prefix of the settings' environment variables.
 const ENV_PREFIX: &str = "CHIME";
@@ -64,6 +76,118 @@ pub struct Settings {
     pub leader: LeaderSettings,
     /// Planner timings.
     pub planner: PlannerSettings,
+    /// The rescuer of lost and stuck runs.
+    pub rescuer: RescuerSettings,
+    /// Alert webhooks.
+    pub alerts: AlertSettings,
+}
+
+/// The rescuer (`[rescuer]`): runs of lost workers and runs stuck in `retrying`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RescuerSettings {
+    /// How often the leader looks for runs to rescue.
+    pub interval: Duration,
+    /// A `running` run is rescued once its worker has been lost for this long.
+    pub rescue_after: Duration,
+    /// A `retrying` run is republished once its `next_attempt_at` is this far past.
+    pub retry_slack: Duration,
+}
+
+impl Default for RescuerSettings {
+    fn default() -> RescuerSettings {
+        RescuerSettings {
+            interval: Duration::from_secs(5),
+            rescue_after: Duration::from_secs(30),
+            retry_slack: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Alert webhooks (`[alerts]`, with per-group overrides in `[alerts.groups.<group>]`; a job's
+/// own `alerts` table overrides both). `Debug` hides webhook paths, which often hold a secret.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AlertSettings {
+    /// Where alerts are posted; none: no alerts unless a group or job names a webhook.
+    pub webhook: Option<String>,
+    /// Body format.
+    pub format: AlertFormat,
+    /// At most one alert per (job, kind) in this interval; later ones are recorded as
+    /// suppressed.
+    pub min_interval: Duration,
+    /// Alert when this many runs of a job in a row failed (0: never).
+    pub consecutive_failures: u32,
+    /// Overrides per executor group.
+    pub groups: BTreeMap<String, GroupAlertSettings>,
+}
+
+/// One group's alert overrides (`[alerts.groups.<group>]`); unset keys fall back to `[alerts]`.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct GroupAlertSettings {
+    /// Webhook for the group's jobs.
+    pub webhook: Option<String>,
+    /// Body format.
+    pub format: Option<AlertFormat>,
+    /// Rate limit per (job, kind).
+    pub min_interval: Option<Duration>,
+    /// Consecutive failures that trigger an alert.
+    pub consecutive_failures: Option<u32>,
+}
+
+impl Default for AlertSettings {
+    fn default() -> AlertSettings {
+        AlertSettings {
+            webhook: None,
+            format: AlertFormat::Generic,
+            min_interval: Duration::from_secs(60),
+            consecutive_failures: 3,
+            groups: BTreeMap::new(),
+        }
+    }
+}
+
+impl AlertSettings {
+    /// Whether any webhook is configured in settings.
+    pub fn any_webhook(&self) -> bool {
+        self.webhook.is_some() || self.groups.values().any(|g| g.webhook.is_some())
+    }
+}
+
+impl fmt::Debug for AlertSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AlertSettings")
+            .field("webhook", &self.webhook.as_deref().map(webhook_target))
+            .field("format", &self.format)
+            .field("min_interval", &self.min_interval)
+            .field("consecutive_failures", &self.consecutive_failures)
+            .field("groups", &self.groups)
+            .finish()
+    }
+}
+
+impl fmt::Debug for GroupAlertSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GroupAlertSettings")
+            .field("webhook", &self.webhook.as_deref().map(webhook_target))
+            .field("format", &self.format)
+            .field("min_interval", &self.min_interval)
+            .field("consecutive_failures", &self.consecutive_failures)
+            .finish()
+    }
+}
+
+/// A webhook URL without what may be secret (path, query, credentials): `https://host:port`.
+/// Used in logs, `Debug` output and `chime_alerts.target`.
+pub fn webhook_target(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "***".to_owned();
+    };
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    let host = authority.rsplit('@').next().unwrap_or(authority);
+    if rest.len() > authority.len() {
+        format!("{scheme}://{host}/***")
+    } else {
+        format!("{scheme}://{host}")
+    }
 }
 
 /// Leader election timings (`[leader]`).
@@ -114,6 +238,8 @@ impl Default for Settings {
             jobs: Vec::new(),
             leader: LeaderSettings::default(),
             planner: PlannerSettings::default(),
+            rescuer: RescuerSettings::default(),
+            alerts: AlertSettings::default(),
         }
     }
 }
@@ -129,6 +255,8 @@ impl fmt::Debug for Settings {
             .field("jobs", &self.jobs)
             .field("leader", &self.leader)
             .field("planner", &self.planner)
+            .field("rescuer", &self.rescuer)
+            .field("alerts", &self.alerts)
             .finish()
     }
 }
@@ -181,6 +309,22 @@ enum Place<'a> {
 }
 
 impl Place<'_> {
+    /// An error about `key` (a key below this place's), from the same file or environment.
+    fn error_at(
+        &self,
+        key: &str,
+        value: Option<String>,
+        message: impl Into<String>,
+    ) -> ConfigError {
+        match self {
+            Place::File { origin, .. } => ConfigError::key(*origin, key, value, message),
+            Place::Env { .. } => ConfigError {
+                value,
+                ..ConfigError::at(format!("environment variable {}", env_var(key)), message)
+            },
+        }
+    }
+
     fn error(&self, value: Option<String>, message: impl Into<String>) -> ConfigError {
         match self {
             Place::File { origin, key } => ConfigError::key(*origin, *key, value, message),
@@ -205,13 +349,28 @@ struct Layers {
 }
 
 impl Layers {
+    /// The settings file's name, or "environment" when there is none.
+    fn origin(&self) -> String {
+        self.file
+            .as_ref()
+            .map_or_else(|| "environment".to_owned(), |(origin, _)| origin.clone())
+    }
+
     /// The value of `key` (from the environment first, then the file) and where it came from.
     fn get<'a>(&'a self, key: &'a str) -> Option<(&'a config::Value, Place<'a>)> {
         if let Some(value) = self.env.get(key) {
             return Some((value, Place::Env { key }));
         }
         let (origin, root) = self.file.as_ref()?;
-        let mut parts = key.split('.');
+        // A group name may itself contain dots: `alerts.groups.<group>.<key>`.
+        let parts: Vec<&str> = match key
+            .strip_prefix("alerts.groups.")
+            .and_then(|rest| rest.rsplit_once('.'))
+        {
+            Some((group, leaf)) => vec!["alerts", "groups", group, leaf],
+            None => key.split('.').collect(),
+        };
+        let mut parts = parts.into_iter();
         let mut value = root.get(parts.next()?)?;
         for part in parts {
             match &value.kind {
@@ -352,11 +511,190 @@ fn resolve(
         }
     }
 
+    for (key, target) in [
+        ("rescuer.interval", &mut settings.rescuer.interval),
+        ("rescuer.rescue_after", &mut settings.rescuer.rescue_after),
+        ("rescuer.retry_slack", &mut settings.rescuer.retry_slack),
+    ] {
+        if let Some((d, place, written)) = duration(&layers, key, &mut errors) {
+            if d.is_zero() && key == "rescuer.interval" {
+                errors.push(place.error(
+                    Some(written),
+                    "must be longer than 0s; write a duration such as \"5s\"",
+                ));
+            } else {
+                *target = d;
+            }
+        }
+    }
+    if let Some(webhook) = webhook(&layers, "alerts.webhook", &mut errors) {
+        settings.alerts.webhook = Some(webhook);
+    }
+    if let Some(format) = alert_format(&layers, "alerts.format", &mut errors) {
+        settings.alerts.format = format;
+    }
+    if let Some((d, _, _)) = duration(&layers, "alerts.min_interval", &mut errors) {
+        settings.alerts.min_interval = d;
+    }
+    if let Some(n) = whole_number(&layers, "alerts.consecutive_failures", &mut errors) {
+        settings.alerts.consecutive_failures = n;
+    }
+    settings.alerts.groups = alert_groups(&layers, &mut errors);
+
     if errors.is_empty() {
         Ok(settings)
     } else {
         Err(ConfigErrors(errors))
     }
+}
+
+/// A webhook URL setting.
+fn webhook(layers: &Layers, key: &str, errors: &mut Vec<ConfigError>) -> Option<String> {
+    let (text, place) = string(layers, key, errors)?;
+    match webhook_problem(&text) {
+        None => Some(text),
+        Some(problem) => {
+            errors.push(place.error(Some(format!("{:?}", webhook_target(&text))), problem));
+            None
+        }
+    }
+}
+
+/// An alert body format: `generic` or `slack`.
+fn alert_format(layers: &Layers, key: &str, errors: &mut Vec<ConfigError>) -> Option<AlertFormat> {
+    let (text, place) = string(layers, key, errors)?;
+    match AlertFormat::parse(text.trim()) {
+        Some(format) => Some(format),
+        None => {
+            errors.push(place.error(
+                Some(format!("{text:?}")),
+                format!(
+                    "unknown alert format; use {}",
+                    ALERT_FORMATS
+                        .iter()
+                        .map(|f| format!("{f:?}"))
+                        .collect::<Vec<_>>()
+                        .join(" or ")
+                ),
+            ));
+            None
+        }
+    }
+}
+
+/// A whole number setting (a number in a file, digits in the environment).
+fn whole_number(layers: &Layers, key: &str, errors: &mut Vec<ConfigError>) -> Option<u32> {
+    let (value, place) = layers.get(key)?;
+    let number = match &value.kind {
+        ValueKind::I64(n) => u32::try_from(*n).ok(),
+        ValueKind::U64(n) => u32::try_from(*n).ok(),
+        ValueKind::String(text) => text.trim().parse::<u32>().ok(),
+        _ => None,
+    };
+    if number.is_none() {
+        errors.push(place.error(
+            Some(render_config(value)),
+            format!("expected a whole number from 0 to {}, such as 3", u32::MAX),
+        ));
+    }
+    number
+}
+
+/// `[alerts.groups.<group>]` tables from the file, and `CHIME_ALERTS__GROUPS__<GROUP>__<KEY>`
+/// variables from the environment.
+fn alert_groups(
+    layers: &Layers,
+    errors: &mut Vec<ConfigError>,
+) -> BTreeMap<String, GroupAlertSettings> {
+    let mut names: Vec<String> = Vec::new();
+    if let Some((value, place)) = layers.get("alerts.groups") {
+        match &value.kind {
+            ValueKind::Table(table) => {
+                for (name, group) in table {
+                    match &group.kind {
+                        ValueKind::Table(keys) => {
+                            for key in keys.keys() {
+                                if !ALERT_GROUP_KEYS.contains(&key.as_str()) {
+                                    let full = format!("alerts.groups.{name}.{key}");
+                                    let message = match closest(key, ALERT_GROUP_KEYS.iter().copied()) {
+                                        Some(near) => format!("unknown key; did you mean \"alerts.groups.{name}.{near}\"?"),
+                                        None => format!(
+                                            "unknown key; a group's alert settings are {}",
+                                            ALERT_GROUP_KEYS.join(", ")
+                                        ),
+                                    };
+                                    errors.push(place.error_at(&full, Some(render_config(&keys[key])), message));
+                                }
+                            }
+                        }
+                        _ => errors.push(place.error_at(
+                            &format!("alerts.groups.{name}"),
+                            Some(render_config(group)),
+                            format!(
+                                "expected a table of alert settings ([alerts.groups.{name}] in TOML), \
+                                 such as webhook = \"https://hooks.example.com/chime\""
+                            ),
+                        )),
+                    }
+                    names.push(name.clone());
+                }
+            }
+            _ => errors.push(place.error(
+                Some(render_config(value)),
+                "expected a table with one table per executor group, such as \
+                 [alerts.groups.orders] in TOML",
+            )),
+        }
+    }
+    for key in layers.env.keys() {
+        let Some(rest) = key.strip_prefix("alerts.groups.") else {
+            continue;
+        };
+        match rest.rsplit_once('.') {
+            Some((name, leaf)) if ALERT_GROUP_KEYS.contains(&leaf) => names.push(name.to_owned()),
+            _ => errors.push(ConfigError::at(
+                format!("environment variable {}", env_var(key)),
+                format!(
+                    "unknown setting; a group's alert settings are \
+                     CHIME_ALERTS__GROUPS__<GROUP>__ followed by one of {}",
+                    ALERT_GROUP_KEYS
+                        .iter()
+                        .map(|k| k.to_uppercase())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )),
+        }
+    }
+    names.sort();
+    names.dedup();
+    let mut groups = BTreeMap::new();
+    for name in names {
+        if let Some(problem) = identifier_problem(&name) {
+            errors.push(ConfigError::key(
+                layers.origin(),
+                format!("alerts.groups.{name}"),
+                None,
+                format!("invalid group name: {problem}; use the executor group's name"),
+            ));
+            continue;
+        }
+        let key = |k: &str| format!("alerts.groups.{name}.{k}");
+        let (webhook_key, format_key, interval_key, failures_key) = (
+            key("webhook"),
+            key("format"),
+            key("min_interval"),
+            key("consecutive_failures"),
+        );
+        let group = GroupAlertSettings {
+            webhook: webhook(layers, &webhook_key, errors),
+            format: alert_format(layers, &format_key, errors),
+            min_interval: duration(layers, &interval_key, errors).map(|(d, _, _)| d),
+            consecutive_failures: whole_number(layers, &failures_key, errors),
+        };
+        groups.insert(name, group);
+    }
+    groups
 }
 
 fn read_settings_file(
@@ -390,7 +728,8 @@ fn unknown_file_keys(
             format!("{prefix}.{key}")
         };
         let value = &table[key];
-        if SETTINGS_KEYS.contains(&full.as_str()) {
+        if SETTINGS_KEYS.contains(&full.as_str()) || full == "alerts.groups" {
+            // `alerts.groups` has a key per group: checked with its values in `alert_groups`.
             continue;
         }
         let is_section = SETTINGS_KEYS
@@ -444,7 +783,7 @@ fn unknown_env_vars(env: &config::Map<String, config::Value>, errors: &mut Vec<C
     let mut keys: Vec<&String> = env.keys().collect();
     keys.sort();
     for key in keys {
-        if SETTINGS_KEYS.contains(&key.as_str()) {
+        if SETTINGS_KEYS.contains(&key.as_str()) || key.starts_with("alerts.groups.") {
             continue;
         }
         let flat = key.replace('.', "_");

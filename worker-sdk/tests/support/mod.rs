@@ -6,7 +6,10 @@
 use std::future::Future;
 use std::time::Duration;
 
-use chime_worker::protocol::{CONTENT_TYPE, HEADER_ATTEMPT, PROTOCOL_VERSION};
+use chime_worker::protocol::{
+    CONTENT_TYPE, ControlMessage, HEADER_ATTEMPT, PROTOCOL_VERSION, RetryPolicy,
+};
+use chime_worker::topology::control_exchange;
 use chime_worker::{CancellationToken, Topology, Trigger, Worker, WorkerBuilder, WorkerError};
 use chrono::{DateTime, Utc};
 use lapin::message::Delivery;
@@ -149,6 +152,7 @@ pub struct RunRow {
     pub id: i64,
     pub state: String,
     pub reason: Option<String>,
+    pub next_attempt_at: Option<DateTime<Utc>>,
     pub attempt: i32,
     pub worker_id: Option<String>,
     pub error: Option<String>,
@@ -281,10 +285,51 @@ impl Env {
 
     /// Publishes a trigger the way the scheduler does.
     pub async fn publish(&self, trigger: &Trigger) {
-        let mut headers = FieldTable::default();
+        self.publish_with_headers(trigger, FieldTable::default())
+            .await;
+    }
+
+    /// Publishes a trigger with extra headers (a not-before instant, a forged delivery count).
+    pub async fn publish_with_headers(&self, trigger: &Trigger, mut headers: FieldTable) {
         headers.insert(HEADER_ATTEMPT.into(), AMQPValue::LongUInt(trigger.attempt));
         self.publish_raw(&trigger.to_body(), Some(trigger.run_id), headers)
             .await;
+    }
+
+    /// Requests the cancellation of run `run_id` as `chime runs cancel` does for a running run:
+    /// sets `cancel_requested_at`, then publishes the control message to every worker.
+    pub async fn cancel(&self, run_id: i64) {
+        self.request_cancel(run_id).await;
+        chime_worker::topology::declare_control(&self.channel, &self.prefix)
+            .await
+            .unwrap();
+        let body = serde_json::to_vec(&ControlMessage::CancelRun { run_id }).unwrap();
+        let confirm = self
+            .channel
+            .basic_publish(
+                control_exchange(&self.prefix).as_str().into(),
+                "".into(),
+                BasicPublishOptions::default(),
+                &body,
+                BasicProperties::default().with_content_type(CONTENT_TYPE.into()),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        assert!(matches!(confirm, Confirmation::Ack(None)), "{confirm:?}");
+    }
+
+    /// Sets the run's `cancel_requested_at` (and nothing else).
+    pub async fn request_cancel(&self, run_id: i64) {
+        sqlx::query(
+            "UPDATE chime_runs SET cancel_requested_at = now(), cancel_requested_by = 'test'
+              WHERE id = $1",
+        )
+        .bind(run_id)
+        .execute(&self.pool)
+        .await
+        .unwrap();
     }
 
     /// Publishes `body` to the work queue (persistent, mandatory, confirmed), retrying while it
@@ -324,6 +369,27 @@ impl Env {
         .await
     }
 
+    /// Whether `queue` exists (a passive declare on a channel of its own, since a missing
+    /// queue closes the channel).
+    pub async fn queue_exists(&self, queue: &str) -> bool {
+        let channel = self.connection.create_channel().await.unwrap();
+        let found = channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .is_ok();
+        if found {
+            let _ = channel.close(200, "done".into()).await;
+        }
+        found
+    }
+
     /// `(ready messages, consumers)` of `queue` (passive declare: the queue must exist).
     pub async fn queue_state(&self, queue: &str) -> (u32, u32) {
         let q = self
@@ -356,7 +422,8 @@ impl Env {
 
     pub async fn run(&self, run_id: i64) -> RunRow {
         sqlx::query_as(
-            "SELECT id, state, reason, attempt, worker_id, error, started_at, finished_at
+            "SELECT id, state, reason, next_attempt_at, attempt, worker_id, error, started_at,
+                    finished_at
                FROM chime_runs WHERE id = $1",
         )
         .bind(run_id)
@@ -399,6 +466,9 @@ impl Env {
     /// Deletes the test's exchange and queues.
     pub async fn cleanup(mut self) {
         self.topology.delete(&self.channel).await.unwrap();
+        delete_control_exchange(&self.channel, &self.prefix)
+            .await
+            .unwrap();
         self.cleaned = true;
         let _ = self.connection.close(200, "test done".into()).await;
     }
@@ -423,12 +493,34 @@ impl Drop for Env {
                     Connection::connect(&amqp_url(), ConnectionProperties::default()).await?;
                 let channel = connection.create_channel().await?;
                 topology.delete(&channel).await?;
+                delete_control_exchange(&channel, topology.prefix()).await?;
                 connection.close(200, "test cleanup".into()).await
             })
         });
         if let Ok(Err(error)) = cleanup.join() {
             eprintln!("could not delete the test topology of {exchange}: {error}");
         }
+    }
+}
+
+/// Deletes the control exchange of `prefix` (workers declare it).
+async fn delete_control_exchange(channel: &Channel, prefix: &str) -> Result<(), lapin::Error> {
+    channel
+        .exchange_delete(
+            control_exchange(prefix).as_str().into(),
+            lapin::options::ExchangeDeleteOptions::default(),
+        )
+        .await
+}
+
+/// A retry policy without jitter.
+pub fn policy(max_attempts: u32, initial_ms: u64, multiplier: f64, max_ms: u64) -> RetryPolicy {
+    RetryPolicy {
+        max_attempts,
+        initial_ms,
+        multiplier,
+        max_ms,
+        jitter: false,
     }
 }
 

@@ -50,7 +50,7 @@ fn toml_job(text: &str) -> JobSpec {
 
 const ALL_FIELDS: &str = "name, group, schedule, every, at, timezone, params, timeout, misfire, \
                           misfire_grace, catchup_window, max_catchup, concurrency, retry, \
-                          paused, description";
+                          alerts, paused, description";
 
 #[test]
 fn unknown_field_suggests_the_closest_field() {
@@ -777,6 +777,7 @@ fn job_fields_match_the_spec_serde_form() {
         max_catchup: 1,
         concurrency: ConcurrencyPolicy::Allow,
         retry: crate::job::RetrySpec::default(),
+        alerts: Some(crate::job::AlertSpec::default()),
         paused: false,
         description: Some("d".into()),
     };
@@ -930,5 +931,58 @@ fn retry_defaults_fill_what_is_not_given() {
             max: Duration::from_secs(600),
             jitter: false,
         }
+    );
+}
+
+#[test]
+fn alerts_table_sets_a_jobs_own_webhook_and_format() {
+    let job = toml_job(
+        r#"
+        [[jobs]]
+        name = "bill"
+        group = "billing"
+        alerts = { webhook = "https://hooks.example.com/chime", format = "slack" }
+        "#,
+    );
+    assert_eq!(
+        job.alerts,
+        Some(crate::job::AlertSpec {
+            webhook: Some("https://hooks.example.com/chime".into()),
+            format: Some(crate::job::AlertFormat::Slack),
+        })
+    );
+    let plain = toml_job("[[jobs]]\nname = \"a\"\ngroup = \"g\"\n");
+    assert_eq!(plain.alerts, None);
+    let stored = serde_json::to_value(&plain).unwrap();
+    assert!(
+        stored.get("alerts").is_none(),
+        "a job without alerts stores as before: {stored}"
+    );
+}
+
+#[test]
+fn alerts_table_is_checked_key_by_key() {
+    let errors = toml_errors(
+        r##"
+        [[jobs]]
+        name = "bill"
+        group = "billing"
+        alerts = { webhook = "hooks.example.com", format = "teams", chanel = "#ops" }
+        "##,
+    );
+    assert_eq!(
+        errors,
+        [
+            r##"jobs.toml: job "bill": field "alerts.chanel" = "#ops": unknown field; remove it, or use one of the fields: webhook, format"##,
+            r#"jobs.toml: job "bill": field "alerts.webhook" = "hooks.example.com": expected an http:// or https:// URL, such as "https://hooks.slack.com/services/…""#,
+            r#"jobs.toml: job "bill": field "alerts.format" = "teams": unknown value; use "generic" or "slack""#,
+        ]
+    );
+    let errors = toml_errors("[[jobs]]\nname = \"a\"\ngroup = \"g\"\nalerts = \"slack\"\n");
+    assert_eq!(
+        errors,
+        [
+            r#"jobs.toml: job "a": field "alerts" = "slack": alerts must be a table, found a string; write it such as alerts = { webhook = "https://hooks.example.com/chime", format = "slack" }"#
+        ]
     );
 }

@@ -76,6 +76,37 @@ fn settings_file_sets_every_key_and_resolves_job_paths_against_its_directory() {
             planner: PlannerSettings {
                 lookahead: Duration::from_millis(250),
             },
+            rescuer: RescuerSettings {
+                interval: Duration::from_secs(2),
+                rescue_after: Duration::from_secs(20),
+                retry_slack: Duration::from_secs(90),
+            },
+            alerts: AlertSettings {
+                webhook: Some("https://hooks.example.com/services/T0/B0/secret".into()),
+                format: AlertFormat::Slack,
+                min_interval: Duration::from_secs(300),
+                consecutive_failures: 5,
+                groups: [
+                    (
+                        "billing".to_owned(),
+                        GroupAlertSettings {
+                            webhook: Some("http://alerts.internal:9000/billing".into()),
+                            format: Some(AlertFormat::Generic),
+                            min_interval: Some(Duration::from_secs(30)),
+                            consecutive_failures: Some(1),
+                        },
+                    ),
+                    (
+                        "reports.eu".to_owned(),
+                        GroupAlertSettings {
+                            consecutive_failures: Some(0),
+                            ..GroupAlertSettings::default()
+                        },
+                    ),
+                ]
+                .into_iter()
+                .collect(),
+            },
         }
     );
 }
@@ -161,7 +192,7 @@ fn unknown_keys_suggest_the_setting_meant() {
     assert_eq!(
         errors,
         [
-            r#"chime.toml: key "colour" = "blue": unknown key; remove it, or use one of the settings: database_url, amqp_url, instance_id, bind, queue_prefix, jobs, leader.lease_ttl, leader.renew_interval, planner.lookahead"#,
+            r#"chime.toml: key "colour" = "blue": unknown key; remove it, or use one of the settings: database_url, amqp_url, instance_id, bind, queue_prefix, jobs, leader.lease_ttl, leader.renew_interval, planner.lookahead, rescuer.interval, rescuer.rescue_after, rescuer.retry_slack, alerts.webhook, alerts.format, alerts.min_interval, alerts.consecutive_failures"#,
             r#"chime.toml: key "databse_url" = "postgres://db/chime": unknown key; did you mean "database_url"?"#,
             r#"chime.toml: key "leader.renew_intreval" = "1s": unknown key; did you mean "leader.renew_interval"?"#,
             r#"chime.toml: key "lease_ttl" = "5s": unknown key; did you mean "leader.lease_ttl"?"#,
@@ -361,4 +392,112 @@ fn instance_id_defaults_to_host_and_pid() {
     };
     assert_eq!(settings.resolved_instance_id(), "scheduler-1");
     assert_eq!(Settings::default().resolved_instance_id(), id);
+}
+
+#[test]
+fn rescuer_and_alert_defaults() {
+    let settings = Settings::default();
+    assert_eq!(settings.rescuer.interval, Duration::from_secs(5));
+    assert_eq!(settings.rescuer.rescue_after, Duration::from_secs(30));
+    assert_eq!(settings.rescuer.retry_slack, Duration::from_secs(60));
+    assert_eq!(settings.alerts.webhook, None);
+    assert_eq!(settings.alerts.format, AlertFormat::Generic);
+    assert_eq!(settings.alerts.min_interval, Duration::from_secs(60));
+    assert_eq!(settings.alerts.consecutive_failures, 3);
+    assert!(settings.alerts.groups.is_empty());
+    assert!(!settings.alerts.any_webhook());
+}
+
+#[test]
+fn alert_settings_come_from_the_environment_too() {
+    let settings = from_toml(
+        "",
+        &[
+            (
+                "CHIME_ALERTS__WEBHOOK",
+                "https://hooks.slack.com/services/T/B/x",
+            ),
+            ("CHIME_ALERTS__FORMAT", "slack"),
+            ("CHIME_ALERTS__CONSECUTIVE_FAILURES", "4"),
+            (
+                "CHIME_ALERTS__GROUPS__ORDERS__WEBHOOK",
+                "http://127.0.0.1:9/orders",
+            ),
+            ("CHIME_RESCUER__RESCUE_AFTER", "45s"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(
+        settings.alerts.webhook.as_deref(),
+        Some("https://hooks.slack.com/services/T/B/x")
+    );
+    assert_eq!(settings.alerts.format, AlertFormat::Slack);
+    assert_eq!(settings.alerts.consecutive_failures, 4);
+    assert_eq!(
+        settings.alerts.groups["orders"].webhook.as_deref(),
+        Some("http://127.0.0.1:9/orders")
+    );
+    assert_eq!(settings.rescuer.rescue_after, Duration::from_secs(45));
+    let debug = format!("{settings:?}");
+    assert!(!debug.contains("T/B/x"), "webhook secrets leak: {debug}");
+    assert!(debug.contains("https://hooks.slack.com/***"), "{debug}");
+}
+
+#[test]
+fn alert_and_rescuer_mistakes_name_the_key() {
+    let errors = toml_errors(
+        r#"
+        [rescuer]
+        interval = "0s"
+        rescue_after = 30
+
+        [alerts]
+        webhook = "hooks.example.com/x"
+        format = "teams"
+        consecutive_failures = -1
+
+        [alerts.groups.billing]
+        webhok = "https://x.example.com"
+
+        [alerts.groups.Orders]
+        webhook = "https://x.example.com"
+        "#,
+        &[],
+    );
+    assert_eq!(
+        errors,
+        [
+            r#"chime.toml: key "rescuer.interval" = "0s": must be longer than 0s; write a duration such as "5s""#,
+            r#"chime.toml: key "rescuer.rescue_after" = 30: a duration needs a unit; write it as a string such as "30s""#,
+            r#"chime.toml: key "alerts.webhook" = "***": expected an http:// or https:// URL, such as "https://hooks.slack.com/services/…""#,
+            r#"chime.toml: key "alerts.format" = "teams": unknown alert format; use "generic" or "slack""#,
+            r#"chime.toml: key "alerts.consecutive_failures" = -1: expected a whole number from 0 to 4294967295, such as 3"#,
+            r#"chime.toml: key "alerts.groups.billing.webhok" = "https://x.example.com": unknown key; did you mean "alerts.groups.billing.webhook"?"#,
+            r#"chime.toml: key "alerts.groups.Orders": invalid group name: 'O' is not allowed; use the executor group's name"#,
+        ]
+    );
+}
+
+#[test]
+fn webhook_targets_hide_paths_and_credentials() {
+    assert_eq!(
+        webhook_target("https://hooks.slack.com/services/T0/B0/secret"),
+        "https://hooks.slack.com/***"
+    );
+    assert_eq!(
+        webhook_target("http://user:pw@127.0.0.1:8080"),
+        "http://127.0.0.1:8080"
+    );
+    assert_eq!(webhook_target("nonsense"), "***");
+}
+
+#[test]
+fn a_misspelt_group_alert_variable_is_reported() {
+    let errors = toml_errors("", &[("CHIME_ALERTS__GROUPS__ORDERS__WEBHOK", "http://x")]);
+    assert_eq!(
+        errors,
+        [
+            "environment variable CHIME_ALERTS__GROUPS__ORDERS__WEBHOK: unknown setting; a group's alert settings are CHIME_ALERTS__GROUPS__<GROUP>__ followed by one of WEBHOOK, FORMAT, MIN_INTERVAL, CONSECUTIVE_FAILURES"
+        ]
+    );
 }

@@ -1,0 +1,117 @@
+//! The rescuer, a leader duty: runs whose worker was lost, and runs whose retry never came.
+//!
+//! Every `interval` it looks for
+//! * runs `running` on a worker that has been lost for longer than `rescue_after` (no heartbeat,
+//!   or stopped): the attempt is recorded `lost` with the reason and the run goes back to the
+//!   outbox, so the dispatcher publishes it as the next attempt (a cancel that was requested
+//!   makes it `cancelled` instead, and a lost last attempt makes it `dead`);
+//! * runs still `retrying` `retry_slack` after their `next_attempt_at` (the retry message was
+//!   lost): back to the outbox too.
+//!
+//! A late outcome from a hung worker is discarded by the worker's fenced outcome write, and a
+//! late retry message finds nothing to claim. Work per pass is bounded; every write is fenced by
+//! the leader's term ([`crate::store`]).
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::config::RescuerSettings;
+use crate::store::{Fence, IntervalColumn, Rescued, Store};
+
+/// Runs rescued per statement.
+const BATCH: i64 = 100;
+/// Statements per kind of rescue per pass: at most `BATCH × MAX_BATCHES` runs a pass.
+const MAX_BATCHES: usize = 10;
+
+/// Runs the rescuer for `fence`'s term until `stop`; cancels `stop` if the lease is lost.
+pub async fn run(store: Store, fence: Fence, settings: RescuerSettings, stop: CancellationToken) {
+    let interval_column = match store.worker_interval_column().await {
+        Ok(column) => column,
+        Err(e) => {
+            warn!(error = %format!("{e:#}"), "cannot read the workers' schema; rescuing by heartbeat age");
+            None
+        }
+    };
+    let mut tick = tokio::time::interval(settings.interval.max(Duration::from_millis(10)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if !pass(&store, &fence, &settings, interval_column.as_ref()).await {
+            warn!(
+                term = fence.term,
+                "lease lost while rescuing runs; leader duties stop"
+            );
+            stop.cancel();
+            return;
+        }
+    }
+}
+
+/// One pass. Returns false when the fence no longer holds.
+pub async fn pass(
+    store: &Store,
+    fence: &Fence,
+    settings: &RescuerSettings,
+    interval_column: Option<&IntervalColumn>,
+) -> bool {
+    for _ in 0..MAX_BATCHES {
+        match store
+            .rescue_lost_runs(fence, interval_column, settings.rescue_after, BATCH)
+            .await
+        {
+            Ok(None) => return false,
+            Ok(Some(runs)) => {
+                log_lost(&runs);
+                if i64::try_from(runs.len()).unwrap_or(i64::MAX) < BATCH {
+                    break;
+                }
+            }
+            Err(e) => {
+                warn!(error = %format!("{e:#}"), "rescuing runs of lost workers failed; next pass retries");
+                break;
+            }
+        }
+    }
+    for _ in 0..MAX_BATCHES {
+        match store
+            .rescue_stuck_retries(fence, settings.retry_slack, BATCH)
+            .await
+        {
+            Ok(None) => return false,
+            Ok(Some(runs)) => {
+                for r in &runs {
+                    warn!(run_id = r.id, job = %r.job, attempt = r.attempt, detail = %r.detail,
+                          "run stuck in retrying; republishing it as the next attempt");
+                }
+                if i64::try_from(runs.len()).unwrap_or(i64::MAX) < BATCH {
+                    break;
+                }
+            }
+            Err(e) => {
+                warn!(error = %format!("{e:#}"), "rescuing stuck retries failed; next pass retries");
+                break;
+            }
+        }
+    }
+    true
+}
+
+fn log_lost(runs: &[Rescued]) {
+    for r in runs {
+        match r.state.as_str() {
+            "pending" => {
+                warn!(run_id = r.id, job = %r.job, attempt = r.attempt, detail = %r.detail,
+                               "attempt lost with its worker; republishing the run as the next attempt")
+            }
+            "dead" => warn!(run_id = r.id, job = %r.job, attempt = r.attempt, detail = %r.detail,
+                            "attempt lost with its worker; it was the last attempt, the run is dead"),
+            _ => info!(run_id = r.id, job = %r.job, attempt = r.attempt, detail = %r.detail,
+                       state = %r.state, "attempt lost with its worker; the run was being cancelled"),
+        }
+    }
+}

@@ -1,0 +1,339 @@
+//! Helpers of the failure-handling scenarios: worker child processes, manual triggers through
+//! the scheduler's store, attempt rows, captured worker log events, and the broker's global
+//! `consumer_timeout` (restored by a guard).
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use chime_e2e::{AMQP_URL, wait_for};
+use chime_scheduler::store::Store;
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use tokio::process::{Child, Command};
+
+/// How long a condition of these scenarios may take.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+/// A `chime-test-worker` child process (`tests/bin/chime_test_worker.rs`), killed if dropped.
+pub struct WorkerProcess {
+    pub id: String,
+    child: Child,
+}
+
+impl WorkerProcess {
+    /// Starts a worker of `group` with worker id `id`.
+    pub fn spawn(
+        database_url: &str,
+        prefix: &str,
+        group: &str,
+        id: &str,
+        heartbeat_ms: u64,
+        capacity: u16,
+    ) -> WorkerProcess {
+        let verbose = std::env::var_os("RUST_LOG").is_some();
+        let child = Command::new(env!("CARGO_BIN_EXE_chime-test-worker"))
+            .env("CHIME_TEST_DATABASE_URL", database_url)
+            .env("CHIME_TEST_AMQP_URL", AMQP_URL)
+            .env("CHIME_TEST_PREFIX", prefix)
+            .env("CHIME_TEST_GROUP", group)
+            .env("CHIME_TEST_WORKER_ID", id)
+            .env("CHIME_TEST_HEARTBEAT_MS", heartbeat_ms.to_string())
+            .env("CHIME_TEST_CAPACITY", capacity.to_string())
+            .stdin(Stdio::null())
+            .stdout(if verbose {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            })
+            .stderr(if verbose {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            })
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start chime-test-worker");
+        WorkerProcess {
+            id: id.to_owned(),
+            child,
+        }
+    }
+
+    /// SIGKILL, and wait for the process to be gone.
+    pub async fn kill(mut self) {
+        self.child.start_kill().expect("SIGKILL the worker");
+        self.child.wait().await.expect("reap the worker");
+    }
+
+    /// True once the process has exited (it reaps it).
+    pub fn exited(&mut self) -> bool {
+        self.child.try_wait().expect("poll the worker").is_some()
+    }
+}
+
+/// Triggers job `job` with `params` through the scheduler's store (as `chime jobs trigger`
+/// does), once the scheduler has synced its jobs; returns the run id.
+pub async fn trigger(pool: &PgPool, job: &str, params: serde_json::Value) -> i64 {
+    let store = Store::from_pool(pool.clone());
+    wait_for(&format!("job {job} to be known"), WAIT, || {
+        let (store, params) = (&store, params.clone());
+        async move {
+            store
+                .trigger(job, Some(params), "failures test")
+                .await
+                .expect("trigger")
+        }
+    })
+    .await
+}
+
+/// A run as these tests look at it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct RunRow {
+    pub state: String,
+    pub attempt: i32,
+    pub worker_id: Option<String>,
+    pub reason: Option<String>,
+}
+
+/// Reads run `id`.
+pub async fn run(pool: &PgPool, id: i64) -> RunRow {
+    sqlx::query_as("SELECT state, attempt, worker_id, reason FROM chime_runs WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .expect("read run")
+}
+
+/// Waits until run `id` satisfies `done`.
+pub async fn run_until(
+    pool: &PgPool,
+    id: i64,
+    what: &str,
+    done: impl Fn(&RunRow) -> bool,
+) -> RunRow {
+    wait_for(&format!("run {id} {what}"), WAIT, || async {
+        let row = run(pool, id).await;
+        done(&row).then_some(row)
+    })
+    .await
+}
+
+/// An attempt row.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct AttemptRow {
+    pub attempt: i32,
+    pub worker_id: String,
+    pub state: String,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub error: Option<String>,
+}
+
+/// The attempts of run `id`, in order.
+pub async fn attempts(pool: &PgPool, id: i64) -> Vec<AttemptRow> {
+    sqlx::query_as(
+        "SELECT attempt, worker_id, state, started_at, finished_at, error
+           FROM chime_attempts WHERE run_id = $1 ORDER BY attempt",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await
+    .expect("read attempts")
+}
+
+/// A test's prefix and group; their exchanges and queues are deleted when it is dropped, also
+/// when the test fails (fifteen quorum queues per group are not something to leave behind).
+pub struct Names {
+    pub prefix: String,
+    pub group: String,
+}
+
+impl Names {
+    /// A fresh prefix and group.
+    pub fn new() -> Names {
+        Names {
+            prefix: chime_e2e::unique("t"),
+            group: chime_e2e::unique("g"),
+        }
+    }
+}
+
+impl Drop for Names {
+    fn drop(&mut self) {
+        let (prefix, group) = (self.prefix.clone(), self.group.clone());
+        // Its own thread and runtime: the test's runtime may be unwinding or gone.
+        let deleted = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(async {
+                let connection =
+                    lapin::Connection::connect(AMQP_URL, lapin::ConnectionProperties::default())
+                        .await?;
+                let channel = connection.create_channel().await?;
+                chime_worker::Topology::new(prefix.as_str(), group.as_str())
+                    .delete(&channel)
+                    .await?;
+                channel
+                    .exchange_delete(
+                        chime_worker::topology::control_exchange(&prefix)
+                            .as_str()
+                            .into(),
+                        lapin::options::ExchangeDeleteOptions::default(),
+                    )
+                    .await?;
+                connection.close(200, "test done".into()).await
+            })
+        })
+        .join();
+        if !matches!(deleted, Ok(Ok(()))) {
+            eprintln!(
+                "could not delete the queues of {}.{}: {deleted:?}",
+                self.prefix, self.group
+            );
+        }
+    }
+}
+
+/// `(ready messages)` of `queue`.
+pub async fn queue_depth(queue: &str) -> u32 {
+    let connection = lapin::Connection::connect(AMQP_URL, lapin::ConnectionProperties::default())
+        .await
+        .expect("connect to RabbitMQ");
+    let channel = connection.create_channel().await.expect("channel");
+    let q = channel
+        .queue_declare(
+            queue.into(),
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .expect("queue exists");
+    let _ = connection.close(200, "test done".into()).await;
+    q.message_count()
+}
+
+/// Runs `rabbitmqctl` (RabbitMQ runs on this machine) and returns its output.
+pub async fn rabbitmqctl(args: &[&str]) -> String {
+    let out = Command::new("rabbitmqctl")
+        .args(args)
+        .output()
+        .await
+        .expect("rabbitmqctl (RabbitMQ runs on this machine)");
+    assert!(
+        out.status.success(),
+        "rabbitmqctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Lowers the broker's global `consumer_timeout` and puts the previous value back when dropped
+/// (also when the test fails). Affects channels opened while it is set.
+pub struct ConsumerTimeout {
+    previous: String,
+}
+
+impl ConsumerTimeout {
+    /// Sets `consumer_timeout` to `ms`, remembering the current value.
+    pub async fn set(ms: u64) -> ConsumerTimeout {
+        let previous =
+            rabbitmqctl(&["eval", "application:get_env(rabbit, consumer_timeout)."]).await;
+        let set = format!("application:set_env(rabbit, consumer_timeout, {ms}).");
+        rabbitmqctl(&["eval", &set]).await;
+        ConsumerTimeout { previous }
+    }
+
+    fn restore_command(previous: &str) -> String {
+        // `{ok,1800000}` or `undefined`.
+        match previous
+            .strip_prefix("{ok,")
+            .and_then(|v| v.strip_suffix('}'))
+        {
+            Some(value) => format!("application:set_env(rabbit, consumer_timeout, {value})."),
+            None => "application:unset_env(rabbit, consumer_timeout).".to_owned(),
+        }
+    }
+}
+
+impl Drop for ConsumerTimeout {
+    fn drop(&mut self) {
+        let restore = Self::restore_command(&self.previous);
+        let restored = std::process::Command::new("rabbitmqctl")
+            .args(["eval", &restore])
+            .output();
+        match restored {
+            Ok(out) if out.status.success() => {}
+            other => eprintln!(
+                "COULD NOT RESTORE RabbitMQ's consumer_timeout ({restore}): {other:?}; run \
+                 rabbitmqctl eval '{restore}'"
+            ),
+        }
+    }
+}
+
+/// Worker log messages, captured on this thread (a `#[sqlx::test]` runtime is current-thread,
+/// so the in-process worker's tasks log here). Keep the guard alive while capturing.
+pub fn capture_events() -> (
+    tracing::subscriber::DefaultGuard,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    use tracing_subscriber::layer::SubscriberExt;
+
+    struct Capture(tokio::sync::mpsc::UnboundedSender<String>);
+    struct Message(String);
+    impl tracing::field::Visit for Message {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            if field.name() == "message" {
+                self.0 = format!("{value:?}");
+            }
+        }
+    }
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Capture {
+        fn on_event(
+            &self,
+            event: &tracing::Event<'_>,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            if event.metadata().target().starts_with("chime_worker") {
+                let mut message = Message(String::new());
+                event.record(&mut message);
+                let _ = self.0.send(message.0);
+            }
+        }
+    }
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let subscriber = tracing_subscriber::registry().with(Capture(tx));
+    (tracing::subscriber::set_default(subscriber), rx)
+}
+
+/// Every captured message so far.
+pub fn drain(events: &mut tokio::sync::mpsc::UnboundedReceiver<String>) -> Vec<String> {
+    let mut seen = Vec::new();
+    while let Ok(m) = events.try_recv() {
+        seen.push(m);
+    }
+    seen
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_previous_consumer_timeout_is_restored_as_it_was() {
+        assert_eq!(
+            ConsumerTimeout::restore_command("{ok,1800000}"),
+            "application:set_env(rabbit, consumer_timeout, 1800000)."
+        );
+        assert_eq!(
+            ConsumerTimeout::restore_command("undefined"),
+            "application:unset_env(rabbit, consumer_timeout)."
+        );
+    }
+}
