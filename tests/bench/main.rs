@@ -1,0 +1,268 @@
+//! `chime-bench`: Chime's benchmark command. Each scenario starts what it needs against the
+//! local PostgreSQL and RabbitMQ (its own database and queue prefix, removed at the end), measures
+//! what PRODUCT.md §6 promises, and prints a table (or JSON with `--json`). docs/benchmarks.md
+//! says what each scenario measures and how.
+//!
+//! ```text
+//! cargo build --release --workspace
+//! target/release/chime-bench precision --jobs 1000 --seconds 60 --csv precision.csv
+//! target/release/chime-bench all --json
+//! ```
+
+mod crash;
+mod failover;
+mod jobs;
+mod precision;
+mod process;
+mod recorder;
+mod report;
+mod sandbox;
+mod scale;
+mod stats;
+mod throughput;
+mod worker;
+
+use std::io::IsTerminal as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::report::Report;
+use crate::sandbox::Services;
+
+/// Benchmarks of Chime against the local PostgreSQL and RabbitMQ.
+#[derive(Debug, Parser)]
+#[command(name = "chime-bench", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// N jobs due every second for D seconds: delivered, missed, duplicates and lateness
+    /// (scheduled instant → handler start) per (job, instant), from the worker side.
+    Precision(RunArgs),
+    /// The highest sustained rate of durable runs before the lateness p99 exceeds 100 ms.
+    Throughput(RunArgs),
+    /// N registered jobs with mixed schedules: scheduler RSS, start-up time, CPU per tick.
+    Scale(RunArgs),
+    /// Two schedulers, the leader SIGKILLed: takeover, time to next fire, missed, duplicates.
+    Failover(RunArgs),
+    /// A worker SIGKILLed mid-run: time until its runs start again on another worker.
+    Crash(RunArgs),
+    /// Every scenario in turn.
+    All(RunArgs),
+    /// A worker process for the crash scenario (internal).
+    #[command(hide = true)]
+    Worker(worker::WorkerArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+struct RunArgs {
+    /// precision: jobs every second (default 1000); scale: registered jobs (100000);
+    /// failover: jobs every second (100); crash: runs in flight on the killed worker (4).
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// precision: seconds of firing (default 60); throughput: seconds per step (10); scale:
+    /// seconds of steady CPU measurement (60); failover: seconds from the first fire to the
+    /// stop (30). Unused by crash.
+    #[arg(long)]
+    seconds: Option<u64>,
+    /// Print JSON (one object, an array for `all`) instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// precision: write every execution as `job_id,intended_at_unix_ms,started_at_unix_ms`.
+    #[arg(long, value_name = "FILE")]
+    csv: Option<PathBuf>,
+    /// throughput: the rates to climb, runs per second, multiples of 100.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1000,2000,3000,4000,5000,6000,8000,10000,12000,15000,20000"
+    )]
+    rates: Vec<u32>,
+    /// scale: executor groups the jobs are spread over.
+    #[arg(long, default_value_t = 10)]
+    groups: usize,
+    /// In-process workers (precision, throughput, failover).
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+    /// Capacity (prefetch) of each in-process worker; each holds capacity + 2 database
+    /// connections.
+    #[arg(long, default_value_t = 32)]
+    capacity: u16,
+    /// PostgreSQL server URL, without a database: each scenario creates its own.
+    #[arg(
+        long,
+        env = "CHIME_BENCH_POSTGRES",
+        default_value = "postgres://postgres@127.0.0.1:5432"
+    )]
+    postgres: String,
+    /// RabbitMQ URL.
+    #[arg(long, env = "CHIME_BENCH_AMQP", default_value = chime_e2e::AMQP_URL)]
+    amqp: String,
+    /// The `chime` binary for scale and failover (default: next to chime-bench).
+    #[arg(long, env = "CHIME_BENCH_CHIME", value_name = "PATH")]
+    chime: Option<PathBuf>,
+    /// Keep each scenario's database and temporary files for inspection.
+    #[arg(long)]
+    keep: bool,
+}
+
+/// The scenarios, in the order `all` runs them.
+const SCENARIOS: [&str; 5] = ["precision", "throughput", "scale", "failover", "crash"];
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let default_filter = match cli.command {
+        Command::Worker(_) => "info,sqlx=warn,lapin=warn",
+        _ => "warn",
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| default_filter.into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    let (scenarios, args): (Vec<&str>, RunArgs) = match cli.command {
+        Command::Worker(args) => {
+            return match worker::run(args).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        Command::Precision(args) => (vec!["precision"], args),
+        Command::Throughput(args) => (vec!["throughput"], args),
+        Command::Scale(args) => (vec!["scale"], args),
+        Command::Failover(args) => (vec!["failover"], args),
+        Command::Crash(args) => (vec!["crash"], args),
+        Command::All(args) => (SCENARIOS.to_vec(), args),
+    };
+    let services = Services {
+        postgres_url: args.postgres.clone(),
+        amqp_url: args.amqp.clone(),
+        chime: args.chime.clone(),
+        keep: args.keep,
+        interrupt: interrupt_on_signals(),
+    };
+    let mut outputs = Vec::new();
+    let (mut errors, mut incorrect) = (0, 0);
+    for scenario in &scenarios {
+        if services.interrupt.is_cancelled() {
+            break;
+        }
+        match run(scenario, &args, &services).await {
+            Ok(report) => {
+                if !report.correct {
+                    incorrect += 1;
+                }
+                if !args.json {
+                    println!("{}", report.render());
+                }
+                outputs.push(serde_json::to_value(&report).unwrap_or_default());
+            }
+            Err(e) => {
+                errors += 1;
+                eprintln!("error: {scenario}: {e:#}");
+                outputs.push(serde_json::json!({"scenario": scenario, "error": format!("{e:#}")}));
+            }
+        }
+    }
+    if args.json {
+        let document = if outputs.len() == 1 {
+            outputs.pop().unwrap_or_default()
+        } else {
+            serde_json::Value::Array(outputs)
+        };
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&document).unwrap_or_default()
+        );
+    }
+    if errors > 0 {
+        ExitCode::FAILURE
+    } else if incorrect > 0 {
+        // Ran, but a correctness check (missed, duplicates, rerun) failed.
+        ExitCode::from(2)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// A token fired by the first SIGINT or SIGTERM.
+fn interrupt_on_signals() -> tokio_util::sync::CancellationToken {
+    use tokio::signal::unix::{SignalKind, signal};
+    let token = tokio_util::sync::CancellationToken::new();
+    let fire = token.clone();
+    tokio::spawn(async move {
+        let Ok(mut terminate) = signal(SignalKind::terminate()) else {
+            let _ = tokio::signal::ctrl_c().await;
+            fire.cancel();
+            return;
+        };
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        eprintln!("interrupted: stopping the scenario and cleaning up");
+        fire.cancel();
+    });
+    token
+}
+
+/// Runs one scenario with the defaults of docs/benchmarks.md, overridden by the arguments.
+async fn run(scenario: &str, args: &RunArgs, services: &Services) -> anyhow::Result<Report> {
+    match scenario {
+        "precision" => {
+            let params = precision::Params {
+                jobs: args.jobs.unwrap_or(1000),
+                seconds: args.seconds.unwrap_or(60),
+                workers: args.workers,
+                capacity: args.capacity,
+                csv: args.csv.clone(),
+            };
+            precision::run(services, &params).await
+        }
+        "throughput" => {
+            let params = throughput::Params {
+                rates: args.rates.clone(),
+                seconds: args.seconds.unwrap_or(10),
+                workers: args.workers,
+                capacity: args.capacity,
+            };
+            throughput::run(services, &params).await
+        }
+        "scale" => {
+            let params = scale::Params {
+                jobs: args.jobs.unwrap_or(100_000),
+                seconds: args.seconds.unwrap_or(60),
+                groups: args.groups,
+            };
+            scale::run(services, &params).await
+        }
+        "failover" => {
+            let params = failover::Params {
+                jobs: args.jobs.unwrap_or(100),
+                seconds: args.seconds.unwrap_or(30),
+                workers: args.workers,
+                capacity: args.capacity,
+            };
+            failover::run(services, &params).await
+        }
+        "crash" => {
+            let params = crash::Params {
+                runs: args.jobs.unwrap_or(4),
+            };
+            crash::run(services, &params).await
+        }
+        other => anyhow::bail!("unknown scenario {other:?}"),
+    }
+}

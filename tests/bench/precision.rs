@@ -1,0 +1,207 @@
+//! `precision`: N jobs each due every second for D seconds, seen from the worker side. Per (job,
+//! scheduled instant) of the steady window: expected, delivered, missed, duplicates, and the
+//! lateness from the scheduled instant to the handler's start. Optionally writes every
+//! execution to a CSV `job_id,intended_at_unix_ms,started_at_unix_ms`.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context as _, ensure};
+use chime_e2e::Scheduler;
+use serde::Serialize;
+
+use crate::jobs::{JobDef, specs};
+use crate::recorder::Workers;
+use crate::report::{Report, Row, ms, share, summary};
+use crate::sandbox::{Sandbox, Services, bounded, poll, sleep_until_us, within};
+use crate::stats::{Execution, Tally, Window, tally};
+
+const SECOND: i64 = 1_000_000;
+
+/// Parameters of the precision scenario.
+#[derive(Debug, Clone, Serialize)]
+pub struct Params {
+    /// Jobs, each `every = "1s"`.
+    pub jobs: usize,
+    /// Seconds of firing, counted from the first fire; the steady window excludes the first 2
+    /// and the last second.
+    pub seconds: u64,
+    /// In-process workers.
+    pub workers: usize,
+    /// Capacity (prefetch) of each worker.
+    pub capacity: u16,
+    /// Where to write the per-execution CSV.
+    pub csv: Option<PathBuf>,
+}
+
+/// What the precision scenario measured.
+#[derive(Debug, Serialize)]
+pub struct Results {
+    /// The steady window.
+    pub window: Window,
+    /// Per (job, instant) counts and lateness over the window.
+    pub tally: Tally,
+    /// Executions observed in the whole run, warm-up and tail included.
+    pub executions: usize,
+}
+
+/// Runs the scenario in a fresh sandbox.
+pub async fn run(services: &Services, params: &Params) -> anyhow::Result<Report> {
+    ensure!(
+        params.seconds >= 4,
+        "precision needs --seconds 4 or more (2 s warm-up, 1 s tail)"
+    );
+    ensure!(params.jobs > 0, "precision needs --jobs 1 or more");
+    within(services, "precision", async |sandbox| {
+        measure(sandbox, params).await
+    })
+    .await
+}
+
+async fn measure(sandbox: &Sandbox, params: &Params) -> anyhow::Result<Report> {
+    let group = sandbox.group("precision");
+    let names: Vec<String> = (0..params.jobs)
+        .map(|i| format!("precision-{i:05}"))
+        .collect();
+    let defs: Vec<JobDef> = names
+        .iter()
+        .map(|name| JobDef::new(name, &group).with("every", "1s"))
+        .collect();
+    let workers = Workers::start(sandbox, &group, &names, params.workers, params.capacity)?;
+    sandbox
+        .wait_for_consumers(&group, params.workers as u32)
+        .await?;
+    eprintln!(
+        "[precision] {} jobs every second for {} s",
+        params.jobs, params.seconds
+    );
+    let scheduler = Scheduler::start(sandbox.service_config("bench-precision"), specs(&defs)?);
+
+    let first = poll("the first fire", Duration::from_secs(120), || async {
+        Ok(workers.earliest())
+    })
+    .await?;
+    let t0 = first.scheduled_us.div_euclid(SECOND) * SECOND;
+    let seconds = i64::try_from(params.seconds)?;
+    let window = Window {
+        start_us: t0 + 2 * SECOND,
+        end_us: t0 + (seconds - 1) * SECOND,
+        period_us: SECOND,
+    };
+    // Fires run from t0 to t0 + D − 1 s; stop after the last one, leaving the window's last
+    // instant (t0 + D − 2 s) 2.5 s to be published before the graceful stop.
+    sleep_until_us(t0 + seconds * SECOND + SECOND / 2).await;
+    bounded(
+        "stopping the scheduler",
+        Duration::from_secs(60),
+        scheduler.stop(),
+    )
+    .await?;
+    let jobs = 0..u32::try_from(params.jobs)?;
+    workers
+        .settle(
+            |seen| tally(seen, jobs.clone(), &window).missed == 0,
+            Duration::from_secs(5),
+            Duration::from_secs(60),
+        )
+        .await;
+    let executions = workers.stop().await?;
+    if let Some(path) = &params.csv {
+        write_csv(path, &names, &executions)?;
+        eprintln!(
+            "[precision] wrote {} executions to {}",
+            executions.len(),
+            path.display()
+        );
+    }
+    let tally = tally(&executions, jobs, &window);
+    Ok(report(
+        params,
+        &tally,
+        Results {
+            window,
+            tally: tally.clone(),
+            executions: executions.len(),
+        },
+    ))
+}
+
+fn report(params: &Params, t: &Tally, results: Results) -> Report {
+    let rows = vec![
+        Row::info(
+            "steady window",
+            format!(
+                "{} jobs × {} instants ({:.0} s)",
+                t.jobs,
+                t.instants_per_job,
+                results.window.seconds()
+            ),
+        ),
+        Row::info("expected (job, instant)", t.expected.to_string()),
+        Row::judged(
+            "delivered",
+            format!("{} ({})", t.delivered, share(t.delivered, t.expected)),
+            "100 %",
+            t.delivered == t.expected && t.expected > 0,
+        ),
+        Row::judged("missed", t.missed.to_string(), "0", t.missed == 0),
+        Row::judged(
+            "duplicates",
+            t.duplicates.to_string(),
+            "0",
+            t.duplicates == 0,
+        ),
+        Row::info("lateness scheduled → handler start", summary(&t.lateness)),
+        Row::judged(
+            "lateness p99",
+            ms(t.lateness.p99_ms),
+            "≤ 10 ms",
+            t.lateness.p99_ms.is_some_and(|p99| p99 <= 10.0),
+        ),
+    ];
+    Report {
+        scenario: "precision",
+        settings: serde_json::to_value(params).unwrap_or_default(),
+        correct: t.expected > 0 && t.missed == 0 && t.duplicates == 0 && t.unexpected == 0,
+        results: serde_json::to_value(&results).unwrap_or_default(),
+        table: rows,
+        notes: vec![
+            "scheduler and workers run in this process (scheduler on its own runtime); the \
+             target is for --jobs 1000 --seconds 60"
+                .to_owned(),
+            format!(
+                "steady window = fires from the first one + 2 s to D − 1 s; {} executions seen \
+                 in all",
+                results.executions
+            ),
+        ],
+    }
+}
+
+/// `job_id,intended_at_unix_ms,started_at_unix_ms`, one row per execution, times with
+/// microsecond decimals; `job_id` is the job's name.
+fn write_csv(path: &Path, names: &[String], executions: &[Execution]) -> anyhow::Result<()> {
+    let file =
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let mut out = std::io::BufWriter::new(file);
+    writeln!(out, "job_id,intended_at_unix_ms,started_at_unix_ms")?;
+    let mut sorted = executions.to_vec();
+    sorted.sort_by_key(|e| (e.scheduled_us, e.job, e.started_us));
+    for e in &sorted {
+        writeln!(
+            out,
+            "{},{},{}",
+            names[e.job as usize],
+            unix_ms(e.scheduled_us),
+            unix_ms(e.started_us)
+        )?;
+    }
+    out.flush()
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// Unix microseconds as milliseconds with three decimals, exactly.
+fn unix_ms(us: i64) -> String {
+    format!("{}.{:03}", us.div_euclid(1000), us.rem_euclid(1000))
+}

@@ -1,0 +1,370 @@
+//! A scenario's private corner of the local services: a fresh database (`chime_bench_…`,
+//! migrated, dropped at the end), a unique queue prefix whose exchanges and queues are deleted at
+//! the end, and a temporary directory for job files and process logs (kept when the scenario
+//! failed, so its logs can be read).
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context as _, anyhow, bail};
+use chime_scheduler::leader::LeaseTimings;
+use chime_scheduler::planner::PlannerTimings;
+use chime_scheduler::service::ServiceConfig;
+use chime_scheduler::store::Store;
+use chime_worker::Topology;
+use futures::FutureExt as _;
+use lapin::options::QueueDeclareOptions;
+use lapin::types::FieldTable;
+use sqlx::migrate::MigrateDatabase as _;
+
+use crate::report::Report;
+
+/// Where the local services are, and which binaries to run.
+#[derive(Debug, Clone)]
+pub struct Services {
+    /// PostgreSQL server URL without a database (`postgres://postgres@127.0.0.1:5432`).
+    pub postgres_url: String,
+    /// RabbitMQ URL.
+    pub amqp_url: String,
+    /// The `chime` binary, if given explicitly (else found next to this executable).
+    pub chime: Option<PathBuf>,
+    /// Keep the database and the temporary directory for inspection.
+    pub keep: bool,
+    /// Fired on SIGINT or SIGTERM: the running scenario stops and cleans up.
+    pub interrupt: tokio_util::sync::CancellationToken,
+}
+
+impl Services {
+    /// The `chime` binary: `--chime`, else `chime` next to this executable (or next to its
+    /// `deps/` directory, for a test binary).
+    pub fn chime_binary(&self) -> anyhow::Result<PathBuf> {
+        if let Some(path) = &self.chime {
+            if path.is_file() {
+                return Ok(path.clone());
+            }
+            bail!("--chime {} is not a file", path.display());
+        }
+        let exe = std::env::current_exe().context("locating chime-bench's own executable")?;
+        let dir = exe
+            .parent()
+            .context("chime-bench's executable has no directory")?;
+        let mut candidates = vec![dir.join("chime")];
+        if dir.file_name().is_some_and(|name| name == "deps")
+            && let Some(profile) = dir.parent()
+        {
+            candidates.push(profile.join("chime"));
+        }
+        if let Some(found) = candidates.iter().find(|path| path.is_file()) {
+            return Ok(found.clone());
+        }
+        bail!(
+            "the `chime` binary is not next to chime-bench (looked for {}); build the whole \
+             workspace first (`cargo build --release --workspace`, then run \
+             target/release/chime-bench), or pass --chime PATH",
+            candidates
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    }
+}
+
+/// A scenario's database, queue prefix and temporary directory.
+pub struct Sandbox {
+    /// The scenario's name (used in instance ids).
+    pub scenario: &'static str,
+    /// URL of the scenario's own database.
+    pub database_url: String,
+    /// Queue prefix of every exchange and queue the scenario makes.
+    pub prefix: String,
+    /// RabbitMQ URL.
+    pub amqp_url: String,
+    /// A pool on the scenario's database.
+    pub store: Store,
+    /// Job files and process logs.
+    pub dir: tempfile::TempDir,
+    keep: bool,
+    groups: Mutex<BTreeSet<String>>,
+}
+
+impl Sandbox {
+    /// Creates and migrates a fresh database and picks a unique queue prefix.
+    pub async fn create(services: &Services, scenario: &'static str) -> anyhow::Result<Sandbox> {
+        let name = chime_e2e::unique(&format!("chime_bench_{scenario}_"));
+        let database_url = format!("{}/{name}", services.postgres_url.trim_end_matches('/'));
+        sqlx::Postgres::create_database(&database_url)
+            .await
+            .with_context(|| {
+                format!(
+                    "creating database {name} on {} (is PostgreSQL running? see --postgres)",
+                    chime_scheduler::store::redact(&services.postgres_url)
+                )
+            })?;
+        let store = match Store::connect(&database_url, 4).await {
+            Ok(store) => store,
+            Err(e) => {
+                let _ = sqlx::Postgres::force_drop_database(&database_url).await;
+                return Err(e);
+            }
+        };
+        if let Err(e) = store.migrate().await {
+            store.pool().close().await;
+            let _ = sqlx::Postgres::force_drop_database(&database_url).await;
+            return Err(e);
+        }
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("chime-bench-{scenario}-"))
+            .tempdir()
+            .context("creating a temporary directory")?;
+        eprintln!(
+            "[{scenario}] database {name}, temporary files in {}",
+            dir.path().display()
+        );
+        Ok(Sandbox {
+            scenario,
+            database_url,
+            prefix: chime_e2e::unique("bench"),
+            amqp_url: services.amqp_url.clone(),
+            store,
+            dir,
+            keep: services.keep,
+            groups: Mutex::default(),
+        })
+    }
+
+    /// Names an executor group and remembers it, so its queues are deleted at the end.
+    pub fn group(&self, name: &str) -> String {
+        self.groups
+            .lock()
+            .expect("not poisoned")
+            .insert(name.to_owned());
+        name.to_owned()
+    }
+
+    /// A path in the temporary directory.
+    pub fn path(&self, file: &str) -> PathBuf {
+        self.dir.path().join(file)
+    }
+
+    /// Settings for an in-process scheduler instance: the `chime` binary's defaults (lease TTL
+    /// 3 s renewed every second, lookahead 500 ms).
+    pub fn service_config(&self, instance: &str) -> ServiceConfig {
+        ServiceConfig {
+            database_url: self.database_url.clone(),
+            amqp_url: self.amqp_url.clone(),
+            instance_id: instance.to_owned(),
+            queue_prefix: self.prefix.clone(),
+            lease: LeaseTimings::default(),
+            planner: PlannerTimings::default(),
+        }
+    }
+
+    /// Consumers on a group's work queue (0 while it does not exist).
+    pub async fn consumers(&self, group: &str) -> anyhow::Result<u32> {
+        broker_call(self.count_consumers(group)).await
+    }
+
+    async fn count_consumers(&self, group: &str) -> anyhow::Result<u32> {
+        let connection =
+            lapin::Connection::connect(&self.amqp_url, lapin::ConnectionProperties::default())
+                .await
+                .context("connecting to RabbitMQ")?;
+        let channel = connection.create_channel().await?;
+        let topology = Topology::new(self.prefix.clone(), group);
+        // Declaring it first (idempotent, the SDK's own arguments) spares the broker's 404 on
+        // a passive declare of a queue nobody declared yet.
+        topology
+            .declare(&channel)
+            .await
+            .with_context(|| format!("declaring group {group}"))?;
+        let queue = topology.work_queue();
+        let declared = channel
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await;
+        let _ = connection.close(200, "counted".into()).await;
+        Ok(declared.map(|q| q.consumer_count()).unwrap_or(0))
+    }
+
+    /// Waits until a group's work queue has at least `n` consumers.
+    pub async fn wait_for_consumers(&self, group: &str, n: u32) -> anyhow::Result<()> {
+        poll(
+            &format!("{n} consumer(s) on group {group}'s work queue"),
+            Duration::from_secs(60),
+            || async { Ok((self.consumers(group).await? >= n).then_some(())) },
+        )
+        .await
+    }
+
+    /// The current lease holder, if the lease is unexpired.
+    pub async fn leader(&self) -> anyhow::Result<Option<String>> {
+        // Not `Store::leader`: on a fresh database the lease expires at '-infinity', which
+        // that method's timestamp decoding does not survive.
+        let holder: Option<Option<String>> = sqlx::query_scalar(
+            "SELECT holder FROM chime_leader WHERE name = 'default' AND expires_at > now()",
+        )
+        .fetch_optional(self.store.pool())
+        .await
+        .context("reading the leader lease")?;
+        Ok(holder.flatten())
+    }
+
+    /// Deletes the scenario's exchanges and queues, drops its database and removes its
+    /// temporary directory (kept when `succeeded` is false or `--keep` was given).
+    pub async fn finish(self, succeeded: bool) {
+        let scenario = self.scenario;
+        if let Err(e) = broker_call(self.delete_topology()).await {
+            eprintln!(
+                "[{scenario}] warning: could not delete queues under {}: {e:#}",
+                self.prefix
+            );
+        }
+        self.store.pool().close().await;
+        if self.keep {
+            eprintln!("[{scenario}] kept database {}", self.database_url);
+        } else if let Err(e) = sqlx::Postgres::force_drop_database(&self.database_url).await {
+            eprintln!(
+                "[{scenario}] warning: could not drop {}: {e}",
+                self.database_url
+            );
+        }
+        if self.keep || !succeeded {
+            let dir = self.dir.keep();
+            eprintln!("[{scenario}] kept logs and job files in {}", dir.display());
+        }
+    }
+
+    async fn delete_topology(&self) -> anyhow::Result<()> {
+        let connection =
+            lapin::Connection::connect(&self.amqp_url, lapin::ConnectionProperties::default())
+                .await
+                .context("connecting to RabbitMQ")?;
+        let groups: Vec<String> = self
+            .groups
+            .lock()
+            .expect("not poisoned")
+            .iter()
+            .cloned()
+            .collect();
+        for group in groups {
+            // A channel per group: an error closes the channel it happened on.
+            let channel = connection.create_channel().await?;
+            Topology::new(self.prefix.clone(), group.as_str())
+                .delete(&channel)
+                .await
+                .with_context(|| format!("deleting group {group}"))?;
+        }
+        let channel = connection.create_channel().await?;
+        channel
+            .exchange_delete(
+                chime_worker::topology::control_exchange(&self.prefix)
+                    .as_str()
+                    .into(),
+                lapin::options::ExchangeDeleteOptions::default(),
+            )
+            .await
+            .context("deleting the control exchange")?;
+        let _ = connection.close(200, "benchmark done".into()).await;
+        Ok(())
+    }
+}
+
+/// Runs `body` in a fresh sandbox and cleans the sandbox up afterwards, also when `body` fails
+/// or panics.
+pub async fn within<F>(
+    services: &Services,
+    scenario: &'static str,
+    body: F,
+) -> anyhow::Result<Report>
+where
+    F: AsyncFnOnce(&Sandbox) -> anyhow::Result<Report>,
+{
+    let sandbox = Sandbox::create(services, scenario).await?;
+    // On an interrupt the body is dropped (child processes are killed, in-process schedulers
+    // and workers cancelled) before the sandbox is cleaned up.
+    let outcome = tokio::select! {
+        outcome = AssertUnwindSafe(body(&sandbox)).catch_unwind() => {
+            outcome.unwrap_or_else(|panic| {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                Err(anyhow!("the {scenario} scenario panicked: {message}"))
+            })
+        }
+        () = services.interrupt.cancelled() => Err(anyhow!("interrupted")),
+    };
+    sandbox.finish(outcome.is_ok()).await;
+    outcome
+}
+
+/// Bounds a call to the broker, so a broker that accepts connections but does not answer fails
+/// the scenario instead of hanging it.
+async fn broker_call<T>(call: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    const LIMIT: Duration = Duration::from_secs(30);
+    tokio::time::timeout(LIMIT, call).await.map_err(|_| {
+        anyhow!("RabbitMQ did not answer within {LIMIT:?} (is it up? `rabbitmqctl await_startup`)")
+    })?
+}
+
+/// Awaits `step` of a shutdown for at most `limit`.
+pub async fn bounded<T>(
+    what: &str,
+    limit: Duration,
+    step: impl Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
+    tokio::time::timeout(limit, step)
+        .await
+        .map_err(|_| anyhow!("{what} did not finish within {limit:?}"))?
+}
+
+/// Calls `check` every 25 ms until it returns `Some`, or fails after `timeout` naming `what`.
+pub async fn poll<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<Option<T>>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await? {
+            return Ok(value);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Now, in Unix microseconds (wall clock, comparable with scheduled instants).
+pub fn now_us() -> i64 {
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970");
+    i64::try_from(since.as_micros()).expect("before year 294,000")
+}
+
+/// Sleeps until the wall clock reads `at_us` (Unix microseconds).
+pub async fn sleep_until_us(at_us: i64) {
+    let wait = at_us - now_us();
+    if wait > 0 {
+        tokio::time::sleep(Duration::from_micros(wait as u64)).await;
+    }
+}
+
+/// Writes `text` to `path`.
+pub fn write_file(path: &Path, text: &str) -> anyhow::Result<()> {
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
