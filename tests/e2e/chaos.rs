@@ -12,7 +12,11 @@ async fn under_every_fault_each_fire_runs_once_or_is_skipped_with_a_reason() {
     println!("{}", report.table());
     report.check().expect("guarantees held");
 
-    assert!(report.expected >= 20 * 30, "{} fires expected", report.expected);
+    assert!(
+        report.expected >= 20 * 30,
+        "{} fires expected",
+        report.expected
+    );
     let skipped: usize = report.skipped.values().sum();
     let failed: usize = report.failed.values().sum();
     assert_eq!(report.run + skipped + failed, report.expected);
@@ -37,9 +41,17 @@ async fn under_every_fault_each_fire_runs_once_or_is_skipped_with_a_reason() {
             .find(|r| r.fault == f)
             .expect("every fault struck")
     };
-    let killed = fault(Fault::KillLeader).next_fire.expect("a fire after the kill");
-    assert!(killed < Duration::from_secs(5), "next fire {killed:?} after SIGKILL");
+    let killed = fault(Fault::KillLeader)
+        .next_fire
+        .expect("a fire after the kill");
+    assert!(
+        killed < Duration::from_secs(5),
+        "next fire {killed:?} after SIGKILL"
+    );
     let stopped = fault(Fault::StopLeader).takeover.expect("a takeover");
-    assert!(stopped < Duration::from_secs(1), "hand-over took {stopped:?}");
+    assert!(
+        stopped < Duration::from_secs(1),
+        "hand-over took {stopped:?}"
+    );
     assert_eq!(fault(Fault::FreezeLeader).fenced_writes, Some(0));
 }

@@ -7,6 +7,7 @@ mod chaos;
 mod common;
 mod control;
 mod failures;
+mod fencing;
 mod fires;
 mod ha;
 mod ops;

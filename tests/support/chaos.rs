@@ -181,7 +181,8 @@ impl ChaosReport {
             "next fire",
             "old-term writes",
         ]);
-        let ms = |d: Option<Duration>| d.map_or("-".to_owned(), |d| format!("{} ms", d.as_millis()));
+        let ms =
+            |d: Option<Duration>| d.map_or("-".to_owned(), |d| format!("{} ms", d.as_millis()));
         for f in &self.faults {
             faults.add_row(vec![
                 f.fault.name().to_owned(),
@@ -408,15 +409,19 @@ impl Cluster {
 
     /// A run scheduled after `after` has succeeded: the whole path works again.
     async fn wait_recovered(&self, after: DateTime<Utc>) -> anyhow::Result<()> {
-        until("a run after the fault to succeed", Duration::from_secs(60), || async {
-            let n: i64 = sqlx::query_scalar(
+        until(
+            "a run after the fault to succeed",
+            Duration::from_secs(60),
+            || async {
+                let n: i64 = sqlx::query_scalar(
                 "SELECT count(*) FROM chime_runs WHERE scheduled_at > $1 AND state = 'succeeded'",
             )
             .bind(after)
             .fetch_one(&self.pool)
             .await?;
-            Ok((n > 0).then_some(()))
-        })
+                Ok((n > 0).then_some(()))
+            },
+        )
         .await
     }
 
@@ -490,8 +495,8 @@ impl Cluster {
         };
         match fault {
             Fault::KillLeader | Fault::StopLeader | Fault::FreezeLeader => {
-                let (holder, term) = until("a leader", Duration::from_secs(30), || self.leader())
-                    .await?;
+                let (holder, term) =
+                    until("a leader", Duration::from_secs(30), || self.leader()).await?;
                 let index = self
                     .schedulers
                     .iter()
@@ -503,9 +508,7 @@ impl Cluster {
                 match fault {
                     Fault::KillLeader => self.schedulers[index].process.kill().await?,
                     Fault::StopLeader => {
-                        self.schedulers[index]
-                            .process
-                            .signal(Signal::SIGTERM)?;
+                        self.schedulers[index].process.signal(Signal::SIGTERM)?;
                     }
                     _ => self.schedulers[index].process.signal(Signal::SIGSTOP)?,
                 }
@@ -527,9 +530,7 @@ impl Cluster {
                         // Frozen past its lease, then thawed: it must not write under its old
                         // term. Give it time to try.
                         let thawed = Utc::now();
-                        self.schedulers[index]
-                            .process
-                            .signal(Signal::SIGCONT)?;
+                        self.schedulers[index].process.signal(Signal::SIGCONT)?;
                         tokio::time::sleep(Duration::from_secs(2)).await;
                         let writes: i64 = sqlx::query_scalar(
                             "SELECT count(*) FROM chime_runs WHERE term = $1 AND created_at > $2",

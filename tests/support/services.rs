@@ -229,7 +229,10 @@ impl PrivateRabbit {
             .env("RABBITMQ_LOG_BASE", self.path("log"))
             .env("RABBITMQ_PID_FILE", self.path("pid"))
             .env("RABBITMQ_CONFIG_FILE", self.path("rabbitmq"))
-            .env("RABBITMQ_ENABLED_PLUGINS_FILE", self.path("enabled_plugins"))
+            .env(
+                "RABBITMQ_ENABLED_PLUGINS_FILE",
+                self.path("enabled_plugins"),
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -247,7 +250,11 @@ impl PrivateRabbit {
             {
                 return Ok(());
             }
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 bail!(
                     "rabbitmq-server exited during boot ({status}); see {}",
                     self.path("console.log").display()
