@@ -13,3 +13,4 @@ mod ha;
 mod ops;
 mod outage;
 mod policies;
+mod restarts;

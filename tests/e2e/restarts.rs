@@ -1,0 +1,323 @@
+//! Real restarts of the services, on private instances (never the shared ones): PostgreSQL
+//! stopped under a leader and workers mid-run, RabbitMQ stopped under the publisher and the
+//! consumers. Nothing is lost, nothing runs twice, fires follow the misfire policy.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chime_e2e::services::{PrivatePostgres, PrivateRabbit};
+use chime_e2e::{
+    AMQP_URL, Scheduler, database_url, init_tracing, service_config, unique, wait_for,
+};
+use chime_scheduler::store::Store;
+use chime_worker::{CancellationToken, JobContext, JobError, Worker};
+use chrono::Utc;
+use serde_json::json;
+use sqlx::PgPool;
+
+use crate::common::{Run, assert_consecutive, delete_topology, job, leader, runs};
+
+/// A worker whose handlers count their executions per run and take `hold` each.
+struct CountingWorker {
+    executions: Arc<Mutex<HashMap<i64, usize>>>,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), chime_worker::WorkerError>>,
+}
+
+impl CountingWorker {
+    fn start(
+        db: &str,
+        amqp: &str,
+        prefix: &str,
+        group: &str,
+        jobs: &[&str],
+        hold: Duration,
+    ) -> Self {
+        let executions: Arc<Mutex<HashMap<i64, usize>>> = Arc::default();
+        let mut builder = Worker::builder(group)
+            .database_url(db)
+            .amqp_url(amqp)
+            .prefix(prefix)
+            .capacity(16)
+            .heartbeat_interval(Duration::from_millis(500));
+        for name in jobs {
+            let seen = executions.clone();
+            builder = builder.handle(*name, move |ctx: JobContext, _: serde_json::Value| {
+                let seen = seen.clone();
+                async move {
+                    *seen
+                        .lock()
+                        .expect("not poisoned")
+                        .entry(ctx.run_id())
+                        .or_default() += 1;
+                    tokio::time::sleep(hold).await;
+                    Ok::<(), JobError>(())
+                }
+            });
+        }
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(builder.build().expect("worker builds").run(stop.clone()));
+        CountingWorker {
+            executions,
+            stop,
+            task,
+        }
+    }
+
+    fn counts(&self) -> HashMap<i64, usize> {
+        self.executions.lock().expect("not poisoned").clone()
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        self.task
+            .await
+            .expect("worker task")
+            .expect("worker ran cleanly");
+    }
+}
+
+async fn try_runs(pool: &PgPool, job: &str) -> Option<Vec<Run>> {
+    // The pool errors while the server is down; `runs` would panic.
+    sqlx::query("SELECT 1").execute(pool).await.ok()?;
+    Some(runs(pool, job).await)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_restart_the_leader_steps_down_resumes_under_a_new_term_and_no_record_is_lost() {
+    init_tracing();
+    let mut postgres = tokio::task::spawn_blocking(PrivatePostgres::start)
+        .await
+        .expect("join")
+        .expect("private PostgreSQL");
+    let db = postgres.url("chime");
+    Store::create_database_if_missing(&db)
+        .await
+        .expect("create database");
+    let store = Store::connect(&db, 4).await.expect("connect");
+    store.migrate().await.expect("migrate");
+    let pool = store.pool().clone();
+    let prefix = unique("t");
+    // Handlers take 1.5 s, so some are always running when the database goes away: their
+    // outcome writes have to wait for it.
+    let worker = CountingWorker::start(
+        &db,
+        AMQP_URL,
+        &prefix,
+        "pgr",
+        &["all", "skip"],
+        Duration::from_millis(1500),
+    );
+    let scheduler = Scheduler::start(
+        service_config(&db, AMQP_URL, "solo", &prefix),
+        vec![
+            job(
+                json!({"name": "all", "group": "pgr", "every": "1s", "misfire": "fire_all", "misfire_grace": "500ms"}),
+            ),
+            job(
+                json!({"name": "skip", "group": "pgr", "every": "1s", "misfire": "skip", "misfire_grace": "500ms"}),
+            ),
+        ],
+    );
+    wait_for("three runs succeeded", Duration::from_secs(30), || async {
+        let done = runs(&pool, "all")
+            .await
+            .iter()
+            .filter(|r| r.state == "succeeded")
+            .count();
+        (done >= 3).then_some(())
+    })
+    .await;
+    let (_, before) = leader(&pool).await.expect("solo leads");
+
+    let stopped = Utc::now();
+    tokio::task::block_in_place(|| {
+        postgres.stop("fast")?;
+        // Longer than the lease: the leader must give up and take a new term afterwards.
+        std::thread::sleep(Duration::from_secs(4));
+        postgres.start_server()
+    })
+    .expect("restart PostgreSQL");
+    let restarted = Utc::now();
+
+    let (holder, after) = wait_for(
+        "a leader after the restart",
+        Duration::from_secs(30),
+        || async {
+            sqlx::query("SELECT 1").execute(&pool).await.ok()?;
+            leader(&pool).await
+        },
+    )
+    .await;
+    assert_eq!(holder, "solo");
+    assert!(
+        after > before,
+        "the leader kept term {before} through an outage longer than its lease"
+    );
+    // Everything due up to a few seconds after the restart settles.
+    let horizon = restarted + chrono::Duration::seconds(3);
+    for name in ["all", "skip"] {
+        wait_for(
+            &format!("{name}: every fire up to the horizon settled"),
+            Duration::from_secs(45),
+            || async {
+                let all = try_runs(&pool, name).await?;
+                let due: Vec<&Run> = all.iter().filter(|r| r.scheduled_at <= horizon).collect();
+                let settled = due
+                    .last()
+                    .is_some_and(|r| r.scheduled_at > horizon - chrono::Duration::seconds(1))
+                    && due
+                        .iter()
+                        .all(|r| r.state == "succeeded" || r.state == "skipped");
+                settled.then_some(())
+            },
+        )
+        .await;
+    }
+    scheduler.stop().await.expect("graceful stop");
+    let counts = worker.counts();
+    worker.stop().await;
+
+    for name in ["all", "skip"] {
+        let all: Vec<Run> = runs(&pool, name)
+            .await
+            .into_iter()
+            .filter(|r| r.scheduled_at <= horizon)
+            .collect();
+        assert_consecutive(&all, Duration::from_secs(1));
+        for run in all.iter().filter(|r| r.state == "succeeded") {
+            assert_eq!(
+                counts.get(&run.id),
+                Some(&1),
+                "run {} executed once",
+                run.id
+            );
+        }
+        // Runs that were executing when the database went away finished and were recorded.
+        assert!(
+            all.iter()
+                .filter(|r| r.scheduled_at < stopped
+                    && r.scheduled_at > stopped - chrono::Duration::seconds(2))
+                .all(|r| r.state == "succeeded"),
+            "{name}: {all:?}"
+        );
+    }
+    let all = runs(&pool, "all").await;
+    assert!(
+        all.iter().any(|r| r.trigger == "catchup"),
+        "fire_all caught up the outage"
+    );
+    assert!(all.iter().all(|r| r.state != "skipped"));
+    let skip = runs(&pool, "skip").await;
+    let skipped: Vec<&Run> = skip.iter().filter(|r| r.state == "skipped").collect();
+    assert!(
+        skipped.len() >= 2,
+        "skip recorded the fires the outage missed: {skip:?}"
+    );
+    assert!(skipped.iter().all(|r| {
+        r.reason
+            .as_deref()
+            .is_some_and(|w| w.contains("misfire policy skip"))
+    }));
+    pool.close().await;
+    delete_topology(&prefix, "pgr").await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn rabbitmq_restart_runs_due_meanwhile_are_published_after_it_and_consumers_come_back(
+    pool: PgPool,
+) {
+    init_tracing();
+    let db = database_url(&pool);
+    let mut rabbit = tokio::task::spawn_blocking(PrivateRabbit::start)
+        .await
+        .expect("join")
+        .expect("private RabbitMQ");
+    let amqp = rabbit.url();
+    let prefix = unique("t");
+    let worker = CountingWorker::start(
+        &db,
+        &amqp,
+        &prefix,
+        "mqr",
+        &["pulse"],
+        Duration::from_millis(300),
+    );
+    let scheduler = Scheduler::start(
+        service_config(&db, &amqp, "solo", &prefix),
+        vec![job(json!({"name": "pulse", "group": "mqr", "every": "1s"}))],
+    );
+    wait_for("three runs succeeded", Duration::from_secs(30), || async {
+        let done = runs(&pool, "pulse")
+            .await
+            .iter()
+            .filter(|r| r.state == "succeeded")
+            .count();
+        (done >= 3).then_some(())
+    })
+    .await;
+
+    let (rabbit, down_from, down_until) = tokio::task::spawn_blocking(move || {
+        rabbit.stop()?;
+        let down_from = Utc::now();
+        std::thread::sleep(Duration::from_secs(3));
+        let down_until = Utc::now();
+        rabbit.start_node()?;
+        anyhow::Ok((rabbit, down_from, down_until))
+    })
+    .await
+    .expect("join")
+    .expect("restart RabbitMQ");
+    let restarted = Utc::now();
+
+    // Runs were still persisted on time while the broker was down, and waited in the outbox.
+    let all = runs(&pool, "pulse").await;
+    let during: Vec<i64> = all
+        .iter()
+        .filter(|r| r.scheduled_at > down_from && r.scheduled_at < down_until)
+        .map(|r| r.id)
+        .collect();
+    assert!(
+        during.len() >= 2,
+        "runs persisted during the outage: {all:?}"
+    );
+    let horizon = restarted + chrono::Duration::seconds(3);
+    let settled = wait_for(
+        "every run up to the horizon succeeded",
+        Duration::from_secs(60),
+        || async {
+            let all = runs(&pool, "pulse").await;
+            let due: Vec<Run> = all
+                .into_iter()
+                .filter(|r| r.scheduled_at <= horizon)
+                .collect();
+            (due.last()
+                .is_some_and(|r| r.scheduled_at > horizon - chrono::Duration::seconds(1))
+                && due.iter().all(|r| r.state == "succeeded"))
+            .then_some(due)
+        },
+    )
+    .await;
+    scheduler.stop().await.expect("graceful stop");
+    let counts = worker.counts();
+    worker.stop().await;
+
+    assert_consecutive(&settled, Duration::from_secs(1));
+    for run in &settled {
+        assert_eq!(
+            counts.get(&run.id),
+            Some(&1),
+            "run {} executed once",
+            run.id
+        );
+        if during.contains(&run.id) {
+            assert!(
+                run.published_at.expect("published") > down_until,
+                "run {} confirmed while the broker was down?",
+                run.id
+            );
+        }
+    }
+    drop(rabbit);
+}
