@@ -10,6 +10,8 @@ use chime_e2e::services::{PrivatePostgres, PrivateRabbit};
 use chime_e2e::{
     AMQP_URL, Scheduler, database_url, init_tracing, service_config, unique, wait_for,
 };
+use chime_scheduler::config::RescuerSettings;
+use chime_scheduler::service::{self, DutySettings};
 use chime_scheduler::store::Store;
 use chime_worker::{CancellationToken, JobContext, JobError, Worker};
 use chrono::Utc;
@@ -320,4 +322,116 @@ async fn rabbitmq_restart_runs_due_meanwhile_are_published_after_it_and_consumer
         }
     }
     drop(rabbit);
+}
+
+/// Regression: after a database outage longer than `rescue_after`, the new term's first rescuer
+/// pass took the workers' silence (no heartbeat could be written) for lost workers and
+/// republished every running run, which then executed twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_postgres_outage_longer_than_rescue_after_does_not_make_live_workers_lost() {
+    init_tracing();
+    let mut postgres = tokio::task::spawn_blocking(PrivatePostgres::start)
+        .await
+        .expect("join")
+        .expect("private PostgreSQL");
+    let db = postgres.url("chime");
+    Store::create_database_if_missing(&db)
+        .await
+        .expect("create database");
+    let store = Store::connect(&db, 4).await.expect("connect");
+    store.migrate().await.expect("migrate");
+    let pool = store.pool().clone();
+    let prefix = unique("t");
+    // Every run is still running when the database goes away, and long after it is back.
+    let worker = CountingWorker::start(
+        &db,
+        AMQP_URL,
+        &prefix,
+        "silent",
+        &["long"],
+        Duration::from_secs(10),
+    );
+    let duties = DutySettings {
+        rescuer: RescuerSettings {
+            interval: Duration::from_millis(200),
+            rescue_after: Duration::from_secs(2),
+            ..RescuerSettings::default()
+        },
+        ..DutySettings::default()
+    };
+    let jobs = vec![job(
+        json!({"name": "long", "group": "silent", "every": "1s"}),
+    )];
+    let loader: service::JobLoader = Arc::new(move || Ok(jobs.clone()));
+    let (_reload, reload_rx) = tokio::sync::mpsc::channel(1);
+    let stop = CancellationToken::new();
+    let scheduler = tokio::spawn(service::run_with(
+        service_config(&db, AMQP_URL, "solo", &prefix),
+        duties,
+        loader,
+        reload_rx,
+        stop.clone(),
+    ));
+    wait_for("three runs running", Duration::from_secs(30), || async {
+        let running = runs(&pool, "long")
+            .await
+            .iter()
+            .filter(|r| r.state == "running")
+            .count();
+        (running >= 3).then_some(())
+    })
+    .await;
+    let stopped = Utc::now();
+    tokio::task::block_in_place(|| {
+        postgres.stop("fast")?;
+        // Three times `rescue_after`: every heartbeat is stale when the database returns.
+        std::thread::sleep(Duration::from_secs(6));
+        postgres.start_server()
+    })
+    .expect("restart PostgreSQL");
+
+    let before: Vec<i64> = wait_for(
+        "every run started before the outage to finish",
+        Duration::from_secs(60),
+        || async {
+            let all = try_runs(&pool, "long").await?;
+            let before: Vec<&Run> = all.iter().filter(|r| r.scheduled_at < stopped).collect();
+            before
+                .iter()
+                .all(|r| matches!(r.state.as_str(), "succeeded" | "failed" | "dead"))
+                .then(|| before.iter().map(|r| r.id).collect())
+        },
+    )
+    .await;
+    stop.cancel();
+    scheduler
+        .await
+        .expect("scheduler task")
+        .expect("scheduler ran cleanly");
+    let counts = worker.counts();
+    worker.stop().await;
+
+    let lost: i64 = sqlx::query_scalar("SELECT count(*) FROM chime_attempts WHERE state = 'lost'")
+        .fetch_one(&pool)
+        .await
+        .expect("count lost attempts");
+    assert_eq!(lost, 0, "live workers' attempts were recorded lost");
+    for id in before {
+        assert_eq!(counts.get(&id), Some(&1), "run {id} executed once");
+        assert_eq!(
+            runs_state(&pool, id).await,
+            "succeeded",
+            "run {id} finished where it ran"
+        );
+    }
+    pool.close().await;
+    delete_topology(&prefix, "silent").await;
+}
+
+async fn runs_state(pool: &PgPool, id: i64) -> String {
+    sqlx::query_scalar("SELECT state FROM chime_runs WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .expect("run state")
 }

@@ -104,7 +104,10 @@ impl Process {
             .env("CHIME_TEST_WORKER_ID", id)
             .env("CHIME_TEST_CAPACITY", env.capacity.to_string())
             .env("CHIME_TEST_CHAOS_JOBS", env.chaos_jobs.to_string())
-            .env("RUST_LOG", "warn,chime_worker=info")
+            .env(
+                "RUST_LOG",
+                "warn,chime_worker::worker=info,chime_worker::consumer=info",
+            )
             .env("NO_COLOR", "1");
         Process::spawn(
             &format!("worker {id}"),
