@@ -250,6 +250,9 @@ struct Cluster {
     next_id: usize,
 }
 
+/// A run as the reconciliation reads it: id, state, reason.
+type RunRow = (i64, String, Option<String>);
+
 /// The group every chaos job belongs to.
 const GROUP: &str = "chaos";
 /// The misfire policies the jobs cycle through.
@@ -631,8 +634,7 @@ impl Cluster {
         .fetch_all(&self.pool)
         .await
         .context("reading runs")?;
-        let mut by_fire: HashMap<(String, DateTime<Utc>), Vec<(i64, String, Option<String>)>> =
-            HashMap::new();
+        let mut by_fire: HashMap<(String, DateTime<Utc>), Vec<RunRow>> = HashMap::new();
         for row in rows {
             by_fire
                 .entry((row.get("job_name"), row.get("scheduled_at")))
