@@ -227,7 +227,7 @@ async fn postgres_restart_the_leader_steps_down_resumes_under_a_new_term_and_no_
 }
 
 #[sqlx::test(migrations = "../migrations")]
-async fn rabbitmq_restart_runs_due_meanwhile_are_published_after_it_and_consumers_come_back(
+async fn rabbitmq_restart_runs_due_meanwhile_follow_the_misfire_policy_and_consumers_come_back(
     pool: PgPool,
 ) {
     init_tracing();
@@ -238,20 +238,30 @@ async fn rabbitmq_restart_runs_due_meanwhile_are_published_after_it_and_consumer
         .expect("private RabbitMQ");
     let amqp = rabbit.url();
     let prefix = unique("t");
+    let names = ["all", "once", "skip"];
     let worker = CountingWorker::start(
         &db,
         &amqp,
         &prefix,
         "mqr",
-        &["pulse"],
+        &names,
         Duration::from_millis(300),
     );
     let scheduler = Scheduler::start(
         service_config(&db, &amqp, "solo", &prefix),
-        vec![job(json!({"name": "pulse", "group": "mqr", "every": "1s"}))],
+        ["fire_all", "fire_once", "skip"]
+            .iter()
+            .zip(names)
+            .map(|(policy, name)| {
+                job(
+                    json!({"name": name, "group": "mqr", "every": "1s", "misfire": policy,
+                           "misfire_grace": "1s"}),
+                )
+            })
+            .collect(),
     );
     wait_for("three runs succeeded", Duration::from_secs(30), || async {
-        let done = runs(&pool, "pulse")
+        let done = runs(&pool, "all")
             .await
             .iter()
             .filter(|r| r.state == "succeeded")
@@ -274,53 +284,109 @@ async fn rabbitmq_restart_runs_due_meanwhile_are_published_after_it_and_consumer
     let restarted = Utc::now();
 
     // Runs were still persisted on time while the broker was down, and waited in the outbox.
-    let all = runs(&pool, "pulse").await;
-    let during: Vec<i64> = all
-        .iter()
-        .filter(|r| r.scheduled_at > down_from && r.scheduled_at < down_until)
-        .map(|r| r.id)
-        .collect();
-    assert!(
-        during.len() >= 2,
-        "runs persisted during the outage: {all:?}"
-    );
+    let during = |all: &[Run]| -> Vec<i64> {
+        all.iter()
+            .filter(|r| r.scheduled_at > down_from && r.scheduled_at < down_until)
+            .map(|r| r.id)
+            .collect()
+    };
     let horizon = restarted + chrono::Duration::seconds(3);
-    let settled = wait_for(
-        "every run up to the horizon succeeded",
-        Duration::from_secs(60),
-        || async {
-            let all = runs(&pool, "pulse").await;
-            let due: Vec<Run> = all
-                .into_iter()
-                .filter(|r| r.scheduled_at <= horizon)
-                .collect();
-            (due.last()
-                .is_some_and(|r| r.scheduled_at > horizon - chrono::Duration::seconds(1))
-                && due.iter().all(|r| r.state == "succeeded"))
-            .then_some(due)
-        },
-    )
-    .await;
+    let mut settled = HashMap::new();
+    for name in names {
+        let due = wait_for(
+            &format!("{name}: every run up to the horizon settled"),
+            Duration::from_secs(60),
+            || async {
+                let all = runs(&pool, name).await;
+                let due: Vec<Run> = all
+                    .into_iter()
+                    .filter(|r| r.scheduled_at <= horizon)
+                    .collect();
+                (due.last()
+                    .is_some_and(|r| r.scheduled_at > horizon - chrono::Duration::seconds(1))
+                    && due
+                        .iter()
+                        .all(|r| r.state == "succeeded" || r.state == "skipped"))
+                .then_some(due)
+            },
+        )
+        .await;
+        settled.insert(name, due);
+    }
     scheduler.stop().await.expect("graceful stop");
     let counts = worker.counts();
     worker.stop().await;
 
-    assert_consecutive(&settled, Duration::from_secs(1));
-    for run in &settled {
-        assert_eq!(
-            counts.get(&run.id),
-            Some(&1),
-            "run {} executed once",
-            run.id
+    for (name, due) in &settled {
+        assert_consecutive(due, Duration::from_secs(1));
+        assert!(
+            during(due).len() >= 2,
+            "{name}: runs persisted during the outage: {due:?}"
         );
-        if during.contains(&run.id) {
-            assert!(
-                run.published_at.expect("published") > down_until,
-                "run {} confirmed while the broker was down?",
+        for run in due.iter().filter(|r| r.state == "succeeded") {
+            assert_eq!(
+                counts.get(&run.id),
+                Some(&1),
+                "run {} executed once",
                 run.id
             );
         }
+        for run in due.iter().filter(|r| r.state == "skipped") {
+            assert!(
+                counts.get(&run.id).is_none(),
+                "skipped run {} executed",
+                run.id
+            );
+        }
+        // The consumers came back: the runs after the restart ran.
+        assert!(
+            due.iter()
+                .filter(|r| r.scheduled_at > restarted)
+                .all(|r| r.state == "succeeded"),
+            "{name}: {due:?}"
+        );
     }
+    // fire_all: every run of the outage published once the broker was back.
+    let all = &settled["all"];
+    for id in during(all) {
+        let run = all.iter().find(|r| r.id == id).expect("listed");
+        assert_eq!(run.state, "succeeded", "{run:?}");
+        assert!(
+            run.published_at.expect("published") > down_until,
+            "run {} confirmed while the broker was down?",
+            run.id
+        );
+    }
+    // skip: the runs the outage held back past the grace were skipped, with the policy's reason.
+    let skip = &settled["skip"];
+    let skipped: Vec<&Run> = skip.iter().filter(|r| r.state == "skipped").collect();
+    assert!(skipped.len() >= 2, "{skip:?}");
+    assert!(
+        skipped.iter().all(|r| r
+            .reason
+            .as_deref()
+            .is_some_and(|why| why.ends_with("misfire policy skip"))),
+        "{skipped:?}"
+    );
+    // fire_once: of the runs held back past the grace, only the latest ran.
+    let once = &settled["once"];
+    let coalesced = once
+        .iter()
+        .filter(|r| {
+            r.reason
+                .as_deref()
+                .is_some_and(|why| why.contains("fire_once runs only the latest missed fire"))
+        })
+        .count();
+    assert!(coalesced >= 1, "{once:?}");
+    let ran = during(once)
+        .into_iter()
+        .filter(|id| once.iter().any(|r| r.id == *id && r.state == "succeeded"))
+        .count();
+    assert!(
+        ran <= 1,
+        "fire_once ran {ran} of the outage's fires: {once:?}"
+    );
     drop(rabbit);
 }
 
