@@ -333,7 +333,7 @@ async fn rabbitmq_restart_runs_due_meanwhile_follow_the_misfire_policy_and_consu
         }
         for run in due.iter().filter(|r| r.state == "skipped") {
             assert!(
-                counts.get(&run.id).is_none(),
+                !counts.contains_key(&run.id),
                 "skipped run {} executed",
                 run.id
             );
