@@ -97,3 +97,122 @@ impl Store {
         Ok(Some(row.get("skipped")))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The overdue-outbox SQL against a real database (`#[sqlx::test]`: one per test).
+
+    use super::*;
+    use sqlx::PgPool;
+
+    async fn leader(store: &Store, me: &str) -> Fence {
+        let term = store
+            .acquire_lease(me, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .expect("the lease is free");
+        Fence {
+            holder: me.into(),
+            term,
+        }
+    }
+
+    async fn job(pool: &PgPool, name: &str, concurrency: &str) {
+        sqlx::query("INSERT INTO chime_jobs (name, group_name, spec) VALUES ($1, 'g', $2)")
+            .bind(name)
+            .bind(
+                serde_json::json!({"name": name, "group": "g", "every": "1s",
+                                     "concurrency": concurrency}),
+            )
+            .execute(pool)
+            .await
+            .unwrap();
+    }
+
+    /// A run of `job` due `ago_ms` ago.
+    async fn run(pool: &PgPool, job: &str, ago_ms: i64, trigger: &str, attempt: i32) -> i64 {
+        sqlx::query_scalar(
+            "INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, state, attempt)
+             VALUES ($1, 'g', now() - make_interval(secs => $2::float8 / 1000), $3, 'pending', $4)
+             RETURNING id",
+        )
+        .bind(job)
+        .bind(ago_ms as f64)
+        .bind(trigger)
+        .bind(attempt)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+    }
+
+    async fn state(pool: &PgPool, id: i64) -> String {
+        sqlx::query_scalar("SELECT state FROM chime_runs WHERE id = $1")
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    }
+
+    #[sqlx::test(migrations = "../migrations")]
+    async fn only_overdue_first_attempts_of_scheduled_runs_are_candidates(pool: PgPool) {
+        let store = Store::from_pool(pool.clone());
+        job(&pool, "a", "allow").await;
+        job(&pool, "q", "queue").await;
+        let overdue = run(&pool, "a", 5_000, "schedule", 0).await;
+        let catchup = run(&pool, "a", 4_000, "catchup", 0).await;
+        run(&pool, "a", 100, "schedule", 0).await; // not overdue yet
+        run(&pool, "a", 5_000, "manual", 0).await; // an operator's trigger
+        run(&pool, "a", 5_000, "schedule", 1).await; // a rescued run's next attempt
+        run(&pool, "q", 5_000, "schedule", 0).await; // held back by `queue` on purpose
+        let found: Vec<i64> = store
+            .overdue_runs(Duration::from_secs(1), 100)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|o| o.id)
+            .collect();
+        assert_eq!(found, [overdue, catchup]);
+    }
+
+    #[sqlx::test(migrations = "../migrations")]
+    async fn skips_are_fenced_and_leave_published_runs_alone(pool: PgPool) {
+        let store = Store::from_pool(pool.clone());
+        job(&pool, "a", "allow").await;
+        let stale_fence = leader(&store, "old").await;
+        store.resign(&stale_fence).await.unwrap();
+        let fence = leader(&store, "new").await;
+        let first = run(&pool, "a", 5_000, "schedule", 0).await;
+        let published = run(&pool, "a", 4_000, "schedule", 0).await;
+        sqlx::query("UPDATE chime_runs SET state = 'queued' WHERE id = $1")
+            .bind(published)
+            .execute(&pool)
+            .await
+            .unwrap();
+        let skips = vec![
+            (first, "missed by 5s; misfire policy skip".to_owned()),
+            (published, "missed by 4s; misfire policy skip".to_owned()),
+        ];
+
+        assert_eq!(
+            store.skip_overdue(&stale_fence, &skips).await.unwrap(),
+            None
+        );
+        assert_eq!(
+            state(&pool, first).await,
+            "pending",
+            "a stale term writes nothing"
+        );
+
+        let skipped = store.skip_overdue(&fence, &skips).await.unwrap();
+        assert_eq!(skipped, Some(vec![first]));
+        assert_eq!(state(&pool, first).await, "skipped");
+        assert_eq!(state(&pool, published).await, "queued");
+        let reason: Option<String> =
+            sqlx::query_scalar("SELECT reason FROM chime_runs WHERE id = $1")
+                .bind(first)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert_eq!(reason.as_deref(), Some("missed by 5s; misfire policy skip"));
+    }
+}
