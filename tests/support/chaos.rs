@@ -1,8 +1,9 @@
 //! The chaos suite: a steady load of every-second jobs on `chime scheduler` and
 //! `chime-test-worker` processes against a private PostgreSQL and RabbitMQ, while faults strike
 //! one after another (leader SIGKILLed, leader stopped gracefully, leader frozen past its lease,
-//! worker SIGKILLed, RabbitMQ restarted, PostgreSQL restarted); then every fire that fell due is
-//! reconciled against the database and the workers' own record of what they executed.
+//! worker SIGKILLed, RabbitMQ restarted and killed, PostgreSQL restarted and crashed); then
+//! every fire that fell due is reconciled against the database and the workers' own record of
+//! what they executed.
 //!
 //! Used by `chime-chaos` (full size) and by the CI-sized test in `tests/e2e/chaos.rs`.
 
@@ -31,19 +32,26 @@ pub enum Fault {
     KillWorker,
     /// Stop RabbitMQ for `outage`, then start it again.
     RestartRabbit,
+    /// SIGKILL RabbitMQ's Erlang VM, start it again after `outage`.
+    KillRabbit,
     /// Stop PostgreSQL (fast shutdown) for `outage`, then start it again.
     RestartPostgres,
+    /// Crash PostgreSQL (immediate shutdown: no checkpoint, recovery at start), start it again
+    /// after `outage`.
+    CrashPostgres,
 }
 
 impl Fault {
     /// Every fault, in the order the suite injects them.
-    pub const ALL: [Fault; 6] = [
+    pub const ALL: [Fault; 8] = [
         Fault::KillLeader,
         Fault::StopLeader,
         Fault::FreezeLeader,
         Fault::KillWorker,
         Fault::RestartRabbit,
+        Fault::KillRabbit,
         Fault::RestartPostgres,
+        Fault::CrashPostgres,
     ];
 
     fn name(self) -> &'static str {
@@ -53,7 +61,9 @@ impl Fault {
             Fault::FreezeLeader => "leader SIGSTOP",
             Fault::KillWorker => "worker SIGKILL",
             Fault::RestartRabbit => "RabbitMQ restart",
+            Fault::KillRabbit => "RabbitMQ SIGKILL",
             Fault::RestartPostgres => "PostgreSQL restart",
+            Fault::CrashPostgres => "PostgreSQL crash",
         }
     }
 }
@@ -576,11 +586,15 @@ impl Cluster {
                 self.wait_recovered(Utc::now()).await?;
                 report.next_fire = (Utc::now() - at).to_std().ok();
             }
-            Fault::RestartRabbit => {
+            Fault::RestartRabbit | Fault::KillRabbit => {
                 let outage = self.plan.outage;
                 let rabbit = &mut self.rabbit;
                 tokio::task::block_in_place(|| {
-                    rabbit.stop()?;
+                    if fault == Fault::KillRabbit {
+                        rabbit.kill()?;
+                    } else {
+                        rabbit.stop()?;
+                    }
                     std::thread::sleep(outage);
                     rabbit.start_node()
                 })?;
@@ -594,11 +608,16 @@ impl Cluster {
                 report.next_fire = (published - at).to_std().ok();
                 self.wait_recovered(back).await?;
             }
-            Fault::RestartPostgres => {
+            Fault::RestartPostgres | Fault::CrashPostgres => {
                 let outage = self.plan.outage;
                 let postgres = &mut self.postgres;
+                let mode = if fault == Fault::CrashPostgres {
+                    "immediate"
+                } else {
+                    "fast"
+                };
                 tokio::task::block_in_place(|| {
-                    postgres.stop("fast")?;
+                    postgres.stop(mode)?;
                     std::thread::sleep(outage);
                     postgres.start_server()
                 })?;

@@ -278,6 +278,32 @@ impl PrivateRabbit {
         Ok(())
     }
 
+    /// Kills the node's Erlang VM with SIGKILL (a crash: no clean shutdown) and reaps it.
+    pub fn kill(&mut self) -> anyhow::Result<()> {
+        let pid: i32 = std::fs::read_to_string(self.path("pid"))
+            .context("reading the node's pid file")?
+            .trim()
+            .parse()
+            .context("the node's pid file holds a number")?;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .context("killing the RabbitMQ node")?;
+        if let Some(mut child) = self.child.take() {
+            let _ = child.wait();
+        }
+        // The VM is gone once its pid no longer exists.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            if Instant::now() >= deadline {
+                bail!("RabbitMQ node {} survived SIGKILL", self.node);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
     fn ctl(&self, args: &[&str]) -> Command {
         let mut command = command_as("rabbitmq", &Path::new(RABBIT_BIN).join("rabbitmqctl"));
         command
