@@ -1,8 +1,8 @@
 //! `chime-chaos`: the chaos suite at full size. Starts a private PostgreSQL and RabbitMQ, runs
 //! `chime scheduler` and `chime-test-worker` processes under a steady load of every-second jobs
-//! while killing, stopping and freezing the leader, killing a worker and restarting both
-//! services, then prints the reconciliation of expected fires against the database and exits
-//! non-zero if a guarantee broke. docs/guarantees.md explains the table.
+//! while killing, stopping and freezing the leader, killing a worker, and restarting and
+//! crashing both services, then prints the reconciliation of expected fires against the
+//! database and exits non-zero if a guarantee broke. docs/guarantees.md explains the table.
 //!
 //! Build the workspace first (`cargo build --release --workspace`): `chime` and
 //! `chime-test-worker` are looked up next to this executable.

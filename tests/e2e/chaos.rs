@@ -1,5 +1,6 @@
 //! The chaos suite at CI size: `chime scheduler` and worker processes against a private
-//! PostgreSQL and RabbitMQ, every fault once under 20 fires/s, then every fire reconciled.
+//! PostgreSQL and RabbitMQ, every fault once under 20 fires/s (about 100 s), then every fire
+//! reconciled.
 
 use std::time::Duration;
 

@@ -92,7 +92,7 @@ pub struct ChaosPlan {
 }
 
 impl ChaosPlan {
-    /// The CI-sized plan: 20 fires/s, every fault once, about a minute of load.
+    /// The CI-sized plan: 20 fires/s, every fault once, about 100 s in all.
     pub fn ci() -> ChaosPlan {
         ChaosPlan {
             jobs: 20,
