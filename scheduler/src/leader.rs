@@ -146,7 +146,9 @@ impl Elector {
                 });
             }
             Ok(Ok(None)) => {
-                if let Some(term) = previous.term_at(now) {
+                // Also when the trust window has closed already (a process frozen past its
+                // lease learns here that another instance leads).
+                if let Leadership::Leader { term, .. } = previous {
                     warn!(term, instance = %self.me, "lost the lease to another instance");
                 }
                 self.tx.send_replace(Leadership::Follower);

@@ -8,6 +8,7 @@ pub mod config;
 pub mod job;
 pub mod leader;
 pub mod misfire;
+pub mod overdue;
 pub mod parking;
 pub mod planner;
 pub mod publish;

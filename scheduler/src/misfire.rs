@@ -395,6 +395,55 @@ fn before(now: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
         .unwrap_or(DateTime::<Utc>::MIN_UTC)
 }
 
+/// The misfire policy applied to runs that were decided and persisted on time but whose
+/// trigger could not be published in time (a broker outage): given the instants of one job's
+/// unpublished first attempts, ascending, returns the index and reason of each to skip.
+///
+/// A run up to `grace` late is on time. Of the late ones, those older than the catch-up window
+/// are skipped; inside it `skip` skips them all, `fire_once` keeps only the latest, `fire_all`
+/// the latest `max_catchup`.
+pub fn undelivered(
+    instants: &[DateTime<Utc>],
+    now: DateTime<Utc>,
+    policy: &CatchUpPolicy,
+) -> Vec<(usize, SkipReason)> {
+    let missed_by = |at: DateTime<Utc>| (now - at).to_std().unwrap_or(Duration::ZERO);
+    let late: Vec<usize> = (0..instants.len())
+        .filter(|&i| missed_by(instants[i]) > policy.grace)
+        .collect();
+    let mut skips = Vec::new();
+    let mut inside = Vec::new();
+    for i in late {
+        let missed_by = missed_by(instants[i]);
+        if missed_by > policy.catchup_window {
+            skips.push((
+                i,
+                SkipReason::OutsideCatchupWindow {
+                    missed_by,
+                    window: policy.catchup_window,
+                },
+            ));
+        } else {
+            inside.push((i, missed_by));
+        }
+    }
+    let keep = policy.missed_to_fire();
+    let skipped = inside.len().saturating_sub(keep);
+    for &(i, missed_by) in &inside[..skipped] {
+        let reason = match policy.policy {
+            MisfirePolicy::Skip => SkipReason::MisfirePolicySkip { missed_by },
+            MisfirePolicy::FireOnce => SkipReason::CoalescedByFireOnce { missed_by },
+            MisfirePolicy::FireAll => SkipReason::OverMaxCatchup {
+                missed_by,
+                max_catchup: keep as u32,
+            },
+        };
+        skips.push((i, reason));
+    }
+    skips.sort_by_key(|(i, _)| *i);
+    skips
+}
+
 /// A duration for operators: whole seconds from 1 s up, milliseconds below.
 fn short(d: Duration) -> humantime::FormattedDuration {
     let rounded = if d >= Duration::from_secs(1) {
@@ -411,6 +460,74 @@ fn stamp(t: DateTime<Utc>) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn undelivered_runs_follow_the_misfire_policy() {
+        let now = t("2026-01-01T10:00:10Z");
+        // Due 10 s, 8 s, 6 s and 1 s ago; grace 5 s: the first three are late.
+        let instants = [
+            t("2026-01-01T10:00:00Z"),
+            t("2026-01-01T10:00:02Z"),
+            t("2026-01-01T10:00:04Z"),
+            t("2026-01-01T10:00:09Z"),
+        ];
+        let policy = |policy, window: u64, max_catchup| CatchUpPolicy {
+            policy,
+            grace: Duration::from_secs(5),
+            catchup_window: Duration::from_secs(window),
+            max_catchup,
+        };
+        let cases: [(CatchUpPolicy, Vec<(usize, &str)>); 5] = [
+            (
+                policy(MisfirePolicy::Skip, 3600, 100),
+                vec![
+                    (0, "missed by 10s; misfire policy skip"),
+                    (1, "missed by 8s; misfire policy skip"),
+                    (2, "missed by 6s; misfire policy skip"),
+                ],
+            ),
+            (
+                policy(MisfirePolicy::FireOnce, 3600, 100),
+                vec![
+                    (
+                        0,
+                        "missed by 10s; misfire policy fire_once runs only the latest missed fire",
+                    ),
+                    (
+                        1,
+                        "missed by 8s; misfire policy fire_once runs only the latest missed fire",
+                    ),
+                ],
+            ),
+            (policy(MisfirePolicy::FireAll, 3600, 100), vec![]),
+            (
+                policy(MisfirePolicy::FireAll, 3600, 2),
+                vec![(
+                    0,
+                    "missed by 10s; misfire policy fire_all runs only the latest 2 missed fires (max_catchup)",
+                )],
+            ),
+            (
+                policy(MisfirePolicy::FireAll, 7, 100),
+                vec![
+                    (0, "missed by 10s; older than the catch-up window of 7s"),
+                    (1, "missed by 8s; older than the catch-up window of 7s"),
+                ],
+            ),
+        ];
+        for (policy, expected) in cases {
+            let got: Vec<(usize, String)> = undelivered(&instants, now, &policy)
+                .into_iter()
+                .map(|(i, reason)| (i, reason.to_string()))
+                .collect();
+            let expected: Vec<(usize, String)> = expected
+                .into_iter()
+                .map(|(i, r)| (i, r.to_owned()))
+                .collect();
+            assert_eq!(got, expected, "{policy:?}");
+        }
+        assert!(undelivered(&[], now, &policy(MisfirePolicy::Skip, 3600, 100)).is_empty());
+    }
+
     use super::*;
     use chrono_tz::Tz;
     use proptest::prelude::*;

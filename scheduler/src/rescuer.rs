@@ -8,6 +8,9 @@
 //! * runs still `retrying` `retry_slack` after their `next_attempt_at` (the retry message was
 //!   lost): back to the outbox too.
 //!
+//! A new leader waits `rescue_after` before its first pass: a database outage stops every
+//! heartbeat, and it must not take the silence for lost workers.
+//!
 //! A late outcome from a hung worker is discarded by the worker's fenced outcome write, and a
 //! late retry message finds nothing to claim. Work per pass is bounded; every write is fenced by
 //! the leader's term ([`crate::store`]).
@@ -34,6 +37,14 @@ pub async fn run(store: Store, fence: Fence, settings: RescuerSettings, stop: Ca
             None
         }
     };
+    // A heartbeat's age proves a worker lost only if the workers could write heartbeats all
+    // that time. A leader just elected may come back from a database outage (or follow a
+    // leader that could not reach the database) during which no worker could beat: wait until
+    // it has itself held the lease for `rescue_after`, so every live worker has beaten again.
+    tokio::select! {
+        () = stop.cancelled() => return,
+        () = tokio::time::sleep(settings.rescue_after) => {}
+    }
     let mut tick = tokio::time::interval(settings.interval.max(Duration::from_millis(10)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

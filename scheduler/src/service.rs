@@ -16,9 +16,10 @@ use tracing::{info, warn};
 use crate::config::{AlertSettings, RescuerSettings};
 use crate::job::JobSpec;
 use crate::leader::{Elector, LeaseTimings, while_leading};
+use crate::overdue;
 use crate::planner::{LeaderContext, PlannerTimings, lead};
 use crate::publish::Publisher;
-use crate::store::{JobDiff, Store};
+use crate::store::{Fence, JobDiff, Store};
 
 /// Reads the job definitions (from config files); called at start and on every reload.
 pub type JobLoader = Arc<dyn Fn() -> anyhow::Result<Vec<JobSpec>> + Send + Sync>;
@@ -98,7 +99,26 @@ pub async fn run_with(
     let duties = tokio::spawn(while_leading(
         leadership,
         duties_stop.clone(),
-        move |term, leadership, stop| lead(ctx.clone(), term, leadership, stop),
+        move |term, leadership, stop: CancellationToken| {
+            let ctx = ctx.clone();
+            async move {
+                let fence = Fence {
+                    holder: ctx.instance.clone(),
+                    term,
+                };
+                let store = ctx.store.clone();
+                // The planner's duties, and the misfire policy for triggers a broker outage held
+                // back; when either stops (lease lost), both do.
+                let planner_stop = stop.clone();
+                tokio::join!(
+                    async move {
+                        lead(ctx, term, leadership, planner_stop.clone()).await;
+                        planner_stop.cancel();
+                    },
+                    overdue::run(store, fence, stop),
+                );
+            }
+        },
     ));
     info!(instance = %config.instance_id, "scheduler started");
 

@@ -17,10 +17,12 @@ use sqlx::{PgPool, Row as _};
 use crate::job::{ConcurrencyPolicy, JobSpec};
 
 mod failures;
+mod overdue;
 pub use failures::{
     AlertEvent, AlertKind, AlertRecord, CancelOutcome, ClaimedAlert, IntervalColumn,
     REPLAYABLE_STATES, ReplayOutcome, Rescued, RunBrief,
 };
+pub use overdue::Overdue;
 
 /// Migrations embedded from `migrations/`; `run` takes an advisory lock, so several instances
 /// starting at once migrate safely.

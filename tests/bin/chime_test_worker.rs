@@ -4,10 +4,13 @@
 //! Configured by the environment (all required unless a default is given):
 //! `CHIME_TEST_DATABASE_URL`, `CHIME_TEST_AMQP_URL`, `CHIME_TEST_PREFIX`, `CHIME_TEST_GROUP`,
 //! `CHIME_TEST_WORKER_ID`, `CHIME_TEST_HEARTBEAT_MS` (default 500), `CHIME_TEST_CAPACITY`
-//! (default 2), `RUST_LOG` (default `warn`).
+//! (default 2), `CHIME_TEST_CHAOS_JOBS` (default 0: also handle `chaos-0000` … `chaos-N-1` like
+//! `chaos`), `RUST_LOG` (default `warn`).
 //!
 //! Jobs: `sleep` (params `{"ms": N}`: logs, sleeps N ms, succeeds), `abort` (aborts the whole
-//! process, like a segfault or an OOM kill would), `ok` (succeeds at once). The worker runs
+//! process, like a segfault or an OOM kill would), `ok` (succeeds at once), `chaos` (params
+//! `{"ms": N}`: prints `ran RUN_ID ATTEMPT` on stdout, so the chaos suite can count executions
+//! even of a worker it kills, then sleeps N ms and succeeds). The worker runs
 //! until SIGTERM or Ctrl-C, then drains.
 
 use std::time::Duration;
@@ -24,6 +27,13 @@ struct Sleep {
 async fn sleep(ctx: JobContext, p: Sleep) -> Result<(), JobError> {
     ctx.log()
         .info(format!("sleeping {} ms (attempt {})", p.ms, ctx.attempt()));
+    tokio::time::sleep(Duration::from_millis(p.ms)).await;
+    Ok(())
+}
+
+async fn chaos(ctx: JobContext, p: Sleep) -> Result<(), JobError> {
+    // `println!` flushes at the newline: the line is out before the handler can be killed.
+    println!("ran {} {}", ctx.run_id(), ctx.attempt());
     tokio::time::sleep(Duration::from_millis(p.ms)).await;
     Ok(())
 }
@@ -65,7 +75,7 @@ async fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let worker = Worker::builder(var("CHIME_TEST_GROUP")?)
+    let mut builder = Worker::builder(var("CHIME_TEST_GROUP")?)
         .database_url(var("CHIME_TEST_DATABASE_URL")?)
         .amqp_url(var("CHIME_TEST_AMQP_URL")?)
         .prefix(var("CHIME_TEST_PREFIX")?)
@@ -78,7 +88,11 @@ async fn main() -> anyhow::Result<()> {
         .handle("sleep", sleep)
         .handle("abort", abort)
         .handle("ok", ok)
-        .build()?;
+        .handle("chaos", chaos);
+    for i in 0..number("CHIME_TEST_CHAOS_JOBS", 0usize)? {
+        builder = builder.handle(format!("chaos-{i:04}"), chaos);
+    }
+    let worker = builder.build()?;
     worker.run_until_signal().await?;
     Ok(())
 }

@@ -3,11 +3,14 @@
 //! prefix, so they run in parallel.
 
 mod bench_smoke;
+mod chaos;
 mod common;
 mod control;
 mod failures;
+mod fencing;
 mod fires;
 mod ha;
 mod ops;
 mod outage;
 mod policies;
+mod restarts;

@@ -1,8 +1,14 @@
 //! Helpers for Chime's end-to-end tests: scheduler instances that can be stopped or killed,
-//! a TCP proxy that can cut the broker off, unique names, and waiting on conditions.
+//! a TCP proxy that can cut the broker off, unique names, and waiting on conditions; child
+//! processes ([`process`]), private PostgreSQL and RabbitMQ instances to restart
+//! ([`services`]) and the chaos suite ([`chaos`]).
 //!
 //! Every test gets its own database (`#[sqlx::test]`) and its own queue prefix, so tests run in
 //! parallel without seeing each other's runs or messages.
+
+pub mod chaos;
+pub mod process;
+pub mod services;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -1,0 +1,338 @@
+//! Private PostgreSQL and RabbitMQ instances for the chaos tests, which stop and restart them:
+//! each on its own free ports and in its own temporary data directory, so the shared services
+//! (5432, 5672) other tests use are never touched. Dropping an instance stops it and deletes its
+//! data.
+//!
+//! PostgreSQL refuses to run as root and RabbitMQ runs as its own user, so when this process is
+//! root the server commands run as `postgres` / `rabbitmq` (`runuser -u`), in directories those
+//! users own.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+
+/// PostgreSQL 15's server binaries (Debian's layout).
+const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+/// RabbitMQ's own scripts, not Debian's wrappers (which always switch to the default node).
+const RABBIT_BIN: &str = "/usr/lib/rabbitmq/bin";
+/// RabbitMQ's home, where its Erlang cookie lives; the CLI needs the same cookie as the node.
+const RABBIT_HOME: &str = "/var/lib/rabbitmq";
+
+/// A TCP port on 127.0.0.1 that nothing listens on right now.
+pub fn free_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("binding port 0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+fn is_root() -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    // /proc/self belongs to this process's effective user.
+    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+}
+
+/// `program args…`, as `user` when this process is root.
+fn command_as(user: &str, program: &Path) -> Command {
+    if is_root() {
+        let mut command = Command::new("runuser");
+        command.arg("-u").arg(user).arg("--").arg(program);
+        command
+    } else {
+        Command::new(program)
+    }
+}
+
+/// A temporary directory the service's user owns.
+fn data_dir(prefix: &str, user: &str) -> anyhow::Result<tempfile::TempDir> {
+    let dir = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .context("creating a temporary directory")?;
+    if is_root() {
+        let status = Command::new("chown")
+            .arg("-R")
+            .arg(format!("{user}:"))
+            .arg(dir.path())
+            .status()
+            .context("running chown")?;
+        if !status.success() {
+            bail!("chown {user} {} failed", dir.path().display());
+        }
+    }
+    Ok(dir)
+}
+
+fn run(what: &str, command: &mut Command) -> anyhow::Result<()> {
+    let output = command
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {what}"))?;
+    if !output.status.success() {
+        bail!(
+            "{what} failed ({}): {}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// A private PostgreSQL server (trust auth, user `postgres`).
+pub struct PrivatePostgres {
+    port: u16,
+    dir: tempfile::TempDir,
+    running: bool,
+}
+
+impl PrivatePostgres {
+    /// Initialises a cluster in a temporary directory and starts it on a free port.
+    pub fn start() -> anyhow::Result<PrivatePostgres> {
+        let dir = data_dir("chime-chaos-pg-", "postgres")?;
+        run(
+            "initdb",
+            command_as("postgres", &Path::new(PG_BIN).join("initdb"))
+                .arg("-D")
+                .arg(dir.path().join("data"))
+                .args(["-A", "trust", "-U", "postgres", "--no-sync"]),
+        )?;
+        let mut pg = PrivatePostgres {
+            port: free_port()?,
+            dir,
+            running: false,
+        };
+        pg.start_server()?;
+        Ok(pg)
+    }
+
+    /// The server URL, without a database.
+    pub fn server_url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}", self.port)
+    }
+
+    /// The URL of database `name` on this server.
+    pub fn url(&self, name: &str) -> String {
+        format!("{}/{name}", self.server_url())
+    }
+
+    /// Starts the server again after [`PrivatePostgres::stop`], on the same port and data.
+    pub fn start_server(&mut self) -> anyhow::Result<()> {
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200",
+            self.port,
+            self.dir.path().display()
+        );
+        run(
+            "pg_ctl start",
+            command_as("postgres", &Path::new(PG_BIN).join("pg_ctl"))
+                .arg("-D")
+                .arg(self.dir.path().join("data"))
+                .arg("-l")
+                .arg(self.dir.path().join("server.log"))
+                .args(["-w", "-t", "60", "-o", &options, "start"]),
+        )?;
+        self.running = true;
+        Ok(())
+    }
+
+    /// Stops the server: `fast` disconnects clients and shuts down cleanly; `immediate` is a
+    /// crash (no shutdown checkpoint; recovery at the next start).
+    pub fn stop(&mut self, mode: &str) -> anyhow::Result<()> {
+        run(
+            "pg_ctl stop",
+            command_as("postgres", &Path::new(PG_BIN).join("pg_ctl"))
+                .arg("-D")
+                .arg(self.dir.path().join("data"))
+                .args(["-w", "-t", "60", "-m", mode, "stop"]),
+        )?;
+        self.running = false;
+        Ok(())
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        if self.running {
+            let _ = self.stop("immediate");
+        }
+    }
+}
+
+/// A private RabbitMQ node (`guest`/`guest` allowed from 127.0.0.1, no plugins), run as a child
+/// process and controlled with `rabbitmqctl -n NODE`.
+pub struct PrivateRabbit {
+    node: String,
+    port: u16,
+    dist_port: u16,
+    dir: tempfile::TempDir,
+    child: Option<std::process::Child>,
+}
+
+impl PrivateRabbit {
+    /// Starts a node named `chime-chaos-<pid>-<n>@localhost` on free ports and waits until it
+    /// has booted.
+    pub fn start() -> anyhow::Result<PrivateRabbit> {
+        let dir = data_dir("chime-chaos-rabbit-", "rabbitmq")?;
+        let port = free_port()?;
+        let mut dist_port = free_port()?;
+        while dist_port == port {
+            dist_port = free_port()?;
+        }
+        let config = format!("listeners.tcp.1 = 127.0.0.1:{port}\nloopback_users = none\n");
+        std::fs::write(dir.path().join("rabbitmq.conf"), config)?;
+        std::fs::write(dir.path().join("enabled_plugins"), "[].\n")?;
+        if is_root() {
+            run(
+                "chown",
+                Command::new("chown")
+                    .arg("-R")
+                    .arg("rabbitmq:")
+                    .arg(dir.path()),
+            )?;
+        }
+        let mut rabbit = PrivateRabbit {
+            node: format!("{}@localhost", crate::unique("chime-chaos-")),
+            port,
+            dist_port,
+            dir,
+            child: None,
+        };
+        rabbit.start_node()?;
+        Ok(rabbit)
+    }
+
+    /// `amqp://guest:guest@127.0.0.1:PORT/%2f`
+    pub fn url(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
+    }
+
+    /// The node name, for `rabbitmqctl -n`.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Starts the node again after [`PrivateRabbit::stop`] (same ports, same data: durable
+    /// queues and their messages survive) and waits until it has booted.
+    pub fn start_node(&mut self) -> anyhow::Result<()> {
+        let log = std::fs::File::create(self.path("console.log"))?;
+        let child = command_as("rabbitmq", &Path::new(RABBIT_BIN).join("rabbitmq-server"))
+            .env("HOME", RABBIT_HOME)
+            .env("RABBITMQ_NODENAME", &self.node)
+            .env("RABBITMQ_NODE_PORT", self.port.to_string())
+            .env("RABBITMQ_DIST_PORT", self.dist_port.to_string())
+            .env("RABBITMQ_MNESIA_BASE", self.path("mnesia"))
+            .env("RABBITMQ_LOG_BASE", self.path("log"))
+            .env("RABBITMQ_PID_FILE", self.path("pid"))
+            .env("RABBITMQ_CONFIG_FILE", self.path("rabbitmq"))
+            .env(
+                "RABBITMQ_ENABLED_PLUGINS_FILE",
+                self.path("enabled_plugins"),
+            )
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting rabbitmq-server")?;
+        self.child = Some(child);
+        // The node registers with epmd only after a moment; until then `await_startup` fails
+        // at once rather than waiting.
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            if self
+                .ctl(&["await_startup", "--timeout", "60"])
+                .output()
+                .is_ok_and(|o| o.status.success())
+            {
+                return Ok(());
+            }
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                bail!(
+                    "rabbitmq-server exited during boot ({status}); see {}",
+                    self.path("console.log").display()
+                );
+            }
+            if Instant::now() >= deadline {
+                bail!("RabbitMQ node {} did not boot within 90 s", self.node);
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// Stops the node (`rabbitmqctl stop`, which waits until the Erlang VM has exited).
+    pub fn stop(&mut self) -> anyhow::Result<()> {
+        let pid_file = self.path("pid");
+        let pid_file = pid_file.to_string_lossy().into_owned();
+        run("rabbitmqctl stop", &mut self.ctl(&["stop", &pid_file]))?;
+        if let Some(mut child) = self.child.take() {
+            let _ = child.wait();
+        }
+        Ok(())
+    }
+
+    /// Kills the node's Erlang VM with SIGKILL (a crash: no clean shutdown) and reaps it.
+    pub fn kill(&mut self) -> anyhow::Result<()> {
+        let pid: i32 = std::fs::read_to_string(self.path("pid"))
+            .context("reading the node's pid file")?
+            .trim()
+            .parse()
+            .context("the node's pid file holds a number")?;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .context("killing the RabbitMQ node")?;
+        if let Some(mut child) = self.child.take() {
+            let _ = child.wait();
+        }
+        // The VM is gone once its pid no longer exists.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            if Instant::now() >= deadline {
+                bail!("RabbitMQ node {} survived SIGKILL", self.node);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    fn ctl(&self, args: &[&str]) -> Command {
+        let mut command = command_as("rabbitmq", &Path::new(RABBIT_BIN).join("rabbitmqctl"));
+        command
+            .env("HOME", RABBIT_HOME)
+            .arg("-n")
+            .arg(&self.node)
+            .args(args)
+            .stdin(Stdio::null());
+        command
+    }
+}
+
+impl Drop for PrivateRabbit {
+    fn drop(&mut self) {
+        if self.child.is_some() && self.stop().is_err() {
+            // rabbitmqctl could not reach it: kill the VM by the pid it wrote.
+            if let Some(pid) = std::fs::read_to_string(self.path("pid"))
+                .ok()
+                .and_then(|p| p.trim().parse::<i32>().ok())
+            {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            if let Some(mut child) = self.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
