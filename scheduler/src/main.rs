@@ -85,6 +85,7 @@ async fn scheduler(settings: Settings, extra_jobs: Vec<PathBuf>) -> anyhow::Resu
         rescuer: settings.rescuer,
         alerts: settings.alerts.clone(),
     };
+    let bind = settings.bind;
     let mut settings = settings;
     settings.jobs.extend(extra_jobs);
     let loader: JobLoader =
@@ -108,7 +109,7 @@ async fn scheduler(settings: Settings, extra_jobs: Vec<PathBuf>) -> anyhow::Resu
         }
         stop.cancel();
     });
-    service::run_with(config, duties, loader, reload_rx, shutdown).await
+    service::run_serving(config, duties, Some(bind), loader, reload_rx, shutdown).await
 }
 
 /// Logs go to stderr; `RUST_LOG` filters (default `info`), `CHIME_LOG_FORMAT=json` switches to

@@ -5,6 +5,7 @@
 //! already sent and records them), then resign the lease so a follower takes over at once, then
 //! close the broker connection and the pool.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -65,12 +66,27 @@ pub async fn run_with(
     config: ServiceConfig,
     duties: DutySettings,
     loader: JobLoader,
+    reload: mpsc::Receiver<()>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    run_serving(config, duties, None, loader, reload, shutdown).await
+}
+
+/// [`run_with`], also serving the API, health probes and `/metrics` on `http` when given
+/// ([`crate::api`]). Refuses to start when `http` listens beyond loopback without any API token.
+pub async fn run_serving(
+    config: ServiceConfig,
+    duties: DutySettings,
+    http: Option<SocketAddr>,
+    loader: JobLoader,
     mut reload: mpsc::Receiver<()>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     Store::create_database_if_missing(&config.database_url).await?;
     let store = Store::connect(&config.database_url, 10).await?;
     store.migrate().await?;
+    let server_stop = CancellationToken::new();
+    let mut server = None;
     let jobs = loader().context("loading job files")?;
     apply(&store, &jobs).await?;
 
@@ -83,6 +99,10 @@ pub async fn run_with(
 
     let (elector, leadership) =
         Elector::new(store.clone(), config.instance_id.clone(), config.lease);
+    if let Some(bind) = http {
+        let listener = crate::api::Server::bind(bind, &store, &config, leadership.clone()).await?;
+        server = Some(tokio::spawn(listener.serve(server_stop.clone())));
+    }
     let elector_stop = CancellationToken::new();
     let elector_task = tokio::spawn(elector.run(elector_stop.clone()));
 
@@ -125,6 +145,10 @@ pub async fn run_with(
     let _ = duties.await;
     elector_stop.cancel();
     let _ = elector_task.await;
+    server_stop.cancel();
+    if let Some(server) = server {
+        let _ = server.await;
+    }
     publisher.close().await;
     store.pool().close().await;
     info!(instance = %config.instance_id, "scheduler stopped");
