@@ -16,6 +16,7 @@ pub mod parking;
 pub mod planner;
 pub mod publish;
 pub mod rescuer;
+pub mod retention;
 pub mod schedule;
 pub mod service;
 pub mod store;

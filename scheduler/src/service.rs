@@ -14,12 +14,12 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::config::{AlertSettings, RescuerSettings};
+use crate::config::{AlertSettings, RescuerSettings, RetentionSettings};
 use crate::job::JobSpec;
 use crate::leader::{Elector, LeaseTimings, while_leading};
 use crate::planner::{LeaderContext, PlannerTimings, lead};
 use crate::publish::Publisher;
-use crate::store::{JobDiff, Store};
+use crate::store::{Fence, JobDiff, Store};
 
 /// Reads the job definitions (from config files); called at start and on every reload.
 pub type JobLoader = Arc<dyn Fn() -> anyhow::Result<Vec<JobSpec>> + Send + Sync>;
@@ -69,15 +69,32 @@ pub async fn run_with(
     reload: mpsc::Receiver<()>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    run_serving(config, duties, None, loader, reload, shutdown).await
+    run_serving(
+        config,
+        duties,
+        OpsSettings::default(),
+        loader,
+        reload,
+        shutdown,
+    )
+    .await
 }
 
-/// [`run_with`], also serving the API, health probes and `/metrics` on `http` when given
-/// ([`crate::api`]). Refuses to start when `http` listens beyond loopback without any API token.
+/// The operations side of an instance; off by default (as in tests that start instances).
+#[derive(Debug, Clone, Default)]
+pub struct OpsSettings {
+    /// Serve the API, health probes and `/metrics` on this address ([`crate::api`]).
+    pub bind: Option<SocketAddr>,
+    /// Prune old runs while leading ([`crate::retention`]).
+    pub retention: Option<RetentionSettings>,
+}
+
+/// [`run_with`], also serving HTTP and pruning old runs as `operations` says. Refuses to start
+/// when it would listen beyond loopback without any API token.
 pub async fn run_serving(
     config: ServiceConfig,
     duties: DutySettings,
-    http: Option<SocketAddr>,
+    operations: OpsSettings,
     loader: JobLoader,
     mut reload: mpsc::Receiver<()>,
     shutdown: CancellationToken,
@@ -85,8 +102,15 @@ pub async fn run_serving(
     Store::create_database_if_missing(&config.database_url).await?;
     let store = Store::connect(&config.database_url, 10).await?;
     store.migrate().await?;
-    let server_stop = CancellationToken::new();
-    let mut server = None;
+    let (elector, leadership) =
+        Elector::new(store.clone(), config.instance_id.clone(), config.lease);
+    // Bind first: an instance that may not serve (exposure rule, address taken) changes nothing.
+    let http = match operations.bind {
+        Some(bind) => {
+            Some(crate::api::Server::bind(bind, &store, &config, leadership.clone()).await?)
+        }
+        None => None,
+    };
     let jobs = loader().context("loading job files")?;
     apply(&store, &jobs).await?;
 
@@ -97,12 +121,8 @@ pub async fn run_serving(
     ));
     declare_groups(&publisher, &jobs).await;
 
-    let (elector, leadership) =
-        Elector::new(store.clone(), config.instance_id.clone(), config.lease);
-    if let Some(bind) = http {
-        let listener = crate::api::Server::bind(bind, &store, &config, leadership.clone()).await?;
-        server = Some(tokio::spawn(listener.serve(server_stop.clone())));
-    }
+    let server_stop = CancellationToken::new();
+    let server = http.map(|http| tokio::spawn(http.serve(server_stop.clone())));
     let elector_stop = CancellationToken::new();
     let elector_task = tokio::spawn(elector.run(elector_stop.clone()));
 
@@ -115,6 +135,21 @@ pub async fn run_serving(
         alerts: Arc::new(duties.alerts),
     });
     let duties_stop = CancellationToken::new();
+    let retention = operations.retention.map(|settings| {
+        let store = store.clone();
+        let instance = config.instance_id.clone();
+        tokio::spawn(while_leading(
+            leadership.clone(),
+            duties_stop.clone(),
+            move |term, _, stop| {
+                let fence = Fence {
+                    holder: instance.clone(),
+                    term,
+                };
+                crate::retention::run(store.clone(), fence, settings, stop)
+            },
+        ))
+    });
     let duties = tokio::spawn(while_leading(
         leadership,
         duties_stop.clone(),
@@ -143,6 +178,9 @@ pub async fn run_serving(
     info!(instance = %config.instance_id, "scheduler stopping");
     duties_stop.cancel();
     let _ = duties.await;
+    if let Some(retention) = retention {
+        let _ = retention.await;
+    }
     elector_stop.cancel();
     let _ = elector_task.await;
     server_stop.cancel();

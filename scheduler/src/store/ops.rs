@@ -397,6 +397,95 @@ impl Store {
             .collect())
     }
 
+    // ---- retention ------------------------------------------------------------------------
+
+    /// Jobs with their own `retention`, and its value.
+    pub async fn job_retentions(&self) -> anyhow::Result<Vec<(String, std::time::Duration)>> {
+        let rows = sqlx::query(
+            "SELECT name, spec->>'retention' AS retention FROM chime_jobs
+             WHERE spec ? 'retention' ORDER BY name",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .context("reading jobs' retention")?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|r| {
+                let text: Option<String> = r.get("retention");
+                let age = humantime::parse_duration(text.as_deref()?).ok()?;
+                Some((r.get("name"), age))
+            })
+            .collect())
+    }
+
+    /// Deletes one batch of finished runs created more than `max_age` ago, with their attempts
+    /// and log lines (`ON DELETE CASCADE`), under the leader's fence: of `job` when given, else
+    /// of every job not in `except`. Oldest first, at most `limit`; rows locked by someone else
+    /// are skipped, so the batch never waits. Returns `None` if the fence no longer holds,
+    /// else how many runs were deleted.
+    ///
+    /// The scan is bounded by id: only runs with an id below that of the first run created at
+    /// or after the cutoff are considered, so a batch walks the primary key (or the job's
+    /// `(job_name, id)` index) over old rows only, whatever the table's size.
+    pub async fn prune_runs(
+        &self,
+        fence: &super::Fence,
+        job: Option<&str>,
+        except: &[String],
+        max_age: std::time::Duration,
+        limit: i64,
+    ) -> anyhow::Result<Option<u64>> {
+        // Two shapes, so the planner sees a plain condition it can match to an index.
+        let which = if job.is_some() {
+            "r.job_name = $4"
+        } else {
+            "r.job_name <> ALL($5)"
+        };
+        let sql = format!(
+            "WITH lease AS (
+                 SELECT term FROM chime_leader
+                 WHERE name = 'default' AND holder = $1 AND term = $2 AND expires_at > now()
+                 FOR SHARE
+             ), cutoff AS (
+                 SELECT now() - make_interval(secs => $3) AS at
+             ), bound AS (
+                 SELECT coalesce(
+                     (SELECT r.id FROM chime_runs r, cutoff c WHERE r.created_at >= c.at
+                      ORDER BY r.created_at LIMIT 1),
+                     (SELECT max(id) + 1 FROM chime_runs),
+                     0) AS id
+             ), victims AS (
+                 SELECT r.id FROM chime_runs r, cutoff c, bound b
+                 WHERE EXISTS (SELECT 1 FROM lease)
+                   AND r.id < b.id AND r.created_at < c.at
+                   AND r.state IN ('succeeded', 'failed', 'dead', 'cancelled', 'skipped')
+                   AND {which}
+                 ORDER BY r.id LIMIT $6
+                 FOR UPDATE OF r SKIP LOCKED
+             ), deleted AS (
+                 DELETE FROM chime_runs r USING victims v WHERE r.id = v.id RETURNING 1
+             )
+             SELECT EXISTS (SELECT 1 FROM lease) AS leased,
+                    (SELECT count(*) FROM deleted) AS deleted"
+        );
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(&fence.holder)
+            .bind(fence.term)
+            .bind(max_age.as_secs_f64())
+            .bind(job)
+            .bind(except)
+            .bind(limit)
+            .fetch_one(&self.pool)
+            .await
+            .context("pruning old runs")?;
+        if !row.get::<bool, _>("leased") {
+            return Ok(None);
+        }
+        Ok(Some(
+            u64::try_from(row.get::<i64, _>("deleted")).unwrap_or(0),
+        ))
+    }
+
     // ---- metrics --------------------------------------------------------------------------
 
     /// The newest run's id (0 without runs).
