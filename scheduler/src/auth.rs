@@ -68,7 +68,9 @@ impl Caller {
     /// The local command line. Whoever can reach the database directly can do anything the
     /// API allows, so the CLI acts as an admin; its actions are audited all the same.
     pub fn cli() -> Caller {
-        let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
+        let user = std::env::var("USER")
+            .or_else(|_| std::env::var("LOGNAME"))
+            .unwrap_or_else(|_| "unknown".into());
         Caller {
             actor: format!("cli:{user}"),
             role: Role::Admin,

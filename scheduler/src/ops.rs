@@ -357,6 +357,8 @@ impl Operations {
         run_id: Option<i64>,
         detail: serde_json::Value,
     ) -> OpsResult<()> {
+        tracing::info!(actor = %caller.actor, role = %caller.role, action, outcome,
+                       job = job.unwrap_or_default(), run_id, "operator action");
         self.store
             .record_audit(&NewAuditEntry {
                 actor: &caller.actor,
@@ -995,8 +997,9 @@ impl Operations {
                 .await?
                 .ok_or_else(|| {
                     OpsError::Conflict(format!(
-                        "a token named {name:?} exists; choose another name, or revoke it first \
-                         with `chime tokens revoke {name}`"
+                        "a token named {name:?} exists (names are never reused, revoked or not, \
+                         so the audit log stays unambiguous); choose another name, such as \
+                         \"{name}-2\""
                     ))
                 })?;
                 Ok(NewToken { token, secret })
