@@ -387,5 +387,27 @@ async fn measure(store: &Store, args: &Args) -> anyhow::Result<Vec<Measured>> {
         })
         .await?,
     );
+    // A job with its own retention: its (job_name, id) index below the cutoff's id.
+    results.push(
+        time("retention batch, one job (500 runs)", n.min(8), |i| {
+            let store = store.clone();
+            let fence = fence.clone();
+            let job = random_job(i);
+            async move {
+                let deleted = store
+                    .prune_runs(
+                        &fence,
+                        Some(&job),
+                        &[],
+                        Duration::from_secs(7 * 24 * 3600),
+                        500,
+                    )
+                    .await?
+                    .ok_or_else(|| anyhow::anyhow!("fence lost"))?;
+                Ok(usize::try_from(deleted).unwrap_or(0))
+            }
+        })
+        .await?,
+    );
     Ok(results)
 }

@@ -424,9 +424,10 @@ impl Store {
     /// are skipped, so the batch never waits. Returns `None` if the fence no longer holds,
     /// else how many runs were deleted.
     ///
-    /// The scan is bounded by id: only runs with an id below that of the first run created at
-    /// or after the cutoff are considered, so a batch walks the primary key (or the job's
-    /// `(job_name, id)` index) over old rows only, whatever the table's size.
+    /// Each shape walks one index over old rows only, whatever the table's size: the default
+    /// pass `chime_runs_created` (oldest first); a job's pass its `(job_name, id)` index below
+    /// the id of the first run created at or after the cutoff (ids follow creation; a run
+    /// inserted by a long transaction out of order is pruned by a later pass).
     pub async fn prune_runs(
         &self,
         fence: &super::Fence,
@@ -435,32 +436,30 @@ impl Store {
         max_age: std::time::Duration,
         limit: i64,
     ) -> anyhow::Result<Option<u64>> {
-        // Two shapes, so the planner sees a plain condition it can match to an index.
-        let which = if job.is_some() {
-            "r.job_name = $4"
+        let (which, order) = if job.is_some() {
+            ("r.job_name = $4 AND r.id < b.id", "r.id")
         } else {
-            "r.job_name <> ALL($5)"
+            ("r.job_name <> ALL($5)", "r.created_at")
         };
         let sql = format!(
             "WITH lease AS (
                  SELECT term FROM chime_leader
                  WHERE name = 'default' AND holder = $1 AND term = $2 AND expires_at > now()
                  FOR SHARE
-             ), cutoff AS (
-                 SELECT now() - make_interval(secs => $3) AS at
              ), bound AS (
                  SELECT coalesce(
-                     (SELECT r.id FROM chime_runs r, cutoff c WHERE r.created_at >= c.at
+                     (SELECT r.id FROM chime_runs r
+                      WHERE r.created_at >= now() - make_interval(secs => $3)
                       ORDER BY r.created_at LIMIT 1),
                      (SELECT max(id) + 1 FROM chime_runs),
                      0) AS id
              ), victims AS (
-                 SELECT r.id FROM chime_runs r, cutoff c, bound b
+                 SELECT r.id FROM chime_runs r, bound b
                  WHERE EXISTS (SELECT 1 FROM lease)
-                   AND r.id < b.id AND r.created_at < c.at
+                   AND r.created_at < now() - make_interval(secs => $3)
                    AND r.state IN ('succeeded', 'failed', 'dead', 'cancelled', 'skipped')
                    AND {which}
-                 ORDER BY r.id LIMIT $6
+                 ORDER BY {order} LIMIT $6
                  FOR UPDATE OF r SKIP LOCKED
              ), deleted AS (
                  DELETE FROM chime_runs r USING victims v WHERE r.id = v.id RETURNING 1
