@@ -498,6 +498,16 @@ impl Operations {
                      (SIGHUP), or the next reload would undo the change"
                 )));
             }
+            if let Some(paused) = changes.get("paused") {
+                return Err(OpsError::Invalid(vec![FieldProblem::new(
+                    "paused",
+                    paused.to_string(),
+                    format!(
+                        "pause and resume a job with POST /api/jobs/{name}/pause and /resume \
+                         (or `chime jobs pause {name}`)"
+                    ),
+                )]));
+            }
             if let Some(new) = changes.get("name").filter(|n| n.as_str() != Some(name)) {
                 return Err(OpsError::Invalid(vec![FieldProblem::new(
                     "name",

@@ -136,6 +136,8 @@ async fn missing_unknown_and_revoked_tokens_get_401(pool: PgPool) {
         body,
         json!({"actor": "token:viewer-token", "role": "viewer"})
     );
+    let tokens = app.ops.store().tokens().await.expect("tokens");
+    assert!(tokens[0].last_used_at.is_some(), "use is noted: {tokens:?}");
 
     app.ops
         .revoke_token(&Caller::cli(), "viewer-token")
@@ -513,6 +515,17 @@ async fn jobs_are_created_changed_and_deleted_by_admins_only(pool: PgPool) {
     let (status, body) = app
         .call(
             Method::PATCH,
+            "/api/jobs/nightly",
+            Some(&admin),
+            Some(json!({"paused": true})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"]["problems"][0]["field"], "paused");
+
+    let (status, body) = app
+        .call(
+            Method::PATCH,
             "/api/jobs/from-file",
             Some(&admin),
             Some(json!({"every": "1m"})),
@@ -545,6 +558,7 @@ async fn jobs_are_created_changed_and_deleted_by_admins_only(pool: PgPool) {
             "jobs.create:ok",
             "jobs.create:failed",
             "jobs.update:ok",
+            "jobs.update:failed",
             "jobs.delete:ok"
         ]
     );

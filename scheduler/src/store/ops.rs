@@ -173,14 +173,21 @@ impl Store {
         Ok(row.map(token_record))
     }
 
-    /// The unrevoked token with this hash, noting its use.
+    /// The unrevoked token with this hash, noting its use (written at most once a minute, so
+    /// a busy client does not turn every request into a write).
     pub async fn token_by_hash(&self, secret_sha256: &[u8]) -> anyhow::Result<Option<TokenRecord>> {
         let row = sqlx::query(
-            "UPDATE chime_api_tokens SET last_used_at = CASE
-                 WHEN last_used_at IS NULL OR last_used_at < now() - interval '1 minute'
-                 THEN now() ELSE last_used_at END
-             WHERE secret_sha256 = $1 AND revoked_at IS NULL
-             RETURNING id, name, role, created_at, created_by, last_used_at, revoked_at",
+            "WITH token AS (
+                 SELECT id, name, role, created_at, created_by, last_used_at, revoked_at
+                 FROM chime_api_tokens WHERE secret_sha256 = $1 AND revoked_at IS NULL
+             ), used AS (
+                 UPDATE chime_api_tokens t SET last_used_at = now()
+                 FROM token
+                 WHERE t.id = token.id
+                   AND (token.last_used_at IS NULL
+                        OR token.last_used_at < now() - interval '1 minute')
+             )
+             SELECT * FROM token",
         )
         .bind(secret_sha256)
         .fetch_optional(&self.pool)
