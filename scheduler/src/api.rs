@@ -67,6 +67,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
     Router::new()
         .route("/api/openapi.json", get(openapi))
         .route("/api/me", get(me))
+        .route("/api/overview", get(overview))
         .route("/api/jobs", get(list_jobs).post(create_job))
         .route(
             "/api/jobs/{name}",
@@ -362,6 +363,34 @@ async fn openapi() -> Response {
 
 async fn me(Authed(caller): Authed) -> ApiResult<axum::Json<Value>> {
     ok(json!({"actor": caller.actor, "role": caller.role}))
+}
+
+async fn overview(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult<impl IntoResponse> {
+    let q = Params(q);
+    let mut problems = Vec::new();
+    q.reject_unknown(&["window"], &mut problems);
+    let window = match q.text("window") {
+        None => std::time::Duration::from_secs(3600),
+        Some(text) => match humantime::parse_duration(&text) {
+            Ok(window) => window,
+            Err(_) => {
+                problems.push(FieldProblem {
+                    field: Some("window".into()),
+                    value: Some(format!("{text:?}")),
+                    message: "not a duration; write one such as \"1h\" or \"24h\"".into(),
+                });
+                std::time::Duration::ZERO
+            }
+        },
+    };
+    if !problems.is_empty() {
+        return Err(ApiError::invalid(problems));
+    }
+    ok(s.ops.overview(&c, window).await?)
 }
 
 async fn list_jobs(

@@ -8,6 +8,7 @@
 //! input or state (`failed`), with who, what, which job and run, and when.
 
 use std::collections::HashSet;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -193,6 +194,29 @@ pub enum Cancelled {
         control_message: &'static str,
     },
 }
+
+/// The cluster at a glance, for the dashboard's overview.
+#[derive(Debug, Clone, Serialize)]
+pub struct Overview {
+    /// The window the run counts cover, in seconds.
+    pub window_seconds: u64,
+    /// Runs created within the window, by state (states without runs are 0).
+    pub runs_by_state: std::collections::BTreeMap<String, i64>,
+    /// Failed and dead runs among the finished ones in the window; none without finished runs.
+    pub failure_rate: Option<f64>,
+    /// Who leads.
+    pub leader: LeaderInfo,
+    /// Jobs.
+    pub jobs: i64,
+    /// Paused jobs.
+    pub paused_jobs: i64,
+    /// Workers heartbeating.
+    pub workers_online: i64,
+}
+
+/// Shortest and longest overview windows.
+pub const OVERVIEW_WINDOWS: (Duration, Duration) =
+    (Duration::from_secs(60), Duration::from_secs(7 * 24 * 3600));
 
 /// One executor group's queues.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -778,6 +802,45 @@ impl Operations {
         }
         lot.close().await;
         Ok(views)
+    }
+
+    /// Runs per state and failure rate within `window`, leader, jobs and workers.
+    pub async fn overview(&self, caller: &Caller, window: Duration) -> OpsResult<Overview> {
+        self.allow(caller, "overview.show", Role::Viewer, None, None)
+            .await?;
+        let (shortest, longest) = OVERVIEW_WINDOWS;
+        if window < shortest || window > longest {
+            return Err(OpsError::Invalid(vec![FieldProblem::new(
+                "window",
+                format!("{:?}", humantime::format_duration(window).to_string()),
+                "use a window from 1m to 7days, such as \"1h\"",
+            )]));
+        }
+        let mut runs_by_state: std::collections::BTreeMap<String, i64> =
+            RUN_STATES.iter().map(|s| (s.to_string(), 0)).collect();
+        runs_by_state.extend(self.store.run_state_counts(window).await?);
+        let failed = runs_by_state["failed"] + runs_by_state["dead"];
+        let finished = failed
+            + ["succeeded", "cancelled"]
+                .iter()
+                .map(|s| runs_by_state[*s])
+                .sum::<i64>();
+        let (jobs, paused_jobs) = self.store.job_counts().await?;
+        Ok(Overview {
+            window_seconds: window.as_secs(),
+            failure_rate: (finished > 0).then(|| failed as f64 / finished as f64),
+            runs_by_state,
+            leader: self.store.leader().await?,
+            jobs,
+            paused_jobs,
+            workers_online: self
+                .store
+                .workers_online()
+                .await?
+                .iter()
+                .map(|(_, n)| n)
+                .sum(),
+        })
     }
 
     /// Who leads.

@@ -346,6 +346,20 @@ async fn measure(store: &Store, args: &Args) -> anyhow::Result<Vec<Measured>> {
         .await?,
     );
     results.push(
+        time("overview: runs of the last hour by state", n, |_| {
+            let ops = ops.clone();
+            let caller = caller.clone();
+            async move {
+                let overview = ops
+                    .overview(&caller, Duration::from_secs(3600))
+                    .await
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+                Ok(overview.runs_by_state.len())
+            }
+        })
+        .await?,
+    );
+    results.push(
         time("jobs' unfinished runs (metrics)", n, |_| {
             let store = store.clone();
             async move { Ok(store.active_run_counts().await?.len()) }

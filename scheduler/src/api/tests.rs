@@ -297,6 +297,27 @@ async fn an_operator_triggers_with_params_and_the_audit_log_says_who(pool: PgPoo
     assert_eq!(body["error"]["problems"][0]["field"], "param");
     assert_eq!(app.count("SELECT count(*) FROM chime_runs").await, 1);
 
+    // The overview counts it (pending) over the default hour.
+    let (status, overview) = app
+        .call(Method::GET, "/api/overview", Some(&operator), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{overview}");
+    assert_eq!(overview["window_seconds"], 3600);
+    assert_eq!(overview["runs_by_state"]["pending"], 1);
+    assert_eq!(overview["runs_by_state"]["succeeded"], 0);
+    assert_eq!(overview["failure_rate"], Value::Null);
+    assert_eq!(overview["jobs"], 1);
+    let (status, body) = app
+        .call(
+            Method::GET,
+            "/api/overview?window=1s",
+            Some(&operator),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"]["problems"][0]["field"], "window");
+
     // Cancel the pending run: audited with job and run.
     let (status, body) = app
         .call(

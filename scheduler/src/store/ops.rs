@@ -492,6 +492,37 @@ impl Store {
         ))
     }
 
+    /// How many jobs there are, and how many of them are paused.
+    pub async fn job_counts(&self) -> anyhow::Result<(i64, i64)> {
+        let row = sqlx::query(
+            "SELECT count(*) AS jobs, count(*) FILTER (WHERE paused) AS paused FROM chime_jobs",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .context("counting jobs")?;
+        Ok((row.get("jobs"), row.get("paused")))
+    }
+
+    /// Runs created within `window`, by state (served by `chime_runs_created`).
+    pub async fn run_state_counts(
+        &self,
+        window: std::time::Duration,
+    ) -> anyhow::Result<Vec<(String, i64)>> {
+        let rows = sqlx::query(
+            "SELECT state, count(*) AS n FROM chime_runs
+             WHERE created_at > now() - make_interval(secs => $1)
+             GROUP BY state ORDER BY state",
+        )
+        .bind(window.as_secs_f64())
+        .fetch_all(&self.pool)
+        .await
+        .context("counting recent runs by state")?;
+        Ok(rows
+            .into_iter()
+            .map(|r| (r.get("state"), r.get("n")))
+            .collect())
+    }
+
     // ---- metrics --------------------------------------------------------------------------
 
     /// The newest run's id (0 without runs).
