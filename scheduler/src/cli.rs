@@ -5,17 +5,15 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context as _;
 use chrono::{DateTime, Utc};
 use clap::{ArgGroup, Parser, Subcommand, ValueEnum};
 use comfy_table::{Table, presets};
 use serde::Serialize;
 
-use chime_worker::protocol::ControlMessage;
-
-use crate::parking::{ParkedMessage, ParkingLot};
-use crate::publish::{ControlDelivery, Publisher};
-use crate::store::{CancelOutcome, ReplayOutcome, RunBrief, RunFilter, RunRecord, Store};
+use crate::auth::{Caller, Role};
+pub use crate::ops::Broker;
+use crate::ops::{Cancelled, FieldProblem, MAX_PAGE, Operations, OpsError, OpsResult};
+use crate::store::{RunDetail, RunQuery, RunRecord, Store};
 
 /// Chime: a distributed job scheduler on PostgreSQL and RabbitMQ.
 #[derive(Debug, Parser)]
@@ -67,6 +65,61 @@ pub enum Command {
     /// Inspect, replay and purge the parking lot (dead letters).
     #[command(subcommand)]
     Dlq(DlqCommand),
+    /// List workers.
+    #[command(subcommand)]
+    Workers(WorkersCommand),
+    /// Create, list and revoke API tokens.
+    #[command(subcommand)]
+    Tokens(TokensCommand),
+}
+
+/// `chime workers …`
+#[derive(Debug, Subcommand)]
+pub enum WorkersCommand {
+    /// Workers online or stopped within the last day, with capacity and running runs.
+    List,
+}
+
+/// `chime tokens …`
+#[derive(Debug, Subcommand)]
+pub enum TokensCommand {
+    /// Create an API token and print its secret (shown only this once; only a hash is stored).
+    Create {
+        /// What it may do.
+        #[arg(long, value_enum)]
+        role: RoleArg,
+        /// A unique name, shown in the audit log as `token:NAME`.
+        #[arg(long)]
+        name: String,
+    },
+    /// List tokens (never their secrets).
+    List,
+    /// Revoke a token: requests with it are refused from now on.
+    Revoke {
+        /// Token name.
+        name: String,
+    },
+}
+
+/// A role, on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RoleArg {
+    /// Reads everything.
+    Viewer,
+    /// Also triggers, pauses, resumes, cancels, replays.
+    Operator,
+    /// Also creates, changes and deletes jobs, purges dead letters, manages tokens.
+    Admin,
+}
+
+impl From<RoleArg> for Role {
+    fn from(role: RoleArg) -> Role {
+        match role {
+            RoleArg::Viewer => Role::Viewer,
+            RoleArg::Operator => Role::Operator,
+            RoleArg::Admin => Role::Admin,
+        }
+    }
 }
 
 /// `chime dlq …`
@@ -101,20 +154,21 @@ pub enum DlqCommand {
     },
 }
 
-/// Where the broker is, for the commands that talk to it (`runs cancel`, `dlq …`).
-#[derive(Debug, Clone)]
-pub struct Broker {
-    /// RabbitMQ URL.
-    pub amqp_url: String,
-    /// Queue and exchange name prefix.
-    pub queue_prefix: String,
-}
-
 /// `chime jobs …`
 #[derive(Debug, Subcommand)]
 pub enum JobsCommand {
     /// List jobs with their schedule and next fire.
     List,
+    /// Show a job's definition, next fire and state.
+    Show {
+        /// Job name.
+        name: String,
+    },
+    /// Delete a job created through the API (jobs from job files are removed from the file).
+    Delete {
+        /// Job name.
+        name: String,
+    },
     /// Trigger a job now (also when paused).
     Trigger {
         /// Job name.
@@ -174,7 +228,8 @@ pub async fn control(
 }
 
 /// Runs a runtime command against the database and, when it needs one, the broker; returns the
-/// process exit code.
+/// process exit code. The command goes through [`Operations`] as the local CLI caller
+/// ([`Caller::cli`]), like an API request, so it is authorized and audited in the same place.
 pub async fn operate(
     store: &Store,
     broker: Option<&Broker>,
@@ -182,38 +237,71 @@ pub async fn operate(
     command: Command,
     out: &mut dyn Write,
 ) -> anyhow::Result<ExitCode> {
-    let needs_broker =
-        || broker.ok_or_else(|| anyhow::anyhow!("this command needs the broker's URL and prefix"));
-    match command {
-        Command::Runs(RunsCommand::Cancel { id }) => {
-            return cancel(store, needs_broker()?, output, id, out).await;
+    let ops = Operations::new(store.clone(), broker.cloned());
+    let caller = Caller::cli();
+    match execute(&ops, &caller, output, command, out).await {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(OpsError::Internal(e)) => Err(e),
+        Err(e) => {
+            eprintln!("error: {e}");
+            Ok(ExitCode::FAILURE)
         }
-        Command::Dlq(command) => return dlq(store, needs_broker()?, output, command, out).await,
-        _ => {}
     }
+}
+
+async fn execute(
+    ops: &Operations,
+    caller: &Caller,
+    output: Output,
+    command: Command,
+    out: &mut dyn Write,
+) -> OpsResult<()> {
     match command {
-        Command::Jobs(JobsCommand::List) => {
-            let now = Utc::now();
-            let jobs: Vec<JobRow> = store
-                .jobs()
-                .await?
-                .into_iter()
-                .map(|j| {
-                    let schedule = j.spec.schedule().ok();
-                    JobRow {
-                        next_fire: if j.paused {
-                            None
-                        } else {
-                            schedule.as_ref().and_then(|s| s.next_after(now))
-                        },
-                        schedule: schedule.map_or_else(|| "invalid".into(), |s| s.describe()),
-                        name: j.spec.name,
-                        group: j.spec.group,
-                        paused: j.paused,
-                        source: j.source,
-                    }
-                })
-                .collect();
+        Command::Jobs(command) => jobs(ops, caller, output, command, out).await,
+        Command::Runs(command) => runs(ops, caller, output, command, out).await,
+        Command::Dlq(command) => dlq(ops, caller, output, command, out).await,
+        Command::Workers(WorkersCommand::List) => {
+            let workers = ops.workers(caller).await?;
+            render(output, out, &workers, |t| {
+                t.set_header([
+                    "WORKER",
+                    "GROUP",
+                    "HOST",
+                    "ONLINE",
+                    "CAPACITY",
+                    "RUNNING",
+                    "HEARTBEAT",
+                ]);
+                for w in &workers {
+                    t.add_row([
+                        w.id.clone(),
+                        w.group.clone(),
+                        w.hostname.clone(),
+                        if w.online { "yes" } else { "no" }.into(),
+                        w.capacity.to_string(),
+                        w.running.to_string(),
+                        time(Some(w.heartbeat_at)),
+                    ]);
+                }
+            })
+        }
+        Command::Tokens(command) => tokens(ops, caller, output, command, out).await,
+        Command::Scheduler { .. } | Command::Migrate | Command::Check { .. } => Err(
+            OpsError::Internal(anyhow::anyhow!("not a runtime control command")),
+        ),
+    }
+}
+
+async fn jobs(
+    ops: &Operations,
+    caller: &Caller,
+    output: Output,
+    command: JobsCommand,
+    out: &mut dyn Write,
+) -> OpsResult<()> {
+    match command {
+        JobsCommand::List => {
+            let jobs = ops.jobs(caller).await?;
             render(output, out, &jobs, |t| {
                 t.set_header(["NAME", "GROUP", "SCHEDULE", "NEXT FIRE", "PAUSED", "SOURCE"]);
                 for j in &jobs {
@@ -226,50 +314,89 @@ pub async fn operate(
                         j.source.clone(),
                     ]);
                 }
-            })?;
+            })
         }
-        Command::Jobs(JobsCommand::Trigger { name, params }) => {
+        JobsCommand::Show { name } => {
+            let job = ops.job(caller, &name).await?;
+            if output == Output::Json {
+                return json_out(out, &job);
+            }
+            let mut t = table();
+            for (k, v) in [
+                ("job", job.name.clone()),
+                ("group", job.group.clone()),
+                ("schedule", job.schedule.clone()),
+                ("next fire", time(job.next_fire)),
+                ("paused", if job.paused { "yes" } else { "no" }.into()),
+                ("source", job.source.clone()),
+                (
+                    "definition",
+                    serde_json::to_string(&job.spec).map_err(anyhow::Error::from)?,
+                ),
+            ] {
+                t.add_row([k.to_owned(), v]);
+            }
+            writeln!(out, "{t}").map_err(io)?;
+            Ok(())
+        }
+        JobsCommand::Trigger { name, params } => {
             let params = params
                 .map(|p| {
-                    serde_json::from_str::<serde_json::Value>(&p).with_context(|| {
-                        format!(
-                            "--params {p:?} is not JSON; pass an object such as '{{\"batch\": 10}}'"
-                        )
+                    serde_json::from_str::<serde_json::Value>(&p).map_err(|e| {
+                        OpsError::Invalid(vec![FieldProblem {
+                            field: Some("--params".into()),
+                            value: Some(format!("{p:?}")),
+                            message: format!(
+                                "not JSON ({e}); pass an object such as '{{\"batch\": 10}}'"
+                            ),
+                        }])
                     })
                 })
                 .transpose()?;
-            let Some(id) = store.trigger(&name, params, &requester()).await? else {
-                return no_such_job(&name);
-            };
+            let triggered = ops.trigger(caller, &name, params).await?;
             match output {
-                Output::Json => {
-                    writeln!(out, "{}", serde_json::json!({ "run_id": id, "job": name }))?
+                Output::Json => json_line(out, &triggered),
+                Output::Table => {
+                    writeln!(out, "triggered {name}: run {}", triggered.run_id).map_err(io)
                 }
-                Output::Table => writeln!(out, "triggered {name}: run {id}")?,
             }
         }
-        Command::Jobs(JobsCommand::Pause { name })
-        | Command::Jobs(JobsCommand::Resume { name })
-            if store.job(&name).await?.is_none() =>
-        {
-            return no_such_job(&name);
+        JobsCommand::Pause { name } => {
+            ops.set_paused(caller, &name, true).await?;
+            writeln!(out, "paused {name}").map_err(io)
         }
-        Command::Jobs(JobsCommand::Pause { name }) => {
-            store.set_paused(&name, true).await?;
-            writeln!(out, "paused {name}")?;
+        JobsCommand::Resume { name } => {
+            ops.set_paused(caller, &name, false).await?;
+            writeln!(out, "resumed {name}").map_err(io)
         }
-        Command::Jobs(JobsCommand::Resume { name }) => {
-            store.set_paused(&name, false).await?;
-            writeln!(out, "resumed {name}")?;
+        JobsCommand::Delete { name } => {
+            ops.delete_job(caller, &name).await?;
+            writeln!(out, "deleted {name}").map_err(io)
         }
-        Command::Runs(RunsCommand::List { job, state, limit }) => {
-            let runs = store
-                .list_runs(&RunFilter {
-                    job,
-                    state,
-                    limit: limit.clamp(1, 10_000),
-                })
+    }
+}
+
+async fn runs(
+    ops: &Operations,
+    caller: &Caller,
+    output: Output,
+    command: RunsCommand,
+    out: &mut dyn Write,
+) -> OpsResult<()> {
+    match command {
+        RunsCommand::List { job, state, limit } => {
+            let page = ops
+                .runs(
+                    caller,
+                    RunQuery {
+                        job,
+                        state,
+                        limit: limit.clamp(1, MAX_PAGE),
+                        ..RunQuery::default()
+                    },
+                )
                 .await?;
+            let runs = page.runs;
             render(output, out, &runs, |t| {
                 t.set_header([
                     "ID",
@@ -298,236 +425,145 @@ pub async fn operate(
                             .unwrap_or_default(),
                     ]);
                 }
-            })?;
+            })
         }
-        Command::Runs(RunsCommand::Show { id }) => {
-            let Some(detail) = store.run(id).await? else {
-                writeln!(
-                    std::io::stderr(),
-                    "error: no run with id {id}; list runs with `chime runs list`"
-                )?;
-                return Ok(ExitCode::FAILURE);
-            };
+        RunsCommand::Show { id } => {
+            let detail = ops.run(caller, id).await?;
             if output == Output::Json {
-                serde_json::to_writer_pretty(&mut *out, &detail)?;
-                writeln!(out)?;
-                return Ok(ExitCode::SUCCESS);
+                return json_out(out, &detail);
             }
-            let r = &detail.run;
-            let mut t = table();
-            for (k, v) in [
-                ("run", r.id.to_string()),
-                ("job", r.job.clone()),
-                ("group", r.group.clone()),
-                ("state", r.state.clone()),
-                ("trigger", r.trigger.clone()),
-                ("scheduled", time(Some(r.scheduled_at))),
-                ("published", time(r.published_at)),
-                ("started", time(r.started_at)),
-                ("finished", time(r.finished_at)),
-                ("attempts", r.attempt.to_string()),
-                ("params", r.params.to_string()),
-                ("reason", r.reason.clone().unwrap_or_default()),
-                ("error", r.error.clone().unwrap_or_default()),
-                ("next attempt", time(r.next_attempt_at)),
+            show_run(&detail, out).map_err(io)
+        }
+        RunsCommand::Cancel { id } => {
+            let cancelled = ops.cancel_run(caller, id).await?;
+            match (output, &cancelled) {
+                (Output::Json, Cancelled::Cancelled { .. }) => json_line(out, &cancelled),
                 (
-                    "cancel asked",
-                    match (&r.cancel_requested_by, r.cancel_requested_at) {
-                        (Some(by), at) => format!("{} by {by}", time(at)),
-                        _ => "-".into(),
+                    Output::Json,
+                    Cancelled::CancelRequested {
+                        job,
+                        requested_before,
+                        control_message,
+                        ..
                     },
+                ) => json_line(
+                    out,
+                    &serde_json::json!({"run_id": id, "job": job, "outcome": "cancel_requested",
+                                       "previous_state": "running",
+                                       "requested_before": requested_before,
+                                       "control_message": control_message}),
                 ),
                 (
-                    "replayed",
-                    match (&r.replayed_by, r.replayed_at) {
-                        (Some(by), at) => format!("{} by {by}", time(at)),
-                        _ => "-".into(),
+                    Output::Table,
+                    Cancelled::Cancelled {
+                        job,
+                        previous_state,
+                        ..
                     },
-                ),
-            ] {
-                t.add_row([k.to_owned(), v]);
-            }
-            writeln!(out, "{t}")?;
-            let mut a = table();
-            a.set_header(["ATTEMPT", "WORKER", "STATE", "STARTED", "TOOK", "ERROR"]);
-            for at in &detail.attempts {
-                a.add_row([
-                    at.attempt.to_string(),
-                    at.worker_id.clone(),
-                    at.state.clone(),
-                    time(Some(at.started_at)),
-                    at.duration_ms.map(|d| format!("{d}ms")).unwrap_or_default(),
-                    at.error.clone().unwrap_or_default(),
-                ]);
-            }
-            writeln!(out, "\n{a}")?;
-            writeln!(out, "\nlog:")?;
-            for l in &detail.logs {
-                writeln!(
+                ) => writeln!(
                     out,
-                    "  {} #{} {:5} {}",
-                    time(Some(l.at)),
-                    l.attempt,
-                    l.level,
-                    l.message
-                )?;
-            }
-        }
-        Command::Scheduler { .. } | Command::Migrate | Command::Check { .. } => {
-            anyhow::bail!("not a runtime control command")
-        }
-        Command::Runs(RunsCommand::Cancel { .. }) | Command::Dlq(_) => {
-            unreachable!("handled above")
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// `chime runs cancel ID`.
-async fn cancel(
-    store: &Store,
-    broker: &Broker,
-    output: Output,
-    id: i64,
-    out: &mut dyn Write,
-) -> anyhow::Result<ExitCode> {
-    let who = requester();
-    match store.cancel_run(id, &who).await? {
-        CancelOutcome::NotFound => {
-            eprintln!("error: no run with id {id}; list runs with `chime runs list`");
-            Ok(ExitCode::FAILURE)
-        }
-        CancelOutcome::Finished { state } => {
-            eprintln!("error: run {id} has already finished ({state}); there is nothing to cancel");
-            Ok(ExitCode::FAILURE)
-        }
-        CancelOutcome::Cancelled { job, previous } => {
-            match output {
-                Output::Json => writeln!(
-                    out,
-                    "{}",
-                    serde_json::json!({"run_id": id, "job": job, "outcome": "cancelled",
-                                       "previous_state": previous})
-                )?,
-                Output::Table => writeln!(
-                    out,
-                    "cancelled run {id} of {job} (it was {previous}; it will not run)"
-                )?,
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        CancelOutcome::Requested { job, again, .. } => {
-            let publisher = Publisher::new(
-                broker.amqp_url.clone(),
-                &format!("cli-{}", std::process::id()),
-                broker.queue_prefix.clone(),
-            );
-            let sent = publisher
-                .publish_control(&ControlMessage::CancelRun { run_id: id })
-                .await;
-            publisher.close().await;
-            let delivery = match sent {
-                Ok(delivery) => delivery,
-                Err(e) => {
-                    eprintln!(
-                        "error: the cancel of run {id} is recorded, but the workers could not be \
-                         told: {e}; run `chime runs cancel {id}` again when the broker is back"
-                    );
-                    return Ok(ExitCode::FAILURE);
-                }
-            };
-            let delivered = delivery == ControlDelivery::Delivered;
-            match output {
-                Output::Json => writeln!(
-                    out,
-                    "{}",
-                    serde_json::json!({"run_id": id, "job": job, "outcome": "cancel_requested",
-                                       "previous_state": "running", "requested_before": again,
-                                       "control_message": if delivered { "delivered" } else { "no_listener" }})
-                )?,
-                Output::Table if delivered => writeln!(
+                    "cancelled run {id} of {job} (it was {previous_state}; it will not run)"
+                )
+                .map_err(io),
+                (
+                    Output::Table,
+                    Cancelled::CancelRequested {
+                        job,
+                        control_message,
+                        ..
+                    },
+                ) if *control_message == "delivered" => writeln!(
                     out,
                     "cancel requested for run {id} of {job}: its worker was told and records the \
                      attempt as cancelled"
-                )?,
-                Output::Table => writeln!(
+                )
+                .map_err(io),
+                (Output::Table, Cancelled::CancelRequested { job, .. }) => writeln!(
                     out,
                     "cancel requested for run {id} of {job}, but no worker is listening for \
                      control messages; the rescuer records it as cancelled once its worker is \
                      found lost"
-                )?,
+                )
+                .map_err(io),
             }
-            Ok(ExitCode::SUCCESS)
         }
     }
 }
 
-/// A parked message with what the database knows of its run.
-#[derive(Debug, Serialize)]
-struct DlqRow {
-    group: String,
-    run_id: Option<i64>,
-    job: Option<String>,
-    attempt: Option<u32>,
-    reason: Option<String>,
-    error: Option<String>,
-    parked_at: Option<DateTime<Utc>>,
-    parked_by: Option<String>,
-    run_state: Option<String>,
-}
-
-fn dlq_row(message: ParkedMessage, run: Option<&RunBrief>) -> DlqRow {
-    DlqRow {
-        job: message.job.or_else(|| run.map(|r| r.job.clone())),
-        error: message
-            .error
-            .or_else(|| run.and_then(|r| r.error.clone().or_else(|| r.reason.clone()))),
-        parked_at: message.parked_at.or_else(|| {
-            run.filter(|r| r.state == "dead")
-                .and_then(|r| r.finished_at)
-        }),
-        run_state: run.map(|r| r.state.clone()),
-        group: message.group,
-        run_id: message.run_id,
-        attempt: message.attempt,
-        reason: message.reason,
-        parked_by: message.parked_by,
+fn show_run(detail: &RunDetail, out: &mut dyn Write) -> std::io::Result<()> {
+    let r = &detail.run;
+    let mut t = table();
+    for (k, v) in [
+        ("run", r.id.to_string()),
+        ("job", r.job.clone()),
+        ("group", r.group.clone()),
+        ("state", r.state.clone()),
+        ("trigger", r.trigger.clone()),
+        ("scheduled", time(Some(r.scheduled_at))),
+        ("published", time(r.published_at)),
+        ("started", time(r.started_at)),
+        ("finished", time(r.finished_at)),
+        ("attempts", r.attempt.to_string()),
+        ("params", r.params.to_string()),
+        ("reason", r.reason.clone().unwrap_or_default()),
+        ("error", r.error.clone().unwrap_or_default()),
+        ("next attempt", time(r.next_attempt_at)),
+        (
+            "cancel asked",
+            match (&r.cancel_requested_by, r.cancel_requested_at) {
+                (Some(by), at) => format!("{} by {by}", time(at)),
+                _ => "-".into(),
+            },
+        ),
+        (
+            "replayed",
+            match (&r.replayed_by, r.replayed_at) {
+                (Some(by), at) => format!("{} by {by}", time(at)),
+                _ => "-".into(),
+            },
+        ),
+    ] {
+        t.add_row([k.to_owned(), v]);
     }
+    writeln!(out, "{t}")?;
+    let mut a = table();
+    a.set_header(["ATTEMPT", "WORKER", "STATE", "STARTED", "TOOK", "ERROR"]);
+    for at in &detail.attempts {
+        a.add_row([
+            at.attempt.to_string(),
+            at.worker_id.clone(),
+            at.state.clone(),
+            time(Some(at.started_at)),
+            at.duration_ms.map(|d| format!("{d}ms")).unwrap_or_default(),
+            at.error.clone().unwrap_or_default(),
+        ]);
+    }
+    writeln!(out, "\n{a}")?;
+    writeln!(out, "\nlog:")?;
+    for l in &detail.logs {
+        writeln!(
+            out,
+            "  {} #{} {:5} {}",
+            time(Some(l.at)),
+            l.attempt,
+            l.level,
+            l.message
+        )?;
+    }
+    Ok(())
 }
-
-/// Most messages one `dlq replay` reads from a parking lot.
-const REPLAY_SCAN: usize = 10_000;
 
 /// `chime dlq …`.
 async fn dlq(
-    store: &Store,
-    broker: &Broker,
+    ops: &Operations,
+    caller: &Caller,
     output: Output,
     command: DlqCommand,
     out: &mut dyn Write,
-) -> anyhow::Result<ExitCode> {
-    let groups = |group: Option<String>| async move {
-        match group {
-            Some(group) => Ok::<_, anyhow::Error>(vec![group]),
-            None => store.groups().await,
-        }
-    };
-    let lot = ParkingLot::connect(&broker.amqp_url, &broker.queue_prefix).await?;
-    let result = match command {
+) -> OpsResult<()> {
+    match command {
         DlqCommand::List { group, limit } => {
-            let mut rows = Vec::new();
-            for group in groups(group).await? {
-                if rows.len() >= limit {
-                    break;
-                }
-                let messages = lot.browse(&group, limit - rows.len()).await?;
-                let ids: Vec<i64> = messages.iter().filter_map(|m| m.run_id).collect();
-                let runs = store.run_briefs(&ids).await?;
-                for message in messages {
-                    let run = runs.iter().find(|r| Some(r.id) == message.run_id);
-                    rows.push(dlq_row(message, run));
-                }
-            }
+            let rows = ops.dead_letters(caller, group, limit).await?;
             render(output, out, &rows, |t| {
                 t.set_header([
                     "RUN",
@@ -555,183 +591,116 @@ async fn dlq(
                         r.run_state.clone().unwrap_or_else(|| "(no run)".into()),
                     ]);
                 }
-            })?;
-            Ok(ExitCode::SUCCESS)
+            })
         }
         DlqCommand::Replay {
             id: Some(id),
             all: false,
             ..
-        } => replay_one(store, &lot, output, id, out).await,
-        DlqCommand::Replay { group, .. } => {
-            let mut replayed = Vec::new();
-            let mut kept = Vec::new();
-            for group in groups(group).await? {
-                replay_group(store, &lot, &group, &mut replayed, &mut kept).await?;
-            }
-            match output {
-                Output::Json => writeln!(
-                    out,
-                    "{}",
-                    serde_json::json!({"replayed": replayed, "kept": kept})
-                )?,
-                Output::Table => {
-                    writeln!(out, "replayed {} runs", replayed.len())?;
-                    for k in &kept {
-                        writeln!(out, "kept {}", k["note"].as_str().unwrap_or_default())?;
-                    }
-                }
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        DlqCommand::Purge { group } => {
-            let mut purged = Vec::new();
-            for group in groups(group).await? {
-                let count = lot.purge(&group).await?;
-                purged.push(serde_json::json!({
-                    "group": group, "queue": lot.queue(&group), "purged": count
-                }));
-            }
-            match output {
-                Output::Json => {
-                    serde_json::to_writer_pretty(&mut *out, &purged)?;
-                    writeln!(out)?;
-                }
-                Output::Table => {
-                    for p in &purged {
-                        writeln!(
-                            out,
-                            "purged {} messages from {}",
-                            p["purged"],
-                            p["queue"].as_str().unwrap_or_default()
-                        )?;
-                    }
-                }
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-    };
-    lot.close().await;
-    result
-}
-
-/// `chime dlq replay ID`: the run goes back to the outbox; its parked messages are removed.
-async fn replay_one(
-    store: &Store,
-    lot: &ParkingLot,
-    output: Output,
-    id: i64,
-    out: &mut dyn Write,
-) -> anyhow::Result<ExitCode> {
-    let Some(run) = store.run_briefs(&[id]).await?.into_iter().next() else {
-        eprintln!("error: no run with id {id}; list parked runs with `chime dlq list`");
-        return Ok(ExitCode::FAILURE);
-    };
-    let fetched = lot.fetch(&run.group, REPLAY_SCAN).await?;
-    let outcome = store.replay_run(id, &requester()).await;
-    let outcome = match outcome {
-        Ok(outcome) => outcome,
-        Err(e) => {
-            fetched.release().await?;
-            return Err(e);
-        }
-    };
-    let mut removed = 0;
-    if matches!(outcome, ReplayOutcome::Replayed { .. }) {
-        for (index, message) in fetched.messages.iter().enumerate() {
-            if message.run_id == Some(id) {
-                fetched.remove(index).await?;
-                removed += 1;
-            }
-        }
-    }
-    fetched.release().await?;
-    match outcome {
-        ReplayOutcome::NotFound => {
-            eprintln!("error: no run with id {id}; list parked runs with `chime dlq list`");
-            Ok(ExitCode::FAILURE)
-        }
-        ReplayOutcome::NotReplayable { state } => {
-            eprintln!(
-                "error: run {id} is {state}; only runs that are {} can be replayed",
-                crate::store::REPLAYABLE_STATES.join(", ")
-            );
-            Ok(ExitCode::FAILURE)
-        }
-        ReplayOutcome::Replayed {
-            job, next_attempt, ..
         } => {
+            let replayed = ops.replay(caller, id).await?;
             match output {
-                Output::Json => writeln!(
-                    out,
-                    "{}",
-                    serde_json::json!({"run_id": id, "job": job, "attempt": next_attempt,
-                                       "removed_messages": removed})
-                )?,
+                Output::Json => json_line(out, &replayed),
                 Output::Table => writeln!(
                     out,
-                    "replayed run {id} of {job} as attempt {next_attempt}{}",
-                    if removed > 0 {
-                        format!("; removed {removed} parked message(s)")
+                    "replayed run {id} of {} as attempt {}{}",
+                    replayed.job,
+                    replayed.attempt,
+                    if replayed.removed_messages > 0 {
+                        format!("; removed {} parked message(s)", replayed.removed_messages)
                     } else {
                         "; it had no message in the parking lot".to_owned()
                     }
-                )?,
+                )
+                .map_err(io),
             }
-            Ok(ExitCode::SUCCESS)
+        }
+        DlqCommand::Replay { group, .. } => {
+            let all = ops.replay_all(caller, group).await?;
+            match output {
+                Output::Json => json_line(out, &all),
+                Output::Table => {
+                    writeln!(out, "replayed {} runs", all.replayed.len()).map_err(io)?;
+                    for k in &all.kept {
+                        writeln!(out, "kept {}", k.note).map_err(io)?;
+                    }
+                    Ok(())
+                }
+            }
+        }
+        DlqCommand::Purge { group } => {
+            let purged = ops.purge(caller, group).await?;
+            match output {
+                Output::Json => json_out(out, &purged),
+                Output::Table => {
+                    for p in &purged {
+                        writeln!(out, "purged {} messages from {}", p.purged, p.queue)
+                            .map_err(io)?;
+                    }
+                    Ok(())
+                }
+            }
         }
     }
 }
 
-/// Replays every parked message of `group` that has a replayable run; keeps the others.
-async fn replay_group(
-    store: &Store,
-    lot: &ParkingLot,
-    group: &str,
-    replayed: &mut Vec<i64>,
-    kept: &mut Vec<serde_json::Value>,
-) -> anyhow::Result<()> {
-    let fetched = lot.fetch(group, REPLAY_SCAN).await?;
-    let who = requester();
-    let mut done = std::collections::HashSet::new();
-    for (index, message) in fetched.messages.iter().enumerate() {
-        let Some(id) = message.run_id else {
-            kept.push(serde_json::json!({"group": group, "run_id": null,
-                "note": format!("a message of group {group} without a run id")}));
-            continue;
-        };
-        if done.contains(&id) {
-            // Another copy of a run replayed just now.
-            fetched.remove(index).await?;
-            continue;
+/// `chime tokens …`.
+async fn tokens(
+    ops: &Operations,
+    caller: &Caller,
+    output: Output,
+    command: TokensCommand,
+    out: &mut dyn Write,
+) -> OpsResult<()> {
+    match command {
+        TokensCommand::Create { name, role } => {
+            let token = ops.create_token(caller, &name, role.into()).await?;
+            match output {
+                Output::Json => json_line(out, &token),
+                Output::Table => writeln!(
+                    out,
+                    "created {} token {name:?}. Its secret, shown only this once:\n\n  {}\n\n\
+                     Send it as `Authorization: Bearer SECRET`.",
+                    token.token.role, token.secret
+                )
+                .map_err(io),
+            }
         }
-        match store.replay_run(id, &who).await {
-            Ok(ReplayOutcome::Replayed { .. }) => {
-                fetched.remove(index).await?;
-                done.insert(id);
-                replayed.push(id);
-            }
-            Ok(ReplayOutcome::NotFound) => kept.push(serde_json::json!({"group": group,
-                "run_id": id, "note": format!("run {id}: no such run")})),
-            Ok(ReplayOutcome::NotReplayable { state }) => kept.push(serde_json::json!({
-                "group": group, "run_id": id, "note": format!("run {id}: it is {state}")})),
-            Err(e) => {
-                fetched.release().await?;
-                return Err(e);
-            }
+        TokensCommand::List => {
+            let tokens = ops.tokens(caller).await?;
+            render(output, out, &tokens, |t| {
+                t.set_header(["NAME", "ROLE", "CREATED", "BY", "LAST USED", "REVOKED"]);
+                for k in &tokens {
+                    t.add_row([
+                        k.name.clone(),
+                        k.role.clone(),
+                        time(Some(k.created_at)),
+                        k.created_by.clone(),
+                        time(k.last_used_at),
+                        time(k.revoked_at),
+                    ]);
+                }
+            })
+        }
+        TokensCommand::Revoke { name } => {
+            ops.revoke_token(caller, &name).await?;
+            writeln!(out, "revoked token {name:?}").map_err(io)
         }
     }
-    fetched.release().await
 }
 
-#[derive(Debug, Serialize)]
-struct JobRow {
-    name: String,
-    group: String,
-    schedule: String,
-    next_fire: Option<DateTime<Utc>>,
-    paused: bool,
-    source: String,
+fn io(e: std::io::Error) -> OpsError {
+    OpsError::Internal(anyhow::Error::from(e).context("writing the output"))
+}
+
+fn json_out<T: Serialize>(out: &mut dyn Write, value: &T) -> OpsResult<()> {
+    serde_json::to_writer_pretty(&mut *out, value).map_err(anyhow::Error::from)?;
+    writeln!(out).map_err(io)
+}
+
+fn json_line<T: Serialize>(out: &mut dyn Write, value: &T) -> OpsResult<()> {
+    serde_json::to_writer(&mut *out, value).map_err(anyhow::Error::from)?;
+    writeln!(out).map_err(io)
 }
 
 fn render<T: Serialize>(
@@ -739,19 +708,15 @@ fn render<T: Serialize>(
     out: &mut dyn Write,
     rows: &T,
     fill: impl FnOnce(&mut Table),
-) -> anyhow::Result<()> {
+) -> OpsResult<()> {
     match output {
-        Output::Json => {
-            serde_json::to_writer_pretty(&mut *out, rows)?;
-            writeln!(out)?;
-        }
+        Output::Json => json_out(out, rows),
         Output::Table => {
             let mut t = table();
             fill(&mut t);
-            writeln!(out, "{t}")?;
+            writeln!(out, "{t}").map_err(io)
         }
     }
-    Ok(())
 }
 
 fn table() -> Table {
@@ -770,17 +735,6 @@ fn took(r: &RunRecord) -> String {
         (Some(s), Some(f)) => format!("{}ms", (f - s).num_milliseconds()),
         _ => String::new(),
     }
-}
-
-fn no_such_job(name: &str) -> anyhow::Result<ExitCode> {
-    eprintln!("error: no job named {name:?}; list jobs with `chime jobs list`");
-    Ok(ExitCode::FAILURE)
-}
-
-/// Who is asking, recorded with manual triggers.
-fn requester() -> String {
-    let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
-    format!("cli:{user}")
 }
 
 #[cfg(test)]
@@ -817,6 +771,18 @@ mod tests {
             parse(&["dlq", "replay", "42", "--group", "g"]).is_err(),
             "--group goes with --all"
         );
+    }
+
+    #[test]
+    fn tokens_create_needs_a_known_role_and_a_name() {
+        assert!(matches!(
+            parse(&["tokens", "create", "--role", "operator", "--name", "alice"]),
+            Ok(Command::Tokens(TokensCommand::Create { role: RoleArg::Operator, name }))
+                if name == "alice"
+        ));
+        assert!(parse(&["tokens", "create", "--role", "root", "--name", "a"]).is_err());
+        assert!(parse(&["tokens", "create", "--role", "admin"]).is_err());
+        assert_eq!(Role::from(RoleArg::Viewer), Role::Viewer);
     }
 
     #[test]

@@ -65,6 +65,13 @@ pub struct JobSpec {
     /// Where this job's alerts go, overriding the settings' `alerts` (docs/failures.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alerts: Option<AlertSpec>,
+    /// How long this job's finished runs are kept, overriding the `retention.max_age` setting.
+    #[serde(
+        default,
+        with = "opt_duration",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub retention: Option<Duration>,
     /// Whether the job starts paused.
     #[serde(default)]
     pub paused: bool,

@@ -2,17 +2,22 @@
 //! trigger messages to RabbitMQ. See ARCHITECTURE.md for the module map and invariants.
 
 pub mod alerts;
+pub mod api;
+pub mod auth;
 pub mod check;
 pub mod cli;
 pub mod config;
 pub mod job;
 pub mod leader;
+pub mod metrics;
 pub mod misfire;
+pub mod ops;
 pub mod overdue;
 pub mod parking;
 pub mod planner;
 pub mod publish;
 pub mod rescuer;
+pub mod retention;
 pub mod schedule;
 pub mod service;
 pub mod store;

@@ -85,6 +85,8 @@ async fn scheduler(settings: Settings, extra_jobs: Vec<PathBuf>) -> anyhow::Resu
         rescuer: settings.rescuer,
         alerts: settings.alerts.clone(),
     };
+    let bind = settings.bind;
+    let retention = settings.retention;
     let mut settings = settings;
     settings.jobs.extend(extra_jobs);
     let loader: JobLoader =
@@ -108,7 +110,11 @@ async fn scheduler(settings: Settings, extra_jobs: Vec<PathBuf>) -> anyhow::Resu
         }
         stop.cancel();
     });
-    service::run_with(config, duties, loader, reload_rx, shutdown).await
+    let operations = service::OpsSettings {
+        bind: Some(bind),
+        retention: Some(retention),
+    };
+    service::run_serving(config, duties, operations, loader, reload_rx, shutdown).await
 }
 
 /// Logs go to stderr; `RUST_LOG` filters (default `info`), `CHIME_LOG_FORMAT=json` switches to

@@ -13,7 +13,9 @@ use anyhow::Context as _;
 use chime_worker::Topology;
 use chime_worker::protocol::{HEADER_ATTEMPT, HEADER_DEAD_BY, HEADER_DEAD_REASON, Trigger};
 use chrono::{DateTime, Utc};
-use lapin::options::{BasicAckOptions, BasicGetOptions, BasicNackOptions, QueuePurgeOptions};
+use lapin::options::{
+    BasicAckOptions, BasicGetOptions, BasicNackOptions, QueueDeclareOptions, QueuePurgeOptions,
+};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ConnectionProperties};
 use serde::Serialize;
@@ -238,9 +240,46 @@ impl ParkingLot {
         Ok(count)
     }
 
+    /// A queue's ready messages and consumers, from a passive declare (which creates nothing);
+    /// `None` if the queue does not exist or the broker does not answer in time.
+    pub async fn inspect(&self, queue: &str) -> Option<(u32, u32)> {
+        let inspect = async {
+            // A passive declare of a missing queue closes its channel: use a channel per queue.
+            let channel = self.connection.create_channel().await.ok()?;
+            let declared = channel
+                .queue_declare(
+                    queue.into(),
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..QueueDeclareOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .ok()?;
+            let _ = channel.close(200, "done".into()).await;
+            Some((declared.message_count(), declared.consumer_count()))
+        };
+        tokio::time::timeout(CONNECT_TIMEOUT, inspect)
+            .await
+            .ok()
+            .flatten()
+    }
+
     /// Closes the connection.
     pub async fn close(self) {
         let _ = self.connection.close(200, "done".into()).await;
+    }
+}
+
+/// Whether the broker at `url` accepts a connection (for `/readyz`).
+pub async fn ping(url: &str) -> Result<(), String> {
+    match ParkingLot::connect(url, "").await {
+        Ok(lot) => {
+            lot.close().await;
+            Ok(())
+        }
+        Err(e) => Err(format!("{e:#}")),
     }
 }
 

@@ -162,6 +162,7 @@ impl Publisher {
         let topology = Topology::new(&self.prefix, &run.group);
 
         // Send under the lock, wait for the confirm outside it so publishes pipeline.
+        let sent_at = std::time::Instant::now();
         let confirm = {
             let mut guard = self.link().await?;
             let link = guard.as_mut().expect("link() leaves a link in place");
@@ -190,7 +191,9 @@ impl Publisher {
                 }
             }
         };
-        let confirmation = match tokio::time::timeout(CONFIRM_TIMEOUT, confirm).await {
+        let confirmed = tokio::time::timeout(CONFIRM_TIMEOUT, confirm).await;
+        crate::metrics::observe_confirm(sent_at.elapsed());
+        let confirmation = match confirmed {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => {
                 self.drop_link().await;

@@ -5,6 +5,7 @@
 //! already sent and records them), then resign the lease so a follower takes over at once, then
 //! close the broker connection and the pool.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::config::{AlertSettings, RescuerSettings};
+use crate::config::{AlertSettings, RescuerSettings, RetentionSettings};
 use crate::job::JobSpec;
 use crate::leader::{Elector, LeaseTimings, while_leading};
 use crate::overdue;
@@ -66,12 +67,51 @@ pub async fn run_with(
     config: ServiceConfig,
     duties: DutySettings,
     loader: JobLoader,
+    reload: mpsc::Receiver<()>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    run_serving(
+        config,
+        duties,
+        OpsSettings::default(),
+        loader,
+        reload,
+        shutdown,
+    )
+    .await
+}
+
+/// The operations side of an instance; off by default (as in tests that start instances).
+#[derive(Debug, Clone, Default)]
+pub struct OpsSettings {
+    /// Serve the API, health probes and `/metrics` on this address ([`crate::api`]).
+    pub bind: Option<SocketAddr>,
+    /// Prune old runs while leading ([`crate::retention`]).
+    pub retention: Option<RetentionSettings>,
+}
+
+/// [`run_with`], also serving HTTP and pruning old runs as `operations` says. Refuses to start
+/// when it would listen beyond loopback without any API token.
+pub async fn run_serving(
+    config: ServiceConfig,
+    duties: DutySettings,
+    operations: OpsSettings,
+    loader: JobLoader,
     mut reload: mpsc::Receiver<()>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     Store::create_database_if_missing(&config.database_url).await?;
     let store = Store::connect(&config.database_url, 10).await?;
     store.migrate().await?;
+    let (elector, leadership) =
+        Elector::new(store.clone(), config.instance_id.clone(), config.lease);
+    // Bind first: an instance that may not serve (exposure rule, address taken) changes nothing.
+    let http = match operations.bind {
+        Some(bind) => {
+            Some(crate::api::Server::bind(bind, &store, &config, leadership.clone()).await?)
+        }
+        None => None,
+    };
     let jobs = loader().context("loading job files")?;
     apply(&store, &jobs).await?;
 
@@ -82,8 +122,8 @@ pub async fn run_with(
     ));
     declare_groups(&publisher, &jobs).await;
 
-    let (elector, leadership) =
-        Elector::new(store.clone(), config.instance_id.clone(), config.lease);
+    let server_stop = CancellationToken::new();
+    let server = http.map(|http| tokio::spawn(http.serve(server_stop.clone())));
     let elector_stop = CancellationToken::new();
     let elector_task = tokio::spawn(elector.run(elector_stop.clone()));
 
@@ -96,6 +136,21 @@ pub async fn run_with(
         alerts: Arc::new(duties.alerts),
     });
     let duties_stop = CancellationToken::new();
+    let retention = operations.retention.map(|settings| {
+        let store = store.clone();
+        let instance = config.instance_id.clone();
+        tokio::spawn(while_leading(
+            leadership.clone(),
+            duties_stop.clone(),
+            move |term, _, stop| {
+                let fence = Fence {
+                    holder: instance.clone(),
+                    term,
+                };
+                crate::retention::run(store.clone(), fence, settings, stop)
+            },
+        ))
+    });
     let duties = tokio::spawn(while_leading(
         leadership,
         duties_stop.clone(),
@@ -143,8 +198,15 @@ pub async fn run_with(
     info!(instance = %config.instance_id, "scheduler stopping");
     duties_stop.cancel();
     let _ = duties.await;
+    if let Some(retention) = retention {
+        let _ = retention.await;
+    }
     elector_stop.cancel();
     let _ = elector_task.await;
+    server_stop.cancel();
+    if let Some(server) = server {
+        let _ = server.await;
+    }
     publisher.close().await;
     store.pool().close().await;
     info!(instance = %config.instance_id, "scheduler stopped");

@@ -17,12 +17,16 @@ use sqlx::{PgPool, Row as _};
 use crate::job::{ConcurrencyPolicy, JobSpec};
 
 mod failures;
+mod ops;
 mod overdue;
 pub use failures::{
     AlertEvent, AlertKind, AlertRecord, CancelOutcome, ClaimedAlert, IntervalColumn,
     REPLAYABLE_STATES, ReplayOutcome, Rescued, RunBrief,
 };
 pub use overdue::Overdue;
+pub use ops::{
+    AuditQuery, AuditRecord, NewAuditEntry, ObservedRun, RunQuery, TokenRecord, WorkerRecord,
+};
 
 /// Migrations embedded from `migrations/`; `run` takes an advisory lock, so several instances
 /// starting at once migrate safely.
@@ -381,7 +385,9 @@ impl Store {
     /// The lease row.
     pub async fn leader(&self) -> anyhow::Result<LeaderInfo> {
         let r = sqlx::query(
-            "SELECT holder, term, elected_at, expires_at, expires_at > now() AS active
+            "SELECT holder, term, elected_at,
+                    CASE WHEN isfinite(expires_at) THEN expires_at END AS expires_at,
+                    expires_at > now() AS active
              FROM chime_leader WHERE name = 'default'",
         )
         .fetch_one(&self.pool)

@@ -2,6 +2,7 @@
 //! broker and SDK workers together. One test binary; every test has its own database and queue
 //! prefix, so they run in parallel.
 
+mod api;
 mod bench_smoke;
 mod chaos;
 mod common;

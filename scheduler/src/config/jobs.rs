@@ -36,6 +36,7 @@ pub const JOB_FIELDS: &[&str] = &[
     "concurrency",
     "retry",
     "alerts",
+    "retention",
     "paused",
     "description",
 ];
@@ -454,6 +455,14 @@ pub fn validate_job(table: &Map<String, Value>) -> Result<JobSpec, Vec<FieldErro
     check.one_of("concurrency", CONCURRENCY_VALUES);
     check.retry();
     check.alerts();
+    if let Some(retention) = check.duration("retention")
+        && retention < Duration::from_secs(60)
+    {
+        check.fail(
+            "retention",
+            "keep finished runs at least 1m; write a duration such as \"7days\"",
+        );
+    }
     check.boolean("paused");
     if check.string("description").is_some() {
         check.keep("description");

@@ -46,6 +46,9 @@ pub const SETTINGS_KEYS: &[&str] = &[
     "alerts.format",
     "alerts.min_interval",
     "alerts.consecutive_failures",
+    "retention.max_age",
+    "retention.interval",
+    "retention.batch_size",
 ];
 
 /// Keys of one group's alert overrides, `alerts.groups.<group>.<key>`.
@@ -80,6 +83,30 @@ pub struct Settings {
     pub rescuer: RescuerSettings,
     /// Alert webhooks.
     pub alerts: AlertSettings,
+    /// Pruning of old runs.
+    pub retention: RetentionSettings,
+}
+
+/// Retention (`[retention]`): the leader deletes finished runs (with their attempts and log
+/// lines) older than `max_age`, or than their job's own `retention`, in batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetentionSettings {
+    /// Finished runs older than this are deleted (unless their job says otherwise).
+    pub max_age: Duration,
+    /// How often the leader prunes.
+    pub interval: Duration,
+    /// Most runs deleted per statement (each batch is its own short transaction).
+    pub batch_size: u32,
+}
+
+impl Default for RetentionSettings {
+    fn default() -> RetentionSettings {
+        RetentionSettings {
+            max_age: Duration::from_secs(30 * 24 * 3600),
+            interval: Duration::from_secs(60),
+            batch_size: 1000,
+        }
+    }
 }
 
 /// The rescuer (`[rescuer]`): runs of lost workers and runs stuck in `retrying`.
@@ -240,6 +267,7 @@ impl Default for Settings {
             planner: PlannerSettings::default(),
             rescuer: RescuerSettings::default(),
             alerts: AlertSettings::default(),
+            retention: RetentionSettings::default(),
         }
     }
 }
@@ -257,6 +285,7 @@ impl fmt::Debug for Settings {
             .field("planner", &self.planner)
             .field("rescuer", &self.rescuer)
             .field("alerts", &self.alerts)
+            .field("retention", &self.retention)
             .finish()
     }
 }
@@ -540,6 +569,33 @@ fn resolve(
         settings.alerts.consecutive_failures = n;
     }
     settings.alerts.groups = alert_groups(&layers, &mut errors);
+    for (key, target) in [
+        ("retention.max_age", &mut settings.retention.max_age),
+        ("retention.interval", &mut settings.retention.interval),
+    ] {
+        if let Some((d, place, written)) = duration(&layers, key, &mut errors) {
+            if d < Duration::from_secs(1) {
+                errors.push(place.error(
+                    Some(written),
+                    "must be at least 1s; write a duration such as \"30days\" or \"1m\"",
+                ));
+            } else {
+                *target = d;
+            }
+        }
+    }
+    if let Some(n) = whole_number(&layers, "retention.batch_size", &mut errors) {
+        if n == 0 {
+            if let Some((_, place)) = layers.get("retention.batch_size") {
+                errors.push(place.error(
+                    Some("0".into()),
+                    "must be at least 1; a batch of 1000 is usual",
+                ));
+            }
+        } else {
+            settings.retention.batch_size = n;
+        }
+    }
 
     if errors.is_empty() {
         Ok(settings)

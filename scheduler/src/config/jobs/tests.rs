@@ -50,7 +50,7 @@ fn toml_job(text: &str) -> JobSpec {
 
 const ALL_FIELDS: &str = "name, group, schedule, every, at, timezone, params, timeout, misfire, \
                           misfire_grace, catchup_window, max_catchup, concurrency, retry, \
-                          alerts, paused, description";
+                          alerts, retention, paused, description";
 
 #[test]
 fn unknown_field_suggests_the_closest_field() {
@@ -778,6 +778,7 @@ fn job_fields_match_the_spec_serde_form() {
         concurrency: ConcurrencyPolicy::Allow,
         retry: crate::job::RetrySpec::default(),
         alerts: Some(crate::job::AlertSpec::default()),
+        retention: Some(Duration::from_secs(3600)),
         paused: false,
         description: Some("d".into()),
     };
@@ -985,4 +986,21 @@ fn alerts_table_is_checked_key_by_key() {
             r#"jobs.toml: job "a": field "alerts" = "slack": alerts must be a table, found a string; write it such as alerts = { webhook = "https://hooks.example.com/chime", format = "slack" }"#
         ]
     );
+}
+
+#[test]
+fn retention_is_a_duration_of_at_least_a_minute() {
+    let body = serde_json::json!({"name": "a", "group": "g", "retention": "30s"});
+    let errors = validate_job(body.as_object().unwrap()).unwrap_err();
+    assert_eq!(
+        errors,
+        [FieldError {
+            field: Some("retention".into()),
+            value: Some("\"30s\"".into()),
+            message: "keep finished runs at least 1m; write a duration such as \"7days\"".into(),
+        }]
+    );
+    let body = serde_json::json!({"name": "a", "group": "g", "retention": "7days"});
+    let spec = validate_job(body.as_object().unwrap()).unwrap();
+    assert_eq!(spec.retention, Some(Duration::from_secs(7 * 24 * 3600)));
 }

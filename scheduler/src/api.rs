@@ -1,0 +1,732 @@
+//! The HTTP face of every scheduler instance: the JSON REST API under `/api` (described by the
+//! OpenAPI document at `/api/openapi.json`), health probes and `/metrics`.
+//!
+//! Handlers are thin: they parse the request, call [`Operations`] with the caller the bearer
+//! token identifies, and render the result. Authorization is decided in [`crate::ops`], never
+//! here. Every `/api` request needs `Authorization: Bearer SECRET` (a token from
+//! `chime tokens create`), except the OpenAPI document; the API takes no cookies, so a browser
+//! cannot be tricked into sending a request with the caller's rights (no CSRF surface).
+//!
+//! Errors are JSON: `{"error": {"status": 400, "message": "…", "problems": [{"field", "value",
+//! "message"}]}}`. A 500 body never carries internals; the error is logged with a request id
+//! that the body names.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use anyhow::Context as _;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Serialize;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::auth::{Caller, Role};
+use crate::leader::Leadership;
+use crate::ops::{Broker, FieldProblem, MAX_PAGE, Operations, OpsError};
+use crate::service::ServiceConfig;
+use crate::store::{AuditQuery, RunQuery, Store};
+
+/// The OpenAPI 3.1 document, hand-written next to the router (a test checks that both name the
+/// same routes).
+pub const OPENAPI: &str = include_str!("api/openapi.json");
+
+/// Default page size of runs and audit entries.
+const DEFAULT_PAGE: i64 = 50;
+
+/// What the handlers share.
+#[derive(Debug)]
+pub struct ApiState {
+    /// The operations.
+    pub ops: Operations,
+    /// This instance's id (shown by `/api/leader`).
+    pub instance_id: String,
+    /// Extra checks `/readyz` runs besides the database (the broker).
+    pub readiness: Readiness,
+    /// Renders `/metrics`.
+    pub metrics: Option<Arc<crate::metrics::Metrics>>,
+}
+
+/// How `/readyz` checks the broker.
+#[derive(Debug, Clone, Default)]
+pub struct Readiness {
+    /// RabbitMQ URL to open a connection to; none: the broker is not checked.
+    pub amqp_url: Option<String>,
+}
+
+/// The router: `/api/…`, `/healthz`, `/readyz`, `/metrics`.
+pub fn router(state: Arc<ApiState>) -> Router {
+    Router::new()
+        .route("/api/openapi.json", get(openapi))
+        .route("/api/me", get(me))
+        .route("/api/overview", get(overview))
+        .route("/api/jobs", get(list_jobs).post(create_job))
+        .route(
+            "/api/jobs/{name}",
+            get(show_job).patch(update_job).delete(delete_job),
+        )
+        .route("/api/jobs/{name}/pause", post(pause_job))
+        .route("/api/jobs/{name}/resume", post(resume_job))
+        .route("/api/jobs/{name}/trigger", post(trigger_job))
+        .route("/api/runs", get(list_runs))
+        .route("/api/runs/{id}", get(show_run))
+        .route("/api/runs/{id}/cancel", post(cancel_run))
+        .route("/api/workers", get(list_workers))
+        .route("/api/queues", get(list_queues))
+        .route("/api/dead-letters", get(list_dead_letters))
+        .route("/api/dead-letters/replay", post(replay_all))
+        .route("/api/dead-letters/purge", post(purge))
+        .route("/api/dead-letters/{id}/replay", post(replay))
+        .route("/api/leader", get(leader))
+        .route("/api/audit", get(audit))
+        .route("/api/tokens", get(list_tokens).post(create_token))
+        .route("/api/tokens/{name}", axum::routing::delete(revoke_token))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+/// Refuses an address beyond loopback while no API token exists: the API would be exposed with
+/// nobody able to use it, which is always a setup mistake (and with tokens created later from
+/// the database side, the operator decides who gets in, never a default).
+pub async fn check_exposure(bind: SocketAddr, ops: &Operations) -> anyhow::Result<()> {
+    if bind.ip().is_loopback() || ops.store().any_active_token().await? {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "bind = {bind} listens beyond loopback, but no API token exists, so the API has no \
+         authentication configured; create one first with `chime tokens create --role admin \
+         --name NAME`, or set bind to a loopback address such as 127.0.0.1:8080"
+    )
+}
+
+/// A scheduler instance's HTTP server, bound and ready to serve.
+#[derive(Debug)]
+pub struct Server {
+    listener: tokio::net::TcpListener,
+    state: Arc<ApiState>,
+}
+
+impl Server {
+    /// Checks the exposure rule ([`check_exposure`]) and binds `bind`, for the instance
+    /// `config` describes, whose elector reports through `leadership`.
+    pub async fn bind(
+        bind: SocketAddr,
+        store: &Store,
+        config: &ServiceConfig,
+        leadership: watch::Receiver<Leadership>,
+    ) -> anyhow::Result<Server> {
+        let broker = Broker {
+            amqp_url: config.amqp_url.clone(),
+            queue_prefix: config.queue_prefix.clone(),
+        };
+        let ops = Operations::new(store.clone(), Some(broker.clone()));
+        check_exposure(bind, &ops).await?;
+        let listener = tokio::net::TcpListener::bind(bind)
+            .await
+            .with_context(|| format!("listening on bind = {bind} for the API"))?;
+        let metrics = crate::metrics::Metrics::new(Some(leadership), Some(broker))?;
+        tracing::info!(address = %listener.local_addr()?, "API, health and /metrics listening");
+        Ok(Server {
+            listener,
+            state: Arc::new(ApiState {
+                ops,
+                instance_id: config.instance_id.clone(),
+                readiness: Readiness {
+                    amqp_url: Some(config.amqp_url.clone()),
+                },
+                metrics: Some(Arc::new(metrics)),
+            }),
+        })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves until `shutdown`.
+    pub async fn serve(self, shutdown: CancellationToken) -> std::io::Result<()> {
+        axum::serve(self.listener, router(self.state))
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await
+    }
+}
+
+// ---- errors ---------------------------------------------------------------------------------
+
+/// An API error: a status and a JSON body naming what is wrong and how to fix it.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    message: String,
+    problems: Vec<FieldProblem>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+            problems: Vec::new(),
+        }
+    }
+
+    fn invalid(problems: Vec<FieldProblem>) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: problems
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; "),
+            problems,
+        }
+    }
+
+    fn unauthenticated(message: &str) -> ApiError {
+        ApiError::new(StatusCode::UNAUTHORIZED, message)
+    }
+}
+
+impl From<OpsError> for ApiError {
+    fn from(e: OpsError) -> ApiError {
+        match e {
+            OpsError::Forbidden { .. } => ApiError::new(StatusCode::FORBIDDEN, e.to_string()),
+            OpsError::NotFound(m) => ApiError::new(StatusCode::NOT_FOUND, m),
+            OpsError::Invalid(problems) => ApiError::invalid(problems),
+            OpsError::Conflict(m) => ApiError::new(StatusCode::CONFLICT, m),
+            OpsError::Unavailable(m) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, m),
+            OpsError::Internal(e) => {
+                static NEXT: AtomicU64 = AtomicU64::new(1);
+                let id = NEXT.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(request_error = id, error = %format!("{e:#}"), "API request failed");
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!(
+                        "internal error {id}; the scheduler's log has the details \
+                         (request_error={id})"
+                    ),
+                )
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {
+            "status": self.status.as_u16(),
+            "message": self.message,
+            "problems": self.problems,
+        }});
+        let mut response = (self.status, axum::Json(body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+fn ok<T: Serialize>(value: T) -> ApiResult<axum::Json<T>> {
+    Ok(axum::Json(value))
+}
+
+// ---- authentication -------------------------------------------------------------------------
+
+/// The caller, from `Authorization: Bearer SECRET`.
+pub struct Authed(pub Caller);
+
+impl FromRequestParts<Arc<ApiState>> for Authed {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Arc<ApiState>,
+    ) -> Result<Self, Self::Rejection> {
+        let Some(value) = parts.headers.get(header::AUTHORIZATION) else {
+            return Err(ApiError::unauthenticated(
+                "no API token; send `Authorization: Bearer SECRET` with a token from \
+                 `chime tokens create --role viewer --name NAME`",
+            ));
+        };
+        let secret = value
+            .to_str()
+            .ok()
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| {
+                ApiError::unauthenticated(
+                    "the Authorization header is not `Bearer SECRET`; send the token's secret \
+                     after \"Bearer \"",
+                )
+            })?;
+        match state.ops.authenticate(secret).await? {
+            Some(caller) => Ok(Authed(caller)),
+            None => Err(ApiError::unauthenticated(
+                "unknown or revoked API token; create one with `chime tokens create`",
+            )),
+        }
+    }
+}
+
+// ---- request parsing ------------------------------------------------------------------------
+
+/// A JSON body; an empty body is `null`.
+fn body_json(body: &Bytes) -> ApiResult<Value> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Value::Null);
+    }
+    serde_json::from_slice(body).map_err(|e| {
+        ApiError::invalid(vec![FieldProblem {
+            field: None,
+            value: Some(String::from_utf8_lossy(&body[..body.len().min(80)]).into_owned()),
+            message: format!(
+                "the body is not JSON ({e}); send a JSON object with Content-Type: \
+                 application/json"
+            ),
+        }])
+    })
+}
+
+struct Params(HashMap<String, String>);
+
+impl Params {
+    fn text(&self, key: &str) -> Option<String> {
+        self.0.get(key).filter(|v| !v.is_empty()).cloned()
+    }
+
+    fn number(&self, key: &str, problems: &mut Vec<FieldProblem>) -> Option<i64> {
+        let text = self.text(key)?;
+        match text.parse() {
+            Ok(n) => Some(n),
+            Err(_) => {
+                problems.push(FieldProblem {
+                    field: Some(key.to_owned()),
+                    value: Some(format!("{text:?}")),
+                    message: "not a whole number; give one such as 50".into(),
+                });
+                None
+            }
+        }
+    }
+
+    fn reject_unknown(&self, known: &[&str], problems: &mut Vec<FieldProblem>) {
+        let mut keys: Vec<&String> = self.0.keys().collect();
+        keys.sort();
+        for key in keys {
+            if !known.contains(&key.as_str()) {
+                problems.push(FieldProblem {
+                    field: Some(key.clone()),
+                    value: Some(format!("{:?}", self.0[key])),
+                    message: format!("unknown query parameter; use {}", known.join(", ")),
+                });
+            }
+        }
+    }
+}
+
+fn run_id(text: &str) -> ApiResult<i64> {
+    text.parse().map_err(|_| {
+        ApiError::invalid(vec![FieldProblem {
+            field: Some("id".into()),
+            value: Some(format!("{text:?}")),
+            message: "a run id is a whole number, such as /api/runs/42".into(),
+        }])
+    })
+}
+
+// ---- handlers -------------------------------------------------------------------------------
+
+async fn openapi() -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        OPENAPI.to_owned(),
+    )
+        .into_response()
+}
+
+async fn me(Authed(caller): Authed) -> ApiResult<axum::Json<Value>> {
+    ok(json!({"actor": caller.actor, "role": caller.role}))
+}
+
+async fn overview(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult<impl IntoResponse> {
+    let q = Params(q);
+    let mut problems = Vec::new();
+    q.reject_unknown(&["window"], &mut problems);
+    let window = match q.text("window") {
+        None => std::time::Duration::from_secs(3600),
+        Some(text) => match humantime::parse_duration(&text) {
+            Ok(window) => window,
+            Err(_) => {
+                problems.push(FieldProblem {
+                    field: Some("window".into()),
+                    value: Some(format!("{text:?}")),
+                    message: "not a duration; write one such as \"1h\" or \"24h\"".into(),
+                });
+                std::time::Duration::ZERO
+            }
+        },
+    };
+    if !problems.is_empty() {
+        return Err(ApiError::invalid(problems));
+    }
+    ok(s.ops.overview(&c, window).await?)
+}
+
+async fn list_jobs(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+) -> ApiResult<impl IntoResponse> {
+    ok(json!({"jobs": s.ops.jobs(&c).await?}))
+}
+
+async fn create_job(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+    body: Bytes,
+) -> ApiResult<impl IntoResponse> {
+    let definition = body_json(&body)?;
+    let job = s.ops.create_job(&c, definition).await?;
+    Ok((StatusCode::CREATED, axum::Json(job)))
+}
+
+async fn show_job(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+    Path(name): Path<String>,
+) -> ApiResult<impl IntoResponse> {
+    ok(s.ops.job(&c, &name).await?)
+}
+
+async fn update_job(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> ApiResult<impl IntoResponse> {
+    let changes = body_json(&body)?;
+    ok(s.ops.update_job(&c, &name, changes).await?)
+}
+
+async fn delete_job(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+    Path(name): Path<String>,
+) -> ApiResult<impl IntoResponse> {
+    s.ops.delete_job(&c, &name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn pause_job(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+    Path(name): Path<String>,
+) -> ApiResult<impl IntoResponse> {
+    ok(s.ops.set_paused(&c, &name, true).await?)
+}
+
+async fn resume_job(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+    Path(name): Path<String>,
+) -> ApiResult<impl IntoResponse> {
+    ok(s.ops.set_paused(&c, &name, false).await?)
+}
+
+async fn trigger_job(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> ApiResult<impl IntoResponse> {
+    let params = match body_json(&body)? {
+        Value::Null => None,
+        Value::Object(mut map) => {
+            if let Some(key) = map.keys().find(|k| *k != "params") {
+                return Err(ApiError::invalid(vec![FieldProblem {
+                    field: Some(key.clone()),
+                    value: Some(map[key].to_string()),
+                    message: "unknown field; the body is {\"params\": {…}} or empty".into(),
+                }]));
+            }
+            map.remove("params").filter(|p| !p.is_null())
+        }
+        other => {
+            return Err(ApiError::invalid(vec![FieldProblem {
+                field: None,
+                value: Some(other.to_string()),
+                message: "the body is {\"params\": {…}} (params for this run) or empty".into(),
+            }]));
+        }
+    };
+    let triggered = s.ops.trigger(&c, &name, params).await?;
+    Ok((StatusCode::CREATED, axum::Json(triggered)))
+}
+
+async fn list_runs(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult<impl IntoResponse> {
+    let q = Params(q);
+    let mut problems = Vec::new();
+    q.reject_unknown(&["job", "state", "group", "before", "limit"], &mut problems);
+    let query = RunQuery {
+        job: q.text("job"),
+        state: q.text("state"),
+        group: q.text("group"),
+        before: q.number("before", &mut problems),
+        limit: q.number("limit", &mut problems).unwrap_or(DEFAULT_PAGE),
+    };
+    if !problems.is_empty() {
+        return Err(ApiError::invalid(problems));
+    }
+    ok(s.ops.runs(&c, query).await?)
+}
+
+async fn show_run(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+    Path(id): Path<String>,
+) -> ApiResult<impl IntoResponse> {
+    ok(s.ops.run(&c, run_id(&id)?).await?)
+}
+
+async fn cancel_run(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+    Path(id): Path<String>,
+) -> ApiResult<impl IntoResponse> {
+    ok(s.ops.cancel_run(&c, run_id(&id)?).await?)
+}
+
+async fn list_workers(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+) -> ApiResult<impl IntoResponse> {
+    ok(json!({"workers": s.ops.workers(&c).await?}))
+}
+
+async fn list_queues(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+) -> ApiResult<impl IntoResponse> {
+    ok(json!({"queues": s.ops.queues(&c).await?}))
+}
+
+async fn list_dead_letters(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult<impl IntoResponse> {
+    let q = Params(q);
+    let mut problems = Vec::new();
+    q.reject_unknown(&["group", "limit"], &mut problems);
+    let limit = q.number("limit", &mut problems).unwrap_or(100);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        problems.push(FieldProblem {
+            field: Some("limit".into()),
+            value: Some(limit.to_string()),
+            message: format!("use a number from 1 to {MAX_PAGE}"),
+        });
+    }
+    if !problems.is_empty() {
+        return Err(ApiError::invalid(problems));
+    }
+    let letters = s
+        .ops
+        .dead_letters(&c, q.text("group"), limit as usize)
+        .await?;
+    ok(json!({"dead_letters": letters}))
+}
+
+async fn replay(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+    Path(id): Path<String>,
+) -> ApiResult<impl IntoResponse> {
+    ok(s.ops.replay(&c, run_id(&id)?).await?)
+}
+
+fn group_param(q: HashMap<String, String>) -> ApiResult<Option<String>> {
+    let q = Params(q);
+    let mut problems = Vec::new();
+    q.reject_unknown(&["group"], &mut problems);
+    if !problems.is_empty() {
+        return Err(ApiError::invalid(problems));
+    }
+    Ok(q.text("group"))
+}
+
+async fn replay_all(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult<impl IntoResponse> {
+    ok(s.ops.replay_all(&c, group_param(q)?).await?)
+}
+
+async fn purge(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult<impl IntoResponse> {
+    ok(json!({"purged": s.ops.purge(&c, group_param(q)?).await?}))
+}
+
+async fn leader(State(s): State<Arc<ApiState>>, Authed(c): Authed) -> ApiResult<impl IntoResponse> {
+    let lease = s.ops.leader(&c).await?;
+    ok(json!({
+        "instance": lease.holder.clone().filter(|_| lease.active),
+        "term": lease.term,
+        "since": lease.elected_at.filter(|_| lease.active),
+        "expires_at": lease.expires_at,
+        "active": lease.active,
+        "this_instance": s.instance_id,
+        "this_instance_leads": lease.active && lease.holder.as_deref() == Some(s.instance_id.as_str()),
+    }))
+}
+
+async fn audit(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult<impl IntoResponse> {
+    let q = Params(q);
+    let mut problems = Vec::new();
+    q.reject_unknown(&["job", "actor", "before", "limit"], &mut problems);
+    let query = AuditQuery {
+        job: q.text("job"),
+        actor: q.text("actor"),
+        before: q.number("before", &mut problems),
+        limit: q.number("limit", &mut problems).unwrap_or(DEFAULT_PAGE),
+    };
+    if !problems.is_empty() {
+        return Err(ApiError::invalid(problems));
+    }
+    ok(s.ops.audit(&c, query).await?)
+}
+
+async fn list_tokens(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+) -> ApiResult<impl IntoResponse> {
+    ok(json!({"tokens": s.ops.tokens(&c).await?}))
+}
+
+async fn create_token(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+    body: Bytes,
+) -> ApiResult<impl IntoResponse> {
+    let body = body_json(&body)?;
+    let mut problems = Vec::new();
+    let name = body.get("name").and_then(Value::as_str).unwrap_or_default();
+    if name.is_empty() {
+        problems.push(FieldProblem {
+            field: Some("name".into()),
+            value: body.get("name").map(Value::to_string),
+            message: "missing; name the token after who uses it, such as \"grafana\"".into(),
+        });
+    }
+    let role = body
+        .get("role")
+        .and_then(Value::as_str)
+        .and_then(Role::parse);
+    if role.is_none() {
+        problems.push(FieldProblem {
+            field: Some("role".into()),
+            value: body.get("role").map(Value::to_string),
+            message: "use \"viewer\", \"operator\" or \"admin\"".into(),
+        });
+    }
+    let Some(role) = role.filter(|_| problems.is_empty()) else {
+        return Err(ApiError::invalid(problems));
+    };
+    let token = s.ops.create_token(&c, name, role).await?;
+    Ok((StatusCode::CREATED, axum::Json(token)))
+}
+
+async fn revoke_token(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+    Path(name): Path<String>,
+) -> ApiResult<impl IntoResponse> {
+    s.ops.revoke_token(&c, &name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn healthz() -> impl IntoResponse {
+    axum::Json(json!({"status": "ok"}))
+}
+
+async fn readyz(State(s): State<Arc<ApiState>>) -> Response {
+    let database =
+        match tokio::time::timeout(std::time::Duration::from_secs(2), s.ops.store().ping()).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(format!("{e:#}")),
+            Err(_) => Err("no answer within 2s".to_owned()),
+        };
+    let broker = match &s.readiness.amqp_url {
+        None => None,
+        Some(url) => Some(crate::parking::ping(url).await),
+    };
+    let ready = database.is_ok() && broker.as_ref().is_none_or(Result::is_ok);
+    let check = |r: &Result<(), String>| match r {
+        Ok(()) => json!({"ok": true}),
+        Err(e) => json!({"ok": false, "error": e}),
+    };
+    let body = json!({
+        "status": if ready { "ready" } else { "unavailable" },
+        "database": check(&database),
+        "broker": broker.as_ref().map(check),
+    });
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, axum::Json(body)).into_response()
+}
+
+async fn metrics(State(s): State<Arc<ApiState>>) -> Response {
+    match &s.metrics {
+        Some(metrics) => match metrics.render(s.ops.store()).await {
+            Ok(text) => {
+                ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+            }
+            Err(e) => ApiError::from(OpsError::Internal(e)).into_response(),
+        },
+        None => ApiError::new(StatusCode::NOT_FOUND, "metrics are not enabled").into_response(),
+    }
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "no such endpoint; the API is described at /api/openapi.json",
+    )
+}
+
+#[cfg(test)]
+mod tests;

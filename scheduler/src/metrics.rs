@@ -1,0 +1,380 @@
+//! Prometheus metrics of one scheduler instance, served at `/metrics` (text format 0.0.4).
+//!
+//! Most figures come from the database and the broker **at scrape time**, so every instance
+//! reports the cluster's numbers whether it leads or not, and workers (other processes) need no
+//! exporter of their own for them:
+//!
+//! * lateness of each fire, scheduled → published and scheduled → started (database clock),
+//!   and the runs that finished, with their attempts and retries, are observed by a cursor that
+//!   walks new runs by id, at most [`SCAN_LIMIT`] rows per scrape. A run counts as finished
+//!   when it reaches a final state, or after [`SETTLE_AFTER`] (a run still running then is not
+//!   counted in `chime_runs_finished_total`). The first scrape starts at the newest run: history
+//!   is not replayed. Each instance observes every run, so sum counters over one instance only
+//!   (`max by`), while quantiles of the sums are unaffected.
+//! * unfinished runs by job and state, workers online, the lease's term: one cheap query each
+//!   (partial indexes).
+//! * queue depth, consumers and parking-lot depth per group: passive declares (nothing is
+//!   created); unknown queues are left out.
+//!
+//! Publish confirm latency is measured where it happens ([`observe_confirm`], in the publish
+//! path); `chime_is_leader` comes from this instance's elector.
+
+use std::collections::HashMap;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use prometheus::core::Collector;
+use prometheus::{
+    Encoder as _, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
+};
+use tokio::sync::{Mutex, watch};
+
+use crate::leader::Leadership;
+use crate::ops::Broker;
+use crate::parking::ParkingLot;
+use crate::store::Store;
+
+/// Most runs the lateness cursor reads per scrape.
+pub const SCAN_LIMIT: i64 = 5000;
+/// A run not final this long after it was created is no longer watched.
+pub const SETTLE_AFTER: Duration = Duration::from_secs(600);
+
+/// Every metric name `/metrics` exports (histograms also as `_bucket`, `_sum`, `_count`).
+pub const METRIC_NAMES: &[&str] = &[
+    "chime_fire_lateness_seconds",
+    "chime_runs_finished_total",
+    "chime_runs_active",
+    "chime_attempts_total",
+    "chime_retries_total",
+    "chime_publish_confirm_seconds",
+    "chime_queue_depth",
+    "chime_queue_consumers",
+    "chime_parking_lot_depth",
+    "chime_is_leader",
+    "chime_leader_term",
+    "chime_workers_online",
+    "chime_scrape_errors_total",
+];
+
+/// Publish → confirm latency of triggers, observed by the publish path.
+static PUBLISH_CONFIRM: LazyLock<Histogram> = LazyLock::new(|| {
+    Histogram::with_opts(
+        HistogramOpts::new(
+            "chime_publish_confirm_seconds",
+            "Time from sending a trigger to the broker's confirm (or its failure).",
+        )
+        .buckets(vec![
+            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+        ]),
+    )
+    .expect("valid histogram")
+});
+
+/// Records one publish's confirm latency.
+pub fn observe_confirm(elapsed: Duration) {
+    PUBLISH_CONFIRM.observe(elapsed.as_secs_f64());
+}
+
+/// One instance's metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    lateness: HistogramVec,
+    finished: IntCounterVec,
+    attempts: IntCounterVec,
+    retries: IntCounterVec,
+    active: IntGaugeVec,
+    queue_depth: IntGaugeVec,
+    queue_consumers: IntGaugeVec,
+    parking_depth: IntGaugeVec,
+    is_leader: IntGauge,
+    term: IntGauge,
+    workers: IntGaugeVec,
+    scrape_errors: IntCounterVec,
+    cursor: Mutex<RunCursor>,
+    leadership: Option<watch::Receiver<Leadership>>,
+    broker: Option<Broker>,
+}
+
+/// Where the run observer is: every run with an id up to `after` is accounted for; `seen`
+/// holds what was already observed of newer runs.
+#[derive(Debug, Default)]
+struct RunCursor {
+    after: Option<i64>,
+    seen: HashMap<i64, Seen>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Seen {
+    published: bool,
+    started: bool,
+    counted: bool,
+}
+
+impl Metrics {
+    /// Metrics of an instance whose leadership `leadership` reports, with queues of `broker`.
+    pub fn new(
+        leadership: Option<watch::Receiver<Leadership>>,
+        broker: Option<Broker>,
+    ) -> anyhow::Result<Metrics> {
+        let registry = Registry::new();
+        let lateness = HistogramVec::new(
+            HistogramOpts::new(
+                "chime_fire_lateness_seconds",
+                "Lateness of fires: scheduled instant to published (broker confirm recorded) or \
+                 to started (worker claim), database clock.",
+            )
+            .buckets(vec![
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                60.0, 300.0,
+            ]),
+            &["stage"],
+        )?;
+        let finished = IntCounterVec::new(
+            Opts::new(
+                "chime_runs_finished_total",
+                "Runs that reached a final state, by job and state.",
+            ),
+            &["job", "state"],
+        )?;
+        let attempts = IntCounterVec::new(
+            Opts::new("chime_attempts_total", "Attempts of finished runs, by job."),
+            &["job"],
+        )?;
+        let retries = IntCounterVec::new(
+            Opts::new(
+                "chime_retries_total",
+                "Attempts after the first of finished runs, by job.",
+            ),
+            &["job"],
+        )?;
+        let active = IntGaugeVec::new(
+            Opts::new(
+                "chime_runs_active",
+                "Unfinished runs (pending, queued, running, retrying) by job and state.",
+            ),
+            &["job", "state"],
+        )?;
+        let queue_depth = IntGaugeVec::new(
+            Opts::new(
+                "chime_queue_depth",
+                "Ready messages in each group's work queue.",
+            ),
+            &["group"],
+        )?;
+        let queue_consumers = IntGaugeVec::new(
+            Opts::new(
+                "chime_queue_consumers",
+                "Consumers of each group's work queue.",
+            ),
+            &["group"],
+        )?;
+        let parking_depth = IntGaugeVec::new(
+            Opts::new(
+                "chime_parking_lot_depth",
+                "Messages in each group's parking lot (dead letters).",
+            ),
+            &["group"],
+        )?;
+        let is_leader = IntGauge::new("chime_is_leader", "1 while this instance leads.")?;
+        let term = IntGauge::new("chime_leader_term", "The leader lease's current term.")?;
+        let workers = IntGaugeVec::new(
+            Opts::new("chime_workers_online", "Workers heartbeating, by group."),
+            &["group"],
+        )?;
+        let scrape_errors = IntCounterVec::new(
+            Opts::new(
+                "chime_scrape_errors_total",
+                "Failures to read a source of metrics at scrape time.",
+            ),
+            &["source"],
+        )?;
+        registry.register(Box::new(lateness.clone()))?;
+        registry.register(Box::new(finished.clone()))?;
+        registry.register(Box::new(attempts.clone()))?;
+        registry.register(Box::new(retries.clone()))?;
+        registry.register(Box::new(active.clone()))?;
+        registry.register(Box::new(queue_depth.clone()))?;
+        registry.register(Box::new(queue_consumers.clone()))?;
+        registry.register(Box::new(parking_depth.clone()))?;
+        registry.register(Box::new(is_leader.clone()))?;
+        registry.register(Box::new(term.clone()))?;
+        registry.register(Box::new(workers.clone()))?;
+        registry.register(Box::new(scrape_errors.clone()))?;
+        registry.register(Box::new(PUBLISH_CONFIRM.clone()))?;
+        // Make every labelled family visible before its first sample, so dashboards and
+        // alerts find the name.
+        for stage in ["published", "started"] {
+            lateness.with_label_values(&[stage]);
+        }
+        for source in ["runs", "database", "broker"] {
+            scrape_errors.with_label_values(&[source]);
+        }
+        Ok(Metrics {
+            registry,
+            lateness,
+            finished,
+            attempts,
+            retries,
+            active,
+            queue_depth,
+            queue_consumers,
+            parking_depth,
+            is_leader,
+            term,
+            workers,
+            scrape_errors,
+            cursor: Mutex::new(RunCursor::default()),
+            leadership,
+            broker,
+        })
+    }
+
+    /// The names of every metric registered (whether or not it has samples yet).
+    pub fn names(&self) -> Vec<String> {
+        let collectors: [&dyn Collector; 13] = [
+            &self.lateness,
+            &self.finished,
+            &self.attempts,
+            &self.retries,
+            &self.active,
+            &self.queue_depth,
+            &self.queue_consumers,
+            &self.parking_depth,
+            &self.is_leader,
+            &self.term,
+            &self.workers,
+            &self.scrape_errors,
+            &*PUBLISH_CONFIRM,
+        ];
+        collectors
+            .iter()
+            .flat_map(|c| c.desc())
+            .map(|d| d.fq_name.clone())
+            .collect()
+    }
+
+    /// Refreshes the scrape-time figures and renders every metric as Prometheus text.
+    pub async fn render(&self, store: &Store) -> anyhow::Result<String> {
+        if let Err(e) = self.observe_runs(store).await {
+            tracing::warn!(error = %format!("{e:#}"), "metrics: reading new runs failed");
+            self.scrape_errors.with_label_values(&["runs"]).inc();
+        }
+        if let Err(e) = self.refresh_database(store).await {
+            tracing::warn!(error = %format!("{e:#}"), "metrics: reading the database failed");
+            self.scrape_errors.with_label_values(&["database"]).inc();
+        }
+        if let Err(e) = self.refresh_queues(store).await {
+            tracing::debug!(error = %format!("{e:#}"), "metrics: reading queues failed");
+            self.scrape_errors.with_label_values(&["broker"]).inc();
+        }
+        self.is_leader
+            .set(i64::from(self.leadership.as_ref().is_some_and(|l| {
+                l.borrow().term_at(tokio::time::Instant::now()).is_some()
+            })));
+        let mut text = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut text)
+            .context("encoding metrics")?;
+        String::from_utf8(text).context("metrics text is not UTF-8")
+    }
+
+    async fn observe_runs(&self, store: &Store) -> anyhow::Result<()> {
+        let mut cursor = self.cursor.lock().await;
+        let Some(after) = cursor.after else {
+            cursor.after = Some(store.newest_run_id().await?);
+            return Ok(());
+        };
+        let rows = store.runs_after(after, SCAN_LIMIT, SETTLE_AFTER).await?;
+        let mut settled_prefix = true;
+        for run in rows {
+            let seen = cursor.seen.entry(run.id).or_default();
+            if let Some(at) = run.published_at
+                && !seen.published
+            {
+                seen.published = true;
+                self.lateness
+                    .with_label_values(&["published"])
+                    .observe(seconds(at - run.scheduled_at));
+            }
+            if let Some(at) = run.started_at
+                && !seen.started
+            {
+                seen.started = true;
+                self.lateness
+                    .with_label_values(&["started"])
+                    .observe(seconds(at - run.scheduled_at));
+            }
+            if run.is_final && !seen.counted {
+                seen.counted = true;
+                self.finished
+                    .with_label_values(&[&run.job, &run.state])
+                    .inc();
+                let attempts = u64::try_from(run.attempt).unwrap_or(0);
+                self.attempts
+                    .with_label_values(&[&run.job])
+                    .inc_by(attempts);
+                self.retries
+                    .with_label_values(&[&run.job])
+                    .inc_by(attempts.saturating_sub(1));
+            }
+            if !(run.is_final || run.settled) {
+                settled_prefix = false;
+            } else if settled_prefix {
+                cursor.after = Some(run.id);
+            }
+        }
+        let after = cursor.after.unwrap_or(0);
+        cursor.seen.retain(|id, _| *id > after);
+        Ok(())
+    }
+
+    async fn refresh_database(&self, store: &Store) -> anyhow::Result<()> {
+        let active = store.active_run_counts().await?;
+        self.active.reset();
+        for (job, state, count) in active {
+            self.active.with_label_values(&[&job, &state]).set(count);
+        }
+        self.workers.reset();
+        for (group, count) in store.workers_online().await? {
+            self.workers.with_label_values(&[&group]).set(count);
+        }
+        self.term.set(store.leader().await?.term);
+        Ok(())
+    }
+
+    async fn refresh_queues(&self, store: &Store) -> anyhow::Result<()> {
+        let Some(broker) = &self.broker else {
+            return Ok(());
+        };
+        let groups = store.groups().await?;
+        let lot = ParkingLot::connect(&broker.amqp_url, &broker.queue_prefix).await?;
+        self.queue_depth.reset();
+        self.queue_consumers.reset();
+        self.parking_depth.reset();
+        for group in groups {
+            let topology = chime_worker::Topology::new(&broker.queue_prefix, &group);
+            if let Some((messages, consumers)) = lot.inspect(&topology.work_queue()).await {
+                self.queue_depth
+                    .with_label_values(&[&group])
+                    .set(i64::from(messages));
+                self.queue_consumers
+                    .with_label_values(&[&group])
+                    .set(i64::from(consumers));
+            }
+            if let Some((messages, _)) = lot.inspect(&topology.parking_queue()).await {
+                self.parking_depth
+                    .with_label_values(&[&group])
+                    .set(i64::from(messages));
+            }
+        }
+        lot.close().await;
+        Ok(())
+    }
+}
+
+fn seconds(d: chrono::TimeDelta) -> f64 {
+    d.num_microseconds().map_or(0.0, |us| us as f64 / 1e6)
+}

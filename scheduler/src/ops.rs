@@ -1,0 +1,1286 @@
+//! The service layer of the operations surface: every runtime operation on jobs, runs, workers,
+//! queues, dead letters, the leader, the audit log and API tokens, and who may do it.
+//!
+//! **Invariant:** this is the one place where authorization is decided. The REST API
+//! ([`crate::api`]) and the CLI ([`crate::cli`]) both call [`Operations`] with a [`Caller`];
+//! neither checks a role itself. Every action that changes something is written to the audit
+//! log (`chime_audit`): done (`ok`), refused for the caller's role (`denied`), or refused for its
+//! input or state (`failed`), with who, what, which job and run, and when.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use chime_worker::Topology;
+use chime_worker::protocol::ControlMessage;
+
+use crate::auth::{self, Caller, Role};
+use crate::config::validate_job;
+use crate::job::JobSpec;
+use crate::parking::{ParkedMessage, ParkingLot};
+use crate::publish::{ControlDelivery, Publisher};
+use crate::store::{
+    AuditQuery, AuditRecord, CancelOutcome, LeaderInfo, NewAuditEntry, REPLAYABLE_STATES,
+    ReplayOutcome, RunBrief, RunDetail, RunQuery, RunRecord, Store, TokenRecord, WorkerRecord,
+};
+
+/// Where the broker is, for the operations that talk to it (cancel, dead letters, queues).
+#[derive(Debug, Clone)]
+pub struct Broker {
+    /// RabbitMQ URL.
+    pub amqp_url: String,
+    /// Queue and exchange name prefix.
+    pub queue_prefix: String,
+}
+
+/// Run states, as filters accept them (docs/runs.md).
+pub const RUN_STATES: &[&str] = &[
+    "pending",
+    "queued",
+    "running",
+    "retrying",
+    "succeeded",
+    "failed",
+    "dead",
+    "cancelled",
+    "skipped",
+];
+
+/// Largest page of runs or audit entries.
+pub const MAX_PAGE: i64 = 1000;
+
+/// Most messages one dead-letter replay reads from a parking lot.
+const REPLAY_SCAN: usize = 10_000;
+
+/// One mistake in a request: the field, the value as given, what is wrong and how to fix it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FieldProblem {
+    /// The field (dotted inside objects), if the mistake is about one.
+    pub field: Option<String>,
+    /// The value as given, compactly rendered.
+    pub value: Option<String>,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+impl FieldProblem {
+    fn new(field: &str, value: impl Into<Option<String>>, message: impl Into<String>) -> Self {
+        FieldProblem {
+            field: Some(field.to_owned()),
+            value: value.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for FieldProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (&self.field, &self.value) {
+            (Some(field), Some(value)) => write!(f, "field {field:?} = {value}: {}", self.message),
+            (Some(field), None) => write!(f, "field {field:?}: {}", self.message),
+            _ => f.write_str(&self.message),
+        }
+    }
+}
+
+/// Why an operation was not done.
+#[derive(Debug, thiserror::Error)]
+pub enum OpsError {
+    /// The caller's role does not allow the action.
+    #[error(
+        "{action} needs the {needed} role, but {actor} is {has}; ask an admin for a token with that role"
+    )]
+    Forbidden {
+        /// The action, such as `jobs.trigger`.
+        action: &'static str,
+        /// The lowest role allowed to do it.
+        needed: Role,
+        /// The caller's role.
+        has: Role,
+        /// The caller.
+        actor: String,
+    },
+    /// What the request names does not exist.
+    #[error("{0}")]
+    NotFound(String),
+    /// The request is malformed; every mistake is listed.
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Invalid(Vec<FieldProblem>),
+    /// The request is valid but the current state forbids it.
+    #[error("{0}")]
+    Conflict(String),
+    /// A service it needs (the broker) cannot be reached or is not configured.
+    #[error("{0}")]
+    Unavailable(String),
+    /// Anything else; details are logged, not shown to API clients.
+    #[error(transparent)]
+    Internal(#[from] anyhow::Error),
+}
+
+/// Result of an operation.
+pub type OpsResult<T> = Result<T, OpsError>;
+
+/// A job as listed and shown.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct JobView {
+    /// Job name.
+    pub name: String,
+    /// Executor group.
+    pub group: String,
+    /// The schedule in words (`cron "…" (zone)`, `every 30s`, `manual`).
+    pub schedule: String,
+    /// The next fire, unless paused or manual only.
+    pub next_fire: Option<DateTime<Utc>>,
+    /// Whether planning is paused.
+    pub paused: bool,
+    /// `config` (from job files; change the file) or `api` (created at runtime).
+    pub source: String,
+    /// The full definition, in its config-file form.
+    pub spec: JobSpec,
+}
+
+/// A manual trigger's run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Triggered {
+    /// The new run.
+    pub run_id: i64,
+    /// Its job.
+    pub job: String,
+}
+
+/// A page of runs, newest first.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunsPage {
+    /// The runs.
+    pub runs: Vec<RunRecord>,
+    /// Pass as `before` to get the next (older) page; none on the last page.
+    pub next_before: Option<i64>,
+}
+
+/// A page of the audit log, newest first.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AuditPage {
+    /// The entries.
+    pub entries: Vec<AuditRecord>,
+    /// Pass as `before` to get the next (older) page; none on the last page.
+    pub next_before: Option<i64>,
+}
+
+/// What a cancel did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Cancelled {
+    /// The run was waiting and will not run.
+    Cancelled {
+        /// Run id.
+        run_id: i64,
+        /// Job name.
+        job: String,
+        /// The state it had.
+        previous_state: String,
+    },
+    /// The run is running; its worker was asked to cancel it.
+    CancelRequested {
+        /// Run id.
+        run_id: i64,
+        /// Job name.
+        job: String,
+        /// A cancel had been requested before.
+        requested_before: bool,
+        /// Whether a worker listens for control messages (`delivered`) or not
+        /// (`no_listener`: the rescuer records it cancelled once its worker is found lost).
+        control_message: &'static str,
+    },
+}
+
+/// The cluster at a glance, for the dashboard's overview.
+#[derive(Debug, Clone, Serialize)]
+pub struct Overview {
+    /// The window the run counts cover, in seconds.
+    pub window_seconds: u64,
+    /// Runs created within the window, by state (states without runs are 0).
+    pub runs_by_state: std::collections::BTreeMap<String, i64>,
+    /// Failed and dead runs among the finished ones in the window; none without finished runs.
+    pub failure_rate: Option<f64>,
+    /// Who leads.
+    pub leader: LeaderInfo,
+    /// Jobs.
+    pub jobs: i64,
+    /// Paused jobs.
+    pub paused_jobs: i64,
+    /// Workers heartbeating.
+    pub workers_online: i64,
+}
+
+/// Shortest and longest overview windows.
+pub const OVERVIEW_WINDOWS: (Duration, Duration) =
+    (Duration::from_secs(60), Duration::from_secs(7 * 24 * 3600));
+
+/// One executor group's queues.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct QueueView {
+    /// Executor group.
+    pub group: String,
+    /// Work queue name.
+    pub queue: String,
+    /// Messages ready in the work queue (`null` if the queue does not exist yet).
+    pub depth: Option<u32>,
+    /// Consumers of the work queue.
+    pub consumers: Option<u32>,
+    /// Parking-lot queue name.
+    pub parking_queue: String,
+    /// Messages in the parking lot.
+    pub parking_depth: Option<u32>,
+}
+
+/// A parked message with what the database knows of its run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeadLetter {
+    /// Executor group.
+    pub group: String,
+    /// Run id, when the message has one.
+    pub run_id: Option<i64>,
+    /// Job.
+    pub job: Option<String>,
+    /// Attempt.
+    pub attempt: Option<u32>,
+    /// Why it was parked.
+    pub reason: Option<String>,
+    /// Last error.
+    pub error: Option<String>,
+    /// When it was parked.
+    pub parked_at: Option<DateTime<Utc>>,
+    /// Who parked it.
+    pub parked_by: Option<String>,
+    /// Its run's state now.
+    pub run_state: Option<String>,
+}
+
+/// A replayed run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Replayed {
+    /// Run id.
+    pub run_id: i64,
+    /// Job.
+    pub job: String,
+    /// The attempt it will be published as.
+    pub attempt: i32,
+    /// Parked messages of the run removed from the parking lot.
+    pub removed_messages: usize,
+}
+
+/// A message a bulk replay left in the parking lot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Kept {
+    /// Group.
+    pub group: String,
+    /// Run id, if the message has one.
+    pub run_id: Option<i64>,
+    /// Why it was kept.
+    pub note: String,
+}
+
+/// What a bulk replay did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ReplayedAll {
+    /// Runs replayed.
+    pub replayed: Vec<i64>,
+    /// Messages kept.
+    pub kept: Vec<Kept>,
+}
+
+/// What a purge did to one group's parking lot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Purged {
+    /// Group.
+    pub group: String,
+    /// Queue.
+    pub queue: String,
+    /// Messages deleted.
+    pub purged: u32,
+}
+
+/// A new API token: the secret is shown this once and never stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NewToken {
+    /// The stored token.
+    #[serde(flatten)]
+    pub token: TokenRecord,
+    /// The secret to send as `Authorization: Bearer SECRET`.
+    pub secret: String,
+}
+
+/// The operations, for one database and (optionally) one broker.
+#[derive(Debug, Clone)]
+pub struct Operations {
+    store: Store,
+    broker: Option<Broker>,
+}
+
+impl Operations {
+    /// Operations on `store`; those that need the broker fail without one.
+    pub fn new(store: Store, broker: Option<Broker>) -> Operations {
+        Operations { store, broker }
+    }
+
+    /// The database.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The caller holding the token with this secret, if any (unrevoked).
+    pub async fn authenticate(&self, secret: &str) -> OpsResult<Option<Caller>> {
+        let Some(token) = self.store.token_by_hash(&auth::secret_hash(secret)).await? else {
+            return Ok(None);
+        };
+        let role = Role::parse(&token.role).ok_or_else(|| {
+            anyhow::anyhow!("token {:?} has unknown role {:?}", token.name, token.role)
+        })?;
+        Ok(Some(Caller::token(&token.name, role)))
+    }
+
+    // ---- authorization and audit ---------------------------------------------------------
+
+    /// Allows `caller` to do `action` if its role is at least `needed`; records a refusal.
+    async fn allow(
+        &self,
+        caller: &Caller,
+        action: &'static str,
+        needed: Role,
+        job: Option<&str>,
+        run_id: Option<i64>,
+    ) -> OpsResult<()> {
+        if caller.role >= needed {
+            return Ok(());
+        }
+        self.audit_entry(
+            caller,
+            action,
+            "denied",
+            job,
+            run_id,
+            serde_json::json!({"needed": needed}),
+        )
+        .await?;
+        Err(OpsError::Forbidden {
+            action,
+            needed,
+            has: caller.role,
+            actor: caller.actor.clone(),
+        })
+    }
+
+    async fn audit_entry(
+        &self,
+        caller: &Caller,
+        action: &str,
+        outcome: &str,
+        job: Option<&str>,
+        run_id: Option<i64>,
+        detail: serde_json::Value,
+    ) -> OpsResult<()> {
+        tracing::info!(actor = %caller.actor, role = %caller.role, action, outcome,
+                       job = job.unwrap_or_default(), run_id, "operator action");
+        self.store
+            .record_audit(&NewAuditEntry {
+                actor: &caller.actor,
+                role: caller.role.as_str(),
+                action,
+                outcome,
+                job,
+                run_id,
+                detail,
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Records the result of a changing action: `ok` with `detail`, or `failed` with the error
+    /// (input and state errors only; internal errors are logged by the caller).
+    async fn record<T>(
+        &self,
+        caller: &Caller,
+        action: &'static str,
+        job: Option<&str>,
+        run_id: Option<i64>,
+        detail: serde_json::Value,
+        result: OpsResult<T>,
+    ) -> OpsResult<T> {
+        let (outcome, detail) = match &result {
+            Ok(_) => ("ok", detail),
+            Err(OpsError::Internal(_)) | Err(OpsError::Forbidden { .. }) => return result,
+            Err(e) => {
+                let mut detail = detail;
+                if let Some(map) = detail.as_object_mut() {
+                    map.insert("error".into(), e.to_string().into());
+                }
+                ("failed", detail)
+            }
+        };
+        self.audit_entry(caller, action, outcome, job, run_id, detail)
+            .await?;
+        result
+    }
+
+    fn broker(&self) -> OpsResult<&Broker> {
+        self.broker.as_ref().ok_or_else(|| {
+            OpsError::Unavailable("this operation needs the broker's URL and prefix".into())
+        })
+    }
+
+    // ---- jobs ----------------------------------------------------------------------------
+
+    /// Every job, by name.
+    pub async fn jobs(&self, caller: &Caller) -> OpsResult<Vec<JobView>> {
+        self.allow(caller, "jobs.list", Role::Viewer, None, None)
+            .await?;
+        let now = Utc::now();
+        Ok(self
+            .store
+            .jobs()
+            .await?
+            .into_iter()
+            .map(|j| job_view(j, now))
+            .collect())
+    }
+
+    /// One job.
+    pub async fn job(&self, caller: &Caller, name: &str) -> OpsResult<JobView> {
+        self.allow(caller, "jobs.show", Role::Viewer, Some(name), None)
+            .await?;
+        self.existing_job(name).await
+    }
+
+    async fn existing_job(&self, name: &str) -> OpsResult<JobView> {
+        match self.store.job(name).await? {
+            Some(job) => Ok(job_view(job, Utc::now())),
+            None => Err(no_such_job(name)),
+        }
+    }
+
+    /// Creates a job at runtime from its definition (the job-file form, as JSON).
+    pub async fn create_job(
+        &self,
+        caller: &Caller,
+        definition: serde_json::Value,
+    ) -> OpsResult<JobView> {
+        let name = definition
+            .get("name")
+            .and_then(|n| n.as_str())
+            .map(str::to_owned);
+        self.allow(caller, "jobs.create", Role::Admin, name.as_deref(), None)
+            .await?;
+        let result = async {
+            let spec = validated(&definition)?;
+            if !self.store.create_api_job(&spec).await? {
+                return Err(OpsError::Conflict(format!(
+                    "a job named {:?} already exists; choose another name, or change it with \
+                     PATCH /api/jobs/{}",
+                    spec.name, spec.name
+                )));
+            }
+            self.existing_job(&spec.name).await
+        }
+        .await;
+        self.record(
+            caller,
+            "jobs.create",
+            name.as_deref(),
+            None,
+            serde_json::json!({"definition": definition}),
+            result,
+        )
+        .await
+    }
+
+    /// Changes fields of a job created at runtime (schedule, params, policies, …): `changes`
+    /// holds the fields to set, in the job-file form; `null` removes an optional field.
+    pub async fn update_job(
+        &self,
+        caller: &Caller,
+        name: &str,
+        changes: serde_json::Value,
+    ) -> OpsResult<JobView> {
+        self.allow(caller, "jobs.update", Role::Admin, Some(name), None)
+            .await?;
+        let result = async {
+            let serde_json::Value::Object(changes) = &changes else {
+                return Err(OpsError::Invalid(vec![FieldProblem {
+                    field: None,
+                    value: Some(changes.to_string()),
+                    message: "the body must be a JSON object of the fields to change, such as \
+                              {\"schedule\": \"0 */5 * * * *\"}"
+                        .into(),
+                }]));
+            };
+            let job = self.existing_job(name).await?;
+            if job.source != "api" {
+                return Err(OpsError::Conflict(format!(
+                    "job {name:?} is declared in a job file; change the file and reload \
+                     (SIGHUP), or the next reload would undo the change"
+                )));
+            }
+            if let Some(paused) = changes.get("paused") {
+                return Err(OpsError::Invalid(vec![FieldProblem::new(
+                    "paused",
+                    paused.to_string(),
+                    format!(
+                        "pause and resume a job with POST /api/jobs/{name}/pause and /resume \
+                         (or `chime jobs pause {name}`)"
+                    ),
+                )]));
+            }
+            if let Some(new) = changes.get("name").filter(|n| n.as_str() != Some(name)) {
+                return Err(OpsError::Invalid(vec![FieldProblem::new(
+                    "name",
+                    new.to_string(),
+                    "a job cannot be renamed; create a new job and delete this one",
+                )]));
+            }
+            let mut definition =
+                match serde_json::to_value(&job.spec).map_err(anyhow::Error::from)? {
+                    serde_json::Value::Object(map) => map,
+                    _ => unreachable!("a JobSpec serialises to an object"),
+                };
+            for (key, value) in changes {
+                definition.insert(key.clone(), value.clone());
+            }
+            let spec = validated(&serde_json::Value::Object(definition))?;
+            if !self.store.update_api_job(&spec).await? {
+                return Err(no_such_job(name));
+            }
+            self.existing_job(name).await
+        }
+        .await;
+        self.record(
+            caller,
+            "jobs.update",
+            Some(name),
+            None,
+            serde_json::json!({"changes": changes}),
+            result,
+        )
+        .await
+    }
+
+    /// Deletes a job created at runtime; its runs stay.
+    pub async fn delete_job(&self, caller: &Caller, name: &str) -> OpsResult<()> {
+        self.allow(caller, "jobs.delete", Role::Admin, Some(name), None)
+            .await?;
+        let result = async {
+            let job = self.existing_job(name).await?;
+            if job.source != "api" {
+                return Err(OpsError::Conflict(format!(
+                    "job {name:?} is declared in a job file; remove it from the file and reload \
+                     (SIGHUP)"
+                )));
+            }
+            if !self.store.delete_api_job(name).await? {
+                return Err(no_such_job(name));
+            }
+            Ok(())
+        }
+        .await;
+        self.record(
+            caller,
+            "jobs.delete",
+            Some(name),
+            None,
+            serde_json::json!({}),
+            result,
+        )
+        .await
+    }
+
+    /// Pauses (`true`) or resumes (`false`) planning a job's fires.
+    pub async fn set_paused(
+        &self,
+        caller: &Caller,
+        name: &str,
+        paused: bool,
+    ) -> OpsResult<JobView> {
+        let action = if paused { "jobs.pause" } else { "jobs.resume" };
+        self.allow(caller, action, Role::Operator, Some(name), None)
+            .await?;
+        let result = async {
+            if !self.store.set_paused(name, paused).await? {
+                return Err(no_such_job(name));
+            }
+            self.existing_job(name).await
+        }
+        .await;
+        self.record(
+            caller,
+            action,
+            Some(name),
+            None,
+            serde_json::json!({}),
+            result,
+        )
+        .await
+    }
+
+    /// Triggers a job now (paused jobs too); `params` replaces the job's own for this run.
+    pub async fn trigger(
+        &self,
+        caller: &Caller,
+        name: &str,
+        params: Option<serde_json::Value>,
+    ) -> OpsResult<Triggered> {
+        self.allow(caller, "jobs.trigger", Role::Operator, Some(name), None)
+            .await?;
+        let detail = serde_json::json!({"params": params});
+        let result = match self.store.trigger(name, params, &caller.actor).await {
+            Ok(Some(run_id)) => Ok(Triggered {
+                run_id,
+                job: name.to_owned(),
+            }),
+            Ok(None) => Err(no_such_job(name)),
+            Err(e) => Err(e.into()),
+        };
+        let run_id = result.as_ref().ok().map(|t| t.run_id);
+        self.record(caller, "jobs.trigger", Some(name), run_id, detail, result)
+            .await
+    }
+
+    // ---- runs ----------------------------------------------------------------------------
+
+    /// A page of runs, newest first.
+    pub async fn runs(&self, caller: &Caller, query: RunQuery) -> OpsResult<RunsPage> {
+        self.allow(
+            caller,
+            "runs.list",
+            Role::Viewer,
+            query.job.as_deref(),
+            None,
+        )
+        .await?;
+        let mut problems = Vec::new();
+        if let Some(state) = &query.state
+            && !RUN_STATES.contains(&state.as_str())
+        {
+            problems.push(FieldProblem::new(
+                "state",
+                format!("{state:?}"),
+                format!("unknown run state; use one of {}", RUN_STATES.join(", ")),
+            ));
+        }
+        if !(1..=MAX_PAGE).contains(&query.limit) {
+            problems.push(FieldProblem::new(
+                "limit",
+                query.limit.to_string(),
+                format!("use a page size from 1 to {MAX_PAGE}"),
+            ));
+        }
+        if !problems.is_empty() {
+            return Err(OpsError::Invalid(problems));
+        }
+        let limit = query.limit;
+        let mut runs = self
+            .store
+            .runs_page(&RunQuery {
+                limit: limit + 1,
+                ..query
+            })
+            .await?;
+        let more = runs.len() as i64 > limit;
+        runs.truncate(limit as usize);
+        let next_before = if more {
+            runs.last().map(|r| r.id)
+        } else {
+            None
+        };
+        Ok(RunsPage { runs, next_before })
+    }
+
+    /// One run with its attempts and log lines.
+    pub async fn run(&self, caller: &Caller, id: i64) -> OpsResult<RunDetail> {
+        self.allow(caller, "runs.show", Role::Viewer, None, Some(id))
+            .await?;
+        self.store.run(id).await?.ok_or_else(|| no_such_run(id))
+    }
+
+    /// Cancels a run: a waiting one at once, a running one through its worker.
+    pub async fn cancel_run(&self, caller: &Caller, id: i64) -> OpsResult<Cancelled> {
+        self.allow(caller, "runs.cancel", Role::Operator, None, Some(id))
+            .await?;
+        let mut job = None;
+        let result = async {
+            match self.store.cancel_run(id, &caller.actor).await? {
+                CancelOutcome::NotFound => Err(no_such_run(id)),
+                CancelOutcome::Finished { state } => Err(OpsError::Conflict(format!(
+                    "run {id} has already finished ({state}); there is nothing to cancel"
+                ))),
+                CancelOutcome::Cancelled {
+                    job: name,
+                    previous,
+                } => {
+                    job = Some(name.clone());
+                    Ok(Cancelled::Cancelled {
+                        run_id: id,
+                        job: name,
+                        previous_state: previous,
+                    })
+                }
+                CancelOutcome::Requested {
+                    job: name, again, ..
+                } => {
+                    job = Some(name.clone());
+                    let broker = self.broker()?;
+                    let publisher = Publisher::new(
+                        broker.amqp_url.clone(),
+                        &format!("ops-{}", std::process::id()),
+                        broker.queue_prefix.clone(),
+                    );
+                    let sent = publisher
+                        .publish_control(&ControlMessage::CancelRun { run_id: id })
+                        .await;
+                    publisher.close().await;
+                    let delivery = sent.map_err(|e| {
+                        OpsError::Unavailable(format!(
+                            "the cancel of run {id} is recorded, but the workers could not be \
+                             told: {e}; cancel it again when the broker is back"
+                        ))
+                    })?;
+                    Ok(Cancelled::CancelRequested {
+                        run_id: id,
+                        job: name,
+                        requested_before: again,
+                        control_message: if delivery == ControlDelivery::Delivered {
+                            "delivered"
+                        } else {
+                            "no_listener"
+                        },
+                    })
+                }
+            }
+        }
+        .await;
+        self.record(
+            caller,
+            "runs.cancel",
+            job.as_deref(),
+            Some(id),
+            serde_json::json!({}),
+            result,
+        )
+        .await
+    }
+
+    // ---- workers, queues, leader, audit --------------------------------------------------
+
+    /// Workers online or stopped within the last day.
+    pub async fn workers(&self, caller: &Caller) -> OpsResult<Vec<WorkerRecord>> {
+        self.allow(caller, "workers.list", Role::Viewer, None, None)
+            .await?;
+        Ok(self.store.workers().await?)
+    }
+
+    /// Each group's work queue and parking lot, from passive declares (nothing is created).
+    pub async fn queues(&self, caller: &Caller) -> OpsResult<Vec<QueueView>> {
+        self.allow(caller, "queues.list", Role::Viewer, None, None)
+            .await?;
+        let broker = self.broker()?;
+        let groups = self.store.groups().await?;
+        let lot = self.parking_lot(broker).await?;
+        let mut views = Vec::with_capacity(groups.len());
+        for group in groups {
+            let topology = Topology::new(&broker.queue_prefix, &group);
+            let (queue, parking_queue) = (topology.work_queue(), topology.parking_queue());
+            let work = lot.inspect(&queue).await;
+            let parking = lot.inspect(&parking_queue).await;
+            views.push(QueueView {
+                group,
+                depth: work.map(|(messages, _)| messages),
+                consumers: work.map(|(_, consumers)| consumers),
+                parking_depth: parking.map(|(messages, _)| messages),
+                queue,
+                parking_queue,
+            });
+        }
+        lot.close().await;
+        Ok(views)
+    }
+
+    /// Runs per state and failure rate within `window`, leader, jobs and workers.
+    pub async fn overview(&self, caller: &Caller, window: Duration) -> OpsResult<Overview> {
+        self.allow(caller, "overview.show", Role::Viewer, None, None)
+            .await?;
+        let (shortest, longest) = OVERVIEW_WINDOWS;
+        if window < shortest || window > longest {
+            return Err(OpsError::Invalid(vec![FieldProblem::new(
+                "window",
+                format!("{:?}", humantime::format_duration(window).to_string()),
+                "use a window from 1m to 7days, such as \"1h\"",
+            )]));
+        }
+        let mut runs_by_state: std::collections::BTreeMap<String, i64> =
+            RUN_STATES.iter().map(|s| (s.to_string(), 0)).collect();
+        runs_by_state.extend(self.store.run_state_counts(window).await?);
+        let failed = runs_by_state["failed"] + runs_by_state["dead"];
+        let finished = failed
+            + ["succeeded", "cancelled"]
+                .iter()
+                .map(|s| runs_by_state[*s])
+                .sum::<i64>();
+        let (jobs, paused_jobs) = self.store.job_counts().await?;
+        Ok(Overview {
+            window_seconds: window.as_secs(),
+            failure_rate: (finished > 0).then(|| failed as f64 / finished as f64),
+            runs_by_state,
+            leader: self.store.leader().await?,
+            jobs,
+            paused_jobs,
+            workers_online: self
+                .store
+                .workers_online()
+                .await?
+                .iter()
+                .map(|(_, n)| n)
+                .sum(),
+        })
+    }
+
+    /// Who leads.
+    pub async fn leader(&self, caller: &Caller) -> OpsResult<LeaderInfo> {
+        self.allow(caller, "leader.show", Role::Viewer, None, None)
+            .await?;
+        Ok(self.store.leader().await?)
+    }
+
+    /// A page of the audit log, newest first.
+    pub async fn audit(&self, caller: &Caller, query: AuditQuery) -> OpsResult<AuditPage> {
+        self.allow(caller, "audit.list", Role::Viewer, None, None)
+            .await?;
+        if !(1..=MAX_PAGE).contains(&query.limit) {
+            return Err(OpsError::Invalid(vec![FieldProblem::new(
+                "limit",
+                query.limit.to_string(),
+                format!("use a page size from 1 to {MAX_PAGE}"),
+            )]));
+        }
+        let limit = query.limit;
+        let mut entries = self
+            .store
+            .audit(&AuditQuery {
+                limit: limit + 1,
+                ..query
+            })
+            .await?;
+        let more = entries.len() as i64 > limit;
+        entries.truncate(limit as usize);
+        let next_before = if more {
+            entries.last().map(|e| e.id)
+        } else {
+            None
+        };
+        Ok(AuditPage {
+            entries,
+            next_before,
+        })
+    }
+
+    // ---- dead letters --------------------------------------------------------------------
+
+    async fn parking_lot(&self, broker: &Broker) -> OpsResult<ParkingLot> {
+        ParkingLot::connect(&broker.amqp_url, &broker.queue_prefix)
+            .await
+            .map_err(|e| OpsError::Unavailable(format!("{e:#}")))
+    }
+
+    async fn groups_or(&self, group: Option<String>) -> OpsResult<Vec<String>> {
+        Ok(match group {
+            Some(group) => vec![group],
+            None => self.store.groups().await?,
+        })
+    }
+
+    /// Parked messages (they stay in the parking lot), of `group` or of every group that has a
+    /// job, at most `limit`.
+    pub async fn dead_letters(
+        &self,
+        caller: &Caller,
+        group: Option<String>,
+        limit: usize,
+    ) -> OpsResult<Vec<DeadLetter>> {
+        self.allow(caller, "dlq.list", Role::Viewer, None, None)
+            .await?;
+        let broker = self.broker()?;
+        let groups = self.groups_or(group).await?;
+        let lot = self.parking_lot(broker).await?;
+        let result = async {
+            let mut rows = Vec::new();
+            for group in groups {
+                if rows.len() >= limit {
+                    break;
+                }
+                let messages = lot.browse(&group, limit - rows.len()).await?;
+                let ids: Vec<i64> = messages.iter().filter_map(|m| m.run_id).collect();
+                let runs = self.store.run_briefs(&ids).await?;
+                for message in messages {
+                    let run = runs.iter().find(|r| Some(r.id) == message.run_id);
+                    rows.push(dead_letter(message, run));
+                }
+            }
+            Ok(rows)
+        }
+        .await;
+        lot.close().await;
+        result
+    }
+
+    /// Runs a parked run again as a new attempt and removes its messages from the parking lot.
+    pub async fn replay(&self, caller: &Caller, id: i64) -> OpsResult<Replayed> {
+        self.allow(caller, "dlq.replay", Role::Operator, None, Some(id))
+            .await?;
+        let broker = self.broker()?;
+        let run = self.store.run_briefs(&[id]).await?.into_iter().next();
+        let job = run.as_ref().map(|r| r.job.clone());
+        let result = async {
+            let Some(run) = run else {
+                return Err(OpsError::NotFound(format!(
+                    "no run with id {id}; list parked runs with `chime dlq list` or GET \
+                     /api/dead-letters"
+                )));
+            };
+            let lot = self.parking_lot(broker).await?;
+            let result = replay_one(&self.store, &lot, &run.group, id, &caller.actor).await;
+            lot.close().await;
+            result
+        }
+        .await;
+        self.record(
+            caller,
+            "dlq.replay",
+            job.as_deref(),
+            Some(id),
+            serde_json::json!({}),
+            result,
+        )
+        .await
+    }
+
+    /// Replays every parked message of `group` (or every group) that has a replayable run.
+    pub async fn replay_all(
+        &self,
+        caller: &Caller,
+        group: Option<String>,
+    ) -> OpsResult<ReplayedAll> {
+        self.allow(caller, "dlq.replay_all", Role::Operator, None, None)
+            .await?;
+        let broker = self.broker()?;
+        let detail = serde_json::json!({"group": group});
+        let result = async {
+            let groups = self.groups_or(group).await?;
+            let lot = self.parking_lot(broker).await?;
+            let mut all = ReplayedAll::default();
+            let mut result = Ok(());
+            for group in groups {
+                result = replay_group(&self.store, &lot, &group, &caller.actor, &mut all).await;
+                if result.is_err() {
+                    break;
+                }
+            }
+            lot.close().await;
+            result.map(|()| all)
+        }
+        .await;
+        let result = self
+            .record(caller, "dlq.replay_all", None, None, detail, result)
+            .await?;
+        for id in &result.replayed {
+            self.audit_entry(
+                caller,
+                "dlq.replay",
+                "ok",
+                None,
+                Some(*id),
+                serde_json::json!({"bulk": true}),
+            )
+            .await?;
+        }
+        Ok(result)
+    }
+
+    /// Empties the parking lot of `group` (or of every group); the runs stay as they are.
+    pub async fn purge(&self, caller: &Caller, group: Option<String>) -> OpsResult<Vec<Purged>> {
+        self.allow(caller, "dlq.purge", Role::Admin, None, None)
+            .await?;
+        let broker = self.broker()?;
+        let detail = serde_json::json!({"group": group});
+        let result = async {
+            let groups = self.groups_or(group).await?;
+            let lot = self.parking_lot(broker).await?;
+            let mut purged = Vec::new();
+            let mut result = Ok(());
+            for group in groups {
+                match lot.purge(&group).await {
+                    Ok(count) => purged.push(Purged {
+                        queue: lot.queue(&group),
+                        group,
+                        purged: count,
+                    }),
+                    Err(e) => {
+                        result = Err(OpsError::Unavailable(format!("{e:#}")));
+                        break;
+                    }
+                }
+            }
+            lot.close().await;
+            result.map(|()| purged)
+        }
+        .await;
+        self.record(caller, "dlq.purge", None, None, detail, result)
+            .await
+    }
+
+    // ---- API tokens ----------------------------------------------------------------------
+
+    /// Creates a token; its secret is in the result and nowhere else.
+    pub async fn create_token(
+        &self,
+        caller: &Caller,
+        name: &str,
+        role: Role,
+    ) -> OpsResult<NewToken> {
+        self.allow(caller, "tokens.create", Role::Admin, None, None)
+            .await?;
+        let detail = serde_json::json!({"name": name, "role": role});
+        let result =
+            async {
+                if name.is_empty()
+                    || name.len() > 63
+                    || !name
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "_.-@".contains(c))
+                {
+                    return Err(OpsError::Invalid(vec![FieldProblem::new(
+                        "name",
+                        format!("{name:?}"),
+                        "use 1 to 63 characters from a-z, A-Z, 0-9, \"_\", \".\", \"-\" and \"@\", \
+                     such as \"grafana\" or \"alice@ops\"",
+                    )]));
+                }
+                let secret = auth::new_secret()?;
+                let token = self
+                .store
+                .create_token(name, role.as_str(), &auth::secret_hash(&secret), &caller.actor)
+                .await?
+                .ok_or_else(|| {
+                    OpsError::Conflict(format!(
+                        "a token named {name:?} exists (names are never reused, revoked or not, \
+                         so the audit log stays unambiguous); choose another name, such as \
+                         \"{name}-2\""
+                    ))
+                })?;
+                Ok(NewToken { token, secret })
+            }
+            .await;
+        self.record(caller, "tokens.create", None, None, detail, result)
+            .await
+    }
+
+    /// Every token (never their secrets).
+    pub async fn tokens(&self, caller: &Caller) -> OpsResult<Vec<TokenRecord>> {
+        self.allow(caller, "tokens.list", Role::Admin, None, None)
+            .await?;
+        Ok(self.store.tokens().await?)
+    }
+
+    /// Revokes a token: it is refused from now on.
+    pub async fn revoke_token(&self, caller: &Caller, name: &str) -> OpsResult<()> {
+        self.allow(caller, "tokens.revoke", Role::Admin, None, None)
+            .await?;
+        let result = match self.store.revoke_token(name).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(OpsError::NotFound(format!(
+                "no active token named {name:?}; list tokens with `chime tokens list`"
+            ))),
+            Err(e) => Err(e.into()),
+        };
+        self.record(
+            caller,
+            "tokens.revoke",
+            None,
+            None,
+            serde_json::json!({"name": name}),
+            result,
+        )
+        .await
+    }
+}
+
+fn job_view(j: crate::store::JobRecord, now: DateTime<Utc>) -> JobView {
+    let schedule = j.spec.schedule().ok();
+    JobView {
+        next_fire: if j.paused {
+            None
+        } else {
+            schedule.as_ref().and_then(|s| s.next_after(now))
+        },
+        schedule: schedule.map_or_else(|| "invalid".into(), |s| s.describe()),
+        name: j.spec.name.clone(),
+        group: j.spec.group.clone(),
+        paused: j.paused,
+        source: j.source,
+        spec: j.spec,
+    }
+}
+
+fn validated(definition: &serde_json::Value) -> OpsResult<JobSpec> {
+    let serde_json::Value::Object(table) = definition else {
+        return Err(OpsError::Invalid(vec![FieldProblem {
+            field: None,
+            value: Some(definition.to_string()),
+            message: "a job definition is a JSON object, such as {\"name\": \"report\", \
+                      \"group\": \"orders\", \"schedule\": \"0 9 * * *\"}"
+                .into(),
+        }]));
+    };
+    validate_job(table).map_err(|errors| {
+        OpsError::Invalid(
+            errors
+                .into_iter()
+                .map(|e| FieldProblem {
+                    field: e.field,
+                    value: e.value,
+                    message: e.message,
+                })
+                .collect(),
+        )
+    })
+}
+
+fn no_such_job(name: &str) -> OpsError {
+    OpsError::NotFound(format!(
+        "no job named {name:?}; list jobs with `chime jobs list` or GET /api/jobs"
+    ))
+}
+
+fn no_such_run(id: i64) -> OpsError {
+    OpsError::NotFound(format!(
+        "no run with id {id}; list runs with `chime runs list` or GET /api/runs"
+    ))
+}
+
+fn dead_letter(message: ParkedMessage, run: Option<&RunBrief>) -> DeadLetter {
+    DeadLetter {
+        job: message.job.or_else(|| run.map(|r| r.job.clone())),
+        error: message
+            .error
+            .or_else(|| run.and_then(|r| r.error.clone().or_else(|| r.reason.clone()))),
+        parked_at: message.parked_at.or_else(|| {
+            run.filter(|r| r.state == "dead")
+                .and_then(|r| r.finished_at)
+        }),
+        run_state: run.map(|r| r.state.clone()),
+        group: message.group,
+        run_id: message.run_id,
+        attempt: message.attempt,
+        reason: message.reason,
+        parked_by: message.parked_by,
+    }
+}
+
+/// Replays run `id` (of `group`): the run goes back to the outbox, its parked messages are removed.
+async fn replay_one(
+    store: &Store,
+    lot: &ParkingLot,
+    group: &str,
+    id: i64,
+    by: &str,
+) -> OpsResult<Replayed> {
+    let fetched = lot
+        .fetch(group, REPLAY_SCAN)
+        .await
+        .map_err(|e| OpsError::Unavailable(format!("{e:#}")))?;
+    let outcome = match store.replay_run(id, by).await {
+        Ok(outcome) => outcome,
+        Err(e) => {
+            fetched.release().await?;
+            return Err(e.into());
+        }
+    };
+    let mut removed = 0;
+    if matches!(outcome, ReplayOutcome::Replayed { .. }) {
+        for (index, message) in fetched.messages.iter().enumerate() {
+            if message.run_id == Some(id) {
+                fetched.remove(index).await?;
+                removed += 1;
+            }
+        }
+    }
+    fetched.release().await?;
+    match outcome {
+        ReplayOutcome::NotFound => Err(no_such_run(id)),
+        ReplayOutcome::NotReplayable { state } => Err(OpsError::Conflict(format!(
+            "run {id} is {state}; only runs that are {} can be replayed",
+            REPLAYABLE_STATES.join(", ")
+        ))),
+        ReplayOutcome::Replayed {
+            job, next_attempt, ..
+        } => Ok(Replayed {
+            run_id: id,
+            job,
+            attempt: next_attempt,
+            removed_messages: removed,
+        }),
+    }
+}
+
+/// Replays every parked message of `group` that has a replayable run; keeps the others.
+async fn replay_group(
+    store: &Store,
+    lot: &ParkingLot,
+    group: &str,
+    by: &str,
+    all: &mut ReplayedAll,
+) -> OpsResult<()> {
+    let fetched = lot
+        .fetch(group, REPLAY_SCAN)
+        .await
+        .map_err(|e| OpsError::Unavailable(format!("{e:#}")))?;
+    let mut done = HashSet::new();
+    for (index, message) in fetched.messages.iter().enumerate() {
+        let keep = |run_id, note| Kept {
+            group: group.to_owned(),
+            run_id,
+            note,
+        };
+        let Some(id) = message.run_id else {
+            all.kept.push(keep(
+                None,
+                format!("a message of group {group} without a run id"),
+            ));
+            continue;
+        };
+        if done.contains(&id) {
+            // Another copy of a run replayed just now.
+            fetched.remove(index).await?;
+            continue;
+        }
+        match store.replay_run(id, by).await {
+            Ok(ReplayOutcome::Replayed { .. }) => {
+                fetched.remove(index).await?;
+                done.insert(id);
+                all.replayed.push(id);
+            }
+            Ok(ReplayOutcome::NotFound) => {
+                all.kept
+                    .push(keep(Some(id), format!("run {id}: no such run")));
+            }
+            Ok(ReplayOutcome::NotReplayable { state }) => {
+                all.kept
+                    .push(keep(Some(id), format!("run {id}: it is {state}")));
+            }
+            Err(e) => {
+                fetched.release().await?;
+                return Err(e.into());
+            }
+        }
+    }
+    fetched.release().await?;
+    Ok(())
+}

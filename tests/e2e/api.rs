@@ -1,0 +1,255 @@
+//! The operations surface over real HTTP: a scheduler serving its API, health probes and
+//! `/metrics` on a port, a worker, and tokens with different roles.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chime_e2e::{AMQP_URL, database_url, init_tracing, service_config, unique, wait_for};
+use chime_scheduler::auth::{Caller, Role};
+use chime_scheduler::ops::Operations;
+use chime_scheduler::service::{self, DutySettings, OpsSettings};
+use chime_scheduler::store::Store;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::common::{RecordingWorker, delete_topology, job};
+
+struct Http {
+    client: reqwest::Client,
+    base: String,
+}
+
+impl Http {
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut request = self.client.request(method, format!("{}{path}", self.base));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.expect("HTTP request");
+        let status = response.status().as_u16();
+        let text = response.text().await.expect("body");
+        let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, value)
+    }
+
+    async fn get(&self, path: &str, token: Option<&str>) -> (u16, Value) {
+        self.call(reqwest::Method::GET, path, token, None).await
+    }
+
+    async fn metrics(&self) -> String {
+        match self.get("/metrics", None).await {
+            (200, Value::String(text)) => text,
+            other => panic!("/metrics: {other:?}"),
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    listener.local_addr().expect("address").port()
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn the_api_triggers_shows_and_measures_a_run_end_to_end(pool: PgPool) {
+    init_tracing();
+    let db = database_url(&pool);
+    let prefix = unique("api");
+    let group = "apig";
+    let ops = Operations::new(Store::from_pool(pool.clone()), None);
+    let operator = ops
+        .create_token(&Caller::cli(), "alice", Role::Operator)
+        .await
+        .expect("token")
+        .secret;
+    let viewer = ops
+        .create_token(&Caller::cli(), "grafana", Role::Viewer)
+        .await
+        .expect("token")
+        .secret;
+
+    let port = free_port();
+    let shutdown = CancellationToken::new();
+    let config = service_config(&db, AMQP_URL, &unique("api-sched"), &prefix);
+    let jobs = vec![job(json!({"name": "ping", "group": group}))];
+    let loader: service::JobLoader = Arc::new(move || Ok(jobs.clone()));
+    let (_reload_tx, reload_rx) = tokio::sync::mpsc::channel(1);
+    let scheduler = tokio::spawn(service::run_serving(
+        config,
+        DutySettings::default(),
+        OpsSettings {
+            bind: Some(format!("127.0.0.1:{port}").parse().expect("address")),
+            retention: None,
+        },
+        loader,
+        reload_rx,
+        shutdown.clone(),
+    ));
+    let http = Http {
+        client: reqwest::Client::new(),
+        base: format!("http://127.0.0.1:{port}"),
+    };
+    wait_for(
+        "the instance to be ready",
+        Duration::from_secs(20),
+        || async {
+            match http
+                .client
+                .get(format!("{}/readyz", http.base))
+                .send()
+                .await
+            {
+                Ok(r) if r.status().is_success() => Some(()),
+                _ => None,
+            }
+        },
+    )
+    .await;
+    // The first scrape starts the run observer at the newest run.
+    http.metrics().await;
+    let worker = RecordingWorker::start(&db, AMQP_URL, &prefix, group, &["ping"]);
+
+    // A viewer may look but not trigger: 403, and no run.
+    let (status, _) = http
+        .call(
+            reqwest::Method::POST,
+            "/api/jobs/ping/trigger",
+            Some(&viewer),
+            None,
+        )
+        .await;
+    assert_eq!(status, 403);
+    let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM chime_runs")
+        .fetch_one(&pool)
+        .await
+        .expect("count");
+    assert_eq!(runs, 0);
+
+    let (status, body) = http
+        .call(
+            reqwest::Method::POST,
+            "/api/jobs/ping/trigger",
+            Some(&operator),
+            Some(json!({"params": {"n": 1}})),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let run_id = body["run_id"].as_i64().expect("run id");
+
+    let run = wait_for("the run to succeed", Duration::from_secs(20), || async {
+        let (_, run) = http
+            .get(&format!("/api/runs/{run_id}"), Some(&viewer))
+            .await;
+        (run["state"] == "succeeded").then_some(run)
+    })
+    .await;
+    assert_eq!(run["params"], json!({"n": 1}));
+    assert_eq!(run["requested_by"], "token:alice");
+    assert_eq!(run["attempts"].as_array().expect("attempts").len(), 1);
+    assert_eq!(run["logs"][0]["message"], "recorded");
+
+    let (_, queues) = http.get("/api/queues", Some(&viewer)).await;
+    let queue = &queues["queues"][0];
+    assert_eq!(queue["group"], group);
+    assert_eq!(queue["consumers"], 1, "{queues}");
+    assert_eq!(queue["parking_depth"], 0, "{queues}");
+    let (_, workers) = http.get("/api/workers", Some(&viewer)).await;
+    assert_eq!(workers["workers"][0]["online"], true, "{workers}");
+    assert_eq!(workers["workers"][0]["capacity"], 16);
+    let leader = wait_for("this instance to lead", Duration::from_secs(10), || async {
+        let (_, leader) = http.get("/api/leader", Some(&viewer)).await;
+        (leader["this_instance_leads"] == true).then_some(leader)
+    })
+    .await;
+    assert!(leader["term"].as_i64().expect("term") >= 1);
+    let (_, audit) = http.get("/api/audit?job=ping", Some(&viewer)).await;
+    let outcomes: Vec<(&str, &str)> = audit["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .map(|e| {
+            (
+                e["actor"].as_str().expect("actor"),
+                e["outcome"].as_str().expect("outcome"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        outcomes,
+        [("token:alice", "ok"), ("token:grafana", "denied")]
+    );
+
+    let text = http.metrics().await;
+    for line in [
+        "chime_fire_lateness_seconds_count{stage=\"published\"} 1",
+        "chime_fire_lateness_seconds_count{stage=\"started\"} 1",
+        "chime_runs_finished_total{job=\"ping\",state=\"succeeded\"} 1",
+        "chime_attempts_total{job=\"ping\"} 1",
+        "chime_is_leader 1",
+        "chime_queue_consumers{group=\"apig\"} 1",
+        "chime_parking_lot_depth{group=\"apig\"} 0",
+        "chime_workers_online{group=\"apig\"} 1",
+    ] {
+        assert!(text.contains(line), "{line} missing:\n{text}");
+    }
+    assert!(
+        !text.contains("chime_publish_confirm_seconds_count 0"),
+        "the publish was timed:\n{text}"
+    );
+
+    worker.stop().await;
+    shutdown.cancel();
+    scheduler.await.expect("joined").expect("clean stop");
+    delete_topology(&prefix, group).await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn an_instance_bound_beyond_loopback_without_tokens_refuses_to_start(pool: PgPool) {
+    let db = database_url(&pool);
+    let prefix = unique("apiexp");
+    let config = service_config(&db, AMQP_URL, &unique("api-sched"), &prefix);
+    let loader: service::JobLoader =
+        Arc::new(|| Ok(vec![job(json!({"name": "ping", "group": "apiexp"}))]));
+    let (_reload_tx, reload_rx) = tokio::sync::mpsc::channel(1);
+    let error = tokio::time::timeout(
+        Duration::from_secs(20),
+        service::run_serving(
+            config,
+            DutySettings::default(),
+            OpsSettings {
+                bind: Some(format!("0.0.0.0:{}", free_port()).parse().expect("address")),
+                retention: None,
+            },
+            loader,
+            reload_rx,
+            CancellationToken::new(),
+        ),
+    )
+    .await
+    .expect("refuses at once")
+    .expect_err("refuses to start");
+    assert!(
+        format!("{error:#}").contains("no API token exists"),
+        "{error:#}"
+    );
+    let leader: Option<String> =
+        sqlx::query_scalar("SELECT holder FROM chime_leader WHERE name = 'default'")
+            .fetch_one(&pool)
+            .await
+            .expect("lease");
+    assert_eq!(leader, None, "it never campaigned");
+    let jobs: i64 = sqlx::query_scalar("SELECT count(*) FROM chime_jobs")
+        .fetch_one(&pool)
+        .await
+        .expect("count");
+    assert_eq!(jobs, 0, "nothing was synced either");
+}
