@@ -23,10 +23,10 @@ pub use failures::{
     AlertEvent, AlertKind, AlertRecord, CancelOutcome, ClaimedAlert, IntervalColumn,
     REPLAYABLE_STATES, ReplayOutcome, Rescued, RunBrief,
 };
-pub use overdue::Overdue;
 pub use ops::{
     AuditQuery, AuditRecord, NewAuditEntry, ObservedRun, RunQuery, TokenRecord, WorkerRecord,
 };
+pub use overdue::Overdue;
 
 /// Migrations embedded from `migrations/`; `run` takes an advisory lock, so several instances
 /// starting at once migrate safely.
