@@ -41,7 +41,7 @@ macro_rules! run_snapshot_select {
 const CLAIM_SQL: &str = concat!(
     "WITH claimed AS (
     UPDATE chime_runs
-       SET state = 'running', attempt = $2, worker_id = $3, started_at = now(),
+       SET state = 'running', attempt = $2, worker_id = $3, started_at = greatest(now(), $5),
            finished_at = NULL, error = NULL, next_attempt_at = NULL
      WHERE id = $1 AND job_name = $4
        AND state IN ('pending', 'queued', 'retrying')
@@ -220,10 +220,15 @@ impl Store {
     /// lost; a retry then finds the run `running` for this very attempt and worker, which is our
     /// own claim, and reports it claimed. (Concurrent duplicates inside one worker are kept out
     /// before the claim, so that cannot be anyone else's.)
+    ///
+    /// `starts_at` is when the handler will start, for an attempt claimed ahead of its instant
+    /// (a trigger published early, a retry held for its last moments): it becomes the attempt's
+    /// `started_at` unless the claim comes later.
     pub(crate) async fn claim(
         &self,
         trigger: &Trigger,
         worker_id: &str,
+        starts_at: Option<DateTime<Utc>>,
     ) -> Result<Claim, sqlx::Error> {
         let attempt = attempt_i32(trigger.attempt);
         self.retrying("claiming a run", |retry| async move {
@@ -232,6 +237,7 @@ impl Store {
                 .bind(attempt)
                 .bind(worker_id)
                 .bind(&trigger.job)
+                .bind(starts_at)
                 .fetch_optional(&self.pool)
                 .await?;
             let Some(row) = row else {
