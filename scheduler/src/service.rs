@@ -80,6 +80,8 @@ pub async fn run_with(
         config.queue_prefix.clone(),
     ));
     declare_groups(&publisher, &jobs).await;
+    // The planner reads the jobs from the database; 100,000 definitions are worth freeing.
+    drop(jobs);
 
     let (elector, leadership) =
         Elector::new(store.clone(), config.instance_id.clone(), config.lease);

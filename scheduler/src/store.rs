@@ -34,8 +34,9 @@ pub const ALL_JOBS: &str = "*";
 /// A config sync that touches more jobs than this sends one [`ALL_JOBS`] notification instead
 /// of one per job.
 pub const NOTIFY_EACH_MAX: usize = 64;
-/// Rows per batched insert of the config sync (each row's spec is a few hundred bytes).
-const SYNC_BATCH: usize = 10_000;
+/// Rows per batched insert of the config sync. Each row is a few hundred bytes, and the
+/// connection keeps its largest message buffer: 1,000 rows keep that under a megabyte.
+const SYNC_BATCH: usize = 1_000;
 /// Notification channel: a run was added to the outbox outside the planner (manual trigger, replay).
 pub const OUTBOX_CHANNEL: &str = "chime_outbox";
 /// Notification channel: the leader resigned; followers try to take over at once.
@@ -411,7 +412,7 @@ impl Store {
     /// in which case the config wins (and is reported as changed). Of two specs with one name,
     /// the last wins.
     ///
-    /// Batched, so start-up with 100,000 jobs costs a few statements, not one per job: the
+    /// Batched, so start-up with 100,000 jobs costs a hundred statements, not 100,000: the
     /// new and changed jobs are written [`SYNC_BATCH`] rows per `INSERT … SELECT FROM UNNEST`,
     /// the removed ones deleted in one statement, and the planner is told by one `NOTIFY` per
     /// job when at most [`NOTIFY_EACH_MAX`] changed, else by a single [`ALL_JOBS`].
