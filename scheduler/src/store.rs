@@ -413,7 +413,7 @@ impl Store {
     /// the last wins.
     ///
     /// Batched, so start-up with 100,000 jobs costs a hundred statements, not 100,000: the
-    /// new and changed jobs are written [`SYNC_BATCH`] rows per `INSERT … SELECT FROM UNNEST`,
+    /// new and changed jobs are written 1,000 rows per `INSERT … SELECT FROM UNNEST`,
     /// the removed ones deleted in one statement, and the planner is told by one `NOTIFY` per
     /// job when at most [`NOTIFY_EACH_MAX`] changed, else by a single [`ALL_JOBS`].
     pub async fn sync_config_jobs(&self, specs: &[JobSpec]) -> anyhow::Result<JobDiff> {
