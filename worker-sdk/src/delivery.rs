@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::claims::Batched;
 use crate::consumer::Link;
 use crate::context::{JobContext, JobLogger, Level, LogLine, LogSink, MAX_PENDING_BATCHES};
 use crate::delay;
@@ -30,7 +31,9 @@ use crate::outcome::{self, Ending, Execution, Outcome, RunEnd};
 use crate::parking;
 use crate::protocol::Trigger;
 use crate::retry::{self, Wait};
-use crate::store::{AttemptRecord, Claim, Recorded, RunSnapshot, TakeOver, TakenOver};
+use crate::store::{
+    AttemptRecord, Claim, ClaimRequest, Recorded, RunSnapshot, TakeOver, TakenOver,
+};
 use crate::worker::{Entered, InFlight, Shared, Unrecorded};
 
 /// How often a worker re-reads a run that is `running` on another worker while it waits for
@@ -359,11 +362,29 @@ async fn acquire(
     let attempt = i32::try_from(trigger.attempt).unwrap_or(i32::MAX);
     let mut wait_deadline: Option<Instant> = None;
     let mut refusals = 0;
+    // The common case, a waiting run, goes with the other deliveries that arrived together.
+    let mut maybe_ours = false;
+    if !last {
+        let claim = ClaimRequest {
+            run_id: trigger.run_id,
+            attempt,
+            job: trigger.job.clone(),
+            starts_at: start_at,
+        };
+        match shared.claims.claim(claim).await {
+            Batched::Claimed => return Some(trigger.attempt),
+            Batched::Alone { maybe_ours: m } => maybe_ours = m,
+        }
+    }
     loop {
         let found = if last {
             shared.store.snapshot(trigger.run_id).await
         } else {
-            match shared.store.claim(trigger, &shared.id, start_at).await {
+            match shared
+                .store
+                .claim(trigger, &shared.id, start_at, maybe_ours)
+                .await
+            {
                 Ok(Claim::Claimed) => return Some(trigger.attempt),
                 Ok(Claim::Refused(run)) => Ok(run),
                 Err(error) => Err(error),

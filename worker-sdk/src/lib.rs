@@ -43,6 +43,7 @@
 //! `examples/example_worker.rs`.
 
 mod backoff;
+mod claims;
 mod consumer;
 mod context;
 mod delay;

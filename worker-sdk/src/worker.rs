@@ -24,6 +24,7 @@ use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::claims::ClaimBatcher;
 use crate::consumer::{self, Broker};
 use crate::context::{JobContext, LogLine};
 use crate::delivery;
@@ -393,6 +394,10 @@ impl Worker {
             ),
         };
         let jobs = self.handlers.jobs();
+        let claims = ClaimBatcher::start(
+            Store::new(pool.clone(), self.db_retry_budget),
+            self.id.clone(),
+        );
         let shared = Arc::new(Shared {
             id: self.id,
             topology: self.topology,
@@ -403,6 +408,7 @@ impl Worker {
             cancel_grace: self.cancel_grace,
             ack_after: self.ack_after,
             handler_slots: Semaphore::new(usize::from(self.capacity)),
+            claims,
             in_flight: Mutex::default(),
             released: Notify::new(),
             unrecorded: Mutex::default(),
@@ -626,6 +632,8 @@ pub(crate) struct Shared {
     pub(crate) ack_after: Duration,
     /// One permit per handler that may run at once (`capacity`).
     pub(crate) handler_slots: Semaphore,
+    /// Claims of deliveries arriving together, in one statement.
+    pub(crate) claims: ClaimBatcher,
     in_flight: Mutex<HashMap<i64, RunSlot>>,
     /// Notified whenever a run leaves `in_flight`.
     released: Notify,
