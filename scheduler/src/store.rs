@@ -711,11 +711,15 @@ impl Store {
                  SELECT term FROM chime_leader
                  WHERE name = 'default' AND holder = $1 AND term = $2 AND expires_at > now()
                  FOR SHARE
+             ), locked AS MATERIALIZED (
+                 -- In id order, as the workers' batched claims lock them: no deadlocks.
+                 SELECT r.id FROM chime_runs r, lease WHERE r.id = ANY($3)
+                 ORDER BY r.id FOR UPDATE OF r
              ), upd AS (
                  UPDATE chime_runs r SET
                      state = CASE WHEN r.state = 'pending' THEN 'queued' ELSE r.state END,
                      published_at = coalesce(r.published_at, now())
-                 FROM lease WHERE r.id = ANY($3)
+                 FROM locked l WHERE r.id = l.id
              )
              SELECT count(*) AS leased FROM lease",
         )

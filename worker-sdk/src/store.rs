@@ -59,17 +59,21 @@ SELECT (SELECT started_at FROM claimed) AS claimed_at,
 
 /// The claim of several deliveries at once: the same conditions as [`CLAIM_SQL`], one row of
 /// input per delivery (`$1` run ids, `$2` attempts, `$3` jobs, `$4` start instants or the
-/// epoch, `$5` worker id); returns the ids claimed.
+/// epoch, `$5` worker id); returns the ids claimed. The rows are locked in id order first, as
+/// the leader's mark of published runs does, so two multi-row statements never deadlock (each
+/// deadlock cost a second: PostgreSQL's `deadlock_timeout`).
 const CLAIM_MANY_SQL: &str = "WITH input AS (
     SELECT * FROM UNNEST($1::bigint[], $2::int[], $3::text[], $4::timestamptz[])
         AS i(id, attempt, job, starts_at)
+), locked AS MATERIALIZED (
+    SELECT r.id FROM chime_runs r WHERE r.id = ANY($1) ORDER BY r.id FOR UPDATE
 ), claimed AS (
     UPDATE chime_runs r
        SET state = 'running', attempt = i.attempt, worker_id = $5,
            started_at = greatest(now(), i.starts_at),
            finished_at = NULL, error = NULL, next_attempt_at = NULL
-      FROM input i
-     WHERE r.id = i.id AND r.job_name = i.job
+      FROM input i, locked l
+     WHERE r.id = i.id AND l.id = r.id AND r.job_name = i.job
        AND r.state IN ('pending', 'queued', 'retrying')
        AND r.cancel_requested_at IS NULL
        AND r.attempt < i.attempt
