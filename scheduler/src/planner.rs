@@ -7,8 +7,11 @@
 //!   (job, scheduled instant), so a fire can never become two runs), then hands them to the
 //!   dispatcher. On taking office and whenever a job is found behind schedule, it applies the
 //!   job's misfire policy from the persisted cursor ([`crate::misfire`]).
-//! * The **dispatcher** holds runs until their instant, publishes them with confirms, and marks
-//!   them `queued` in batches. A publish that fails leaves the run `pending` in the outbox.
+//! * The **dispatcher** holds runs until `lead` before their instant, publishes them with
+//!   confirms and the header `x-chime-not-before` = the instant, and marks them `queued` in
+//!   batches. A publish that fails leaves the run `pending` in the outbox. The worker holds an
+//!   early trigger, claims it, and starts the handler at the instant (docs/protocol.md §4), so
+//!   the broker's and the database's latency are spent before the instant, not after it.
 //! * The **outbox sweep** (every `sweep_interval`, and at once on `NOTIFY chime_outbox`) hands
 //!   the dispatcher every pending run due by the horizon that it does not already hold: manual
 //!   triggers, runs a previous leader persisted but did not publish, and failed publishes.
@@ -46,7 +49,8 @@ use crate::misfire::{self, CatchUpPolicy, Decision};
 use crate::publish::Publisher;
 use crate::schedule::Schedule;
 use crate::store::{
-    Fence, JOBS_CHANNEL, JobRecord, NewFire, OUTBOX_CHANNEL, OutboxRun, Store, TriggerKind,
+    ALL_JOBS, Fence, JOBS_CHANNEL, JobRecord, NewFire, OUTBOX_CHANNEL, OutboxRun, Store,
+    TriggerKind,
 };
 
 /// Tuning of the leader's loops.
@@ -56,13 +60,25 @@ pub struct PlannerTimings {
     pub lookahead: Duration,
     /// How often the outbox is swept for runs nobody holds.
     pub sweep_interval: Duration,
+    /// Triggers are published this long before their instant; the worker holds them until it.
+    /// Long enough for a burst of 1,000 same-instant triggers to cross the broker (about
+    /// 100 ms here), short enough that workers hold few messages (rate × lead) and that a
+    /// trigger is never re-tiered: it must stay below the worker's in-memory hold limit
+    /// ([`chime_worker::retry::HOLD_MAX`], 250 ms) and below `lookahead`. Larger values are
+    /// capped at [`MAX_LEAD`].
+    pub lead: Duration,
 }
+
+/// The longest `lead` honoured: a little under the worker's in-memory hold limit, so a trigger
+/// published early is always held, never sent through a delay tier.
+pub const MAX_LEAD: Duration = Duration::from_millis(240);
 
 impl Default for PlannerTimings {
     fn default() -> Self {
         PlannerTimings {
             lookahead: Duration::from_millis(500),
             sweep_interval: Duration::from_secs(1),
+            lead: Duration::from_millis(200),
         }
     }
 }
@@ -124,6 +140,7 @@ pub async fn lead(
         heap: BinaryHeap::new(),
         dispatch: tx,
         generation: 0,
+        schedules: HashMap::new(),
     };
     if let Err(e) = planner.run(&stop).await {
         error!(term, error = %format!("{e:#}"), "planner stopped");
@@ -143,7 +160,7 @@ pub async fn lead(
 
 struct Planned {
     spec: JobSpec,
-    schedule: Schedule,
+    schedule: Arc<Schedule>,
     generation: u64,
 }
 
@@ -157,6 +174,8 @@ struct Planner {
     heap: BinaryHeap<Slot>,
     dispatch: mpsc::Sender<OutboxRun>,
     generation: u64,
+    /// Parsed schedules by definition, while a batch of jobs is admitted.
+    schedules: HashMap<String, Arc<Schedule>>,
 }
 
 impl Planner {
@@ -169,6 +188,7 @@ impl Planner {
         for record in records {
             self.admit(record, now, &mut fires);
         }
+        self.schedules = HashMap::new();
         self.write(fires).await?;
 
         loop {
@@ -194,7 +214,13 @@ impl Planner {
             tokio::select! {
                 () = stop.cancelled() => return Ok(()),
                 () = tokio::time::sleep(wake) => {}
-                Some(name) = changes.recv() => self.reload(&name).await?,
+                Some(name) = changes.recv() => {
+                    if name == ALL_JOBS {
+                        self.reload_all().await?;
+                    } else {
+                        self.reload(&name).await?;
+                    }
+                }
             }
         }
     }
@@ -206,7 +232,7 @@ impl Planner {
         if record.paused {
             return;
         }
-        let schedule = match record.spec.schedule() {
+        let schedule = match self.schedule_of(&record.spec) {
             Ok(s) => s,
             Err(e) => {
                 error!(job = %name, error = %e, "stored job has an invalid schedule; not planned");
@@ -232,6 +258,26 @@ impl Planner {
                 .push(Reverse((next, name.clone(), planned.generation)));
         }
         self.jobs.insert(name, planned);
+    }
+
+    /// The job's parsed schedule, shared with every job of the same schedule admitted in the
+    /// same batch (the cache is emptied after each batch; the sharing stays). A parsed cron
+    /// expression holds a set per field (a few KiB), and at 100,000 jobs one copy per job
+    /// dominated the scheduler's memory; real job sets repeat a few expressions many times.
+    fn schedule_of(
+        &mut self,
+        spec: &JobSpec,
+    ) -> Result<Arc<Schedule>, crate::schedule::ScheduleError> {
+        let key = format!(
+            "{:?}|{:?}|{:?}|{}",
+            spec.schedule, spec.every, spec.at, spec.timezone
+        );
+        if let Some(schedule) = self.schedules.get(&key) {
+            return Ok(schedule.clone());
+        }
+        let schedule = Arc::new(spec.schedule()?);
+        self.schedules.insert(key, schedule.clone());
+        Ok(schedule)
     }
 
     /// A heap slot came due (or is about to).
@@ -337,6 +383,35 @@ impl Planner {
         Ok(())
     }
 
+    /// Many jobs changed at once (a large config sync): re-read them all and re-plan those whose
+    /// definition or pause state differs from the plan; drop the ones that are gone.
+    async fn reload_all(&mut self) -> anyhow::Result<()> {
+        let records = self.ctx.store.jobs().await?;
+        let present: HashSet<String> = records.iter().map(|r| r.spec.name.clone()).collect();
+        let before = self.jobs.len();
+        self.jobs.retain(|name, _| present.contains(name));
+        let removed = before - self.jobs.len();
+        let now = Utc::now();
+        let mut fires = Vec::new();
+        let mut replanned = 0usize;
+        for record in records {
+            let unchanged = self
+                .jobs
+                .get(&record.spec.name)
+                .is_some_and(|planned| !record.paused && planned.spec == record.spec);
+            // A paused job is not in the plan; it stays out.
+            if unchanged || (record.paused && !self.jobs.contains_key(&record.spec.name)) {
+                continue;
+            }
+            self.jobs.remove(&record.spec.name);
+            replanned += 1;
+            self.admit(record, now, &mut fires);
+        }
+        self.schedules = HashMap::new();
+        info!(replanned, removed, "jobs re-planned after a bulk change");
+        self.write(fires).await
+    }
+
     /// A job changed in the database: re-read it and re-plan it.
     async fn reload(&mut self, name: &str) -> anyhow::Result<()> {
         self.jobs.remove(name);
@@ -376,7 +451,7 @@ fn new_fire(spec: &JobSpec, at: DateTime<Utc>, kind: TriggerKind, skip: Option<S
     }
 }
 
-/// Holds runs until their instant and publishes them.
+/// Holds runs until `lead` before their instant and publishes them.
 struct Dispatcher {
     ctx: Arc<LeaderContext>,
     fence: Fence,
@@ -435,7 +510,7 @@ impl Dispatcher {
                 }
                 Some(run) = incoming.recv() => {
                     if held.insert(run.id) {
-                        waiting.push(Reverse((run.scheduled_at, run.id)));
+                        waiting.push(Reverse((self.release_at(&run), run.id)));
                         runs.insert(run.id, run);
                     }
                 }
@@ -458,6 +533,12 @@ impl Dispatcher {
         if !published.is_empty() {
             self.mark(&mut published, &mut held).await;
         }
+    }
+
+    /// When a run's trigger goes out: `lead` before its instant (a run already due goes at once).
+    fn release_at(&self, run: &OutboxRun) -> DateTime<Utc> {
+        let lead = self.ctx.timings.lead.min(MAX_LEAD);
+        run.scheduled_at - chrono::Duration::from_std(lead).unwrap_or_default()
     }
 
     fn trusted_term(&self) -> Option<i64> {
@@ -516,7 +597,7 @@ impl Dispatcher {
                 for run in pending {
                     if held.insert(run.id) {
                         debug!(run_id = run.id, job = %run.job, "outbox run picked up");
-                        waiting.push(Reverse((run.scheduled_at, run.id)));
+                        waiting.push(Reverse((self.release_at(&run), run.id)));
                         runs.insert(run.id, run);
                     }
                 }

@@ -15,7 +15,8 @@ use std::time::Duration;
 
 use chime_worker::Topology;
 use chime_worker::protocol::{
-    CONTENT_TYPE, ControlMessage, HEADER_ATTEMPT, HEADER_TERM, PROTOCOL_VERSION, Trigger,
+    CONTENT_TYPE, ControlMessage, HEADER_ATTEMPT, HEADER_NOT_BEFORE, HEADER_TERM, PROTOCOL_VERSION,
+    Trigger,
 };
 use lapin::Confirmation;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
@@ -30,6 +31,8 @@ use crate::store::{OutboxRun, redact};
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long to wait for a connection to open.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Groups declared at once by [`Publisher::declare_groups`].
+pub const DECLARE_CONCURRENCY: usize = 16;
 
 /// Why a trigger was not published. The run stays in the outbox in every case.
 #[derive(Debug, thiserror::Error)]
@@ -135,6 +138,43 @@ impl Publisher {
         result
     }
 
+    /// Declares the topology of every group in `groups` not declared on this connection yet,
+    /// up to [`DECLARE_CONCURRENCY`] at once, each on a short-lived channel of its own (an AMQP
+    /// channel runs one synchronous method at a time, and a quorum queue takes the broker tens of
+    /// milliseconds to create). Returns the groups that failed, with their errors.
+    pub async fn declare_groups(
+        &self,
+        groups: &[&str],
+    ) -> Result<Vec<(String, PublishError)>, PublishError> {
+        let mut guard = self.link().await?;
+        let link = guard.as_mut().expect("link() leaves a link in place");
+        let todo: Vec<&str> = groups
+            .iter()
+            .copied()
+            .filter(|g| !link.declared.contains(*g))
+            .collect();
+        let mut results = Vec::with_capacity(todo.len());
+        for chunk in todo.chunks(DECLARE_CONCURRENCY) {
+            let declared = futures::future::join_all(
+                chunk
+                    .iter()
+                    .map(|group| declare_on_own_channel(&link.connection, &self.prefix, group)),
+            )
+            .await;
+            results.extend(chunk.iter().copied().zip(declared));
+        }
+        let mut failed = Vec::new();
+        for (group, result) in results {
+            match result {
+                Ok(()) => {
+                    link.declared.insert(group.to_owned());
+                }
+                Err(e) => failed.push((group.to_owned(), PublishError::from(e))),
+            }
+        }
+        Ok(failed)
+    }
+
     /// Publishes attempt `run.attempt` of `run` under leader `term` and waits for the confirm.
     pub async fn publish(&self, run: &OutboxRun, term: i64) -> Result<(), PublishError> {
         let trigger = Trigger {
@@ -153,6 +193,11 @@ impl Publisher {
         let mut headers = FieldTable::default();
         headers.insert(HEADER_ATTEMPT.into(), AMQPValue::LongUInt(run.attempt));
         headers.insert(HEADER_TERM.into(), AMQPValue::LongLongInt(term));
+        // Published up to the planner's lead before the instant: the worker holds it until then.
+        headers.insert(
+            HEADER_NOT_BEFORE.into(),
+            AMQPValue::LongLongInt(run.scheduled_at.timestamp_millis()),
+        );
         let properties = BasicProperties::default()
             .with_content_type(CONTENT_TYPE.into())
             .with_delivery_mode(2)
@@ -366,4 +411,18 @@ impl Publisher {
         link.declared.insert(group.to_owned());
         Ok(())
     }
+}
+
+/// Declares `group`'s topology on a channel opened for it and closed after.
+async fn declare_on_own_channel(
+    connection: &Connection,
+    prefix: &str,
+    group: &str,
+) -> Result<(), lapin::Error> {
+    let channel = connection.create_channel().await?;
+    let declared = Topology::new(prefix, group).declare(&channel).await;
+    if channel.status().connected() {
+        let _ = channel.close(200, "declared".into()).await;
+    }
+    declared
 }

@@ -121,6 +121,8 @@ pub async fn run_serving(
         config.queue_prefix.clone(),
     ));
     declare_groups(&publisher, &jobs).await;
+    // The planner reads the jobs from the database; 100,000 definitions are worth freeing.
+    drop(jobs);
 
     let server_stop = CancellationToken::new();
     let server = http.map(|http| tokio::spawn(http.serve(server_stop.clone())));
@@ -230,18 +232,24 @@ async fn apply(store: &Store, jobs: &[JobSpec]) -> anyhow::Result<JobDiff> {
 }
 
 /// Declares the topology of every group, so workers that start later find their queue and
-/// triggers published before any worker ran are kept. A broker that is down is not fatal.
+/// triggers published before any worker ran are kept; several groups at once
+/// ([`Publisher::declare_groups`]). A broker that is down is not fatal.
 async fn declare_groups(publisher: &Publisher, jobs: &[JobSpec]) {
     let mut groups: Vec<&str> = jobs.iter().map(|j| j.group.as_str()).collect();
     groups.sort_unstable();
     groups.dedup();
-    for group in groups {
-        let declared =
-            tokio::time::timeout(Duration::from_secs(10), publisher.declare(group)).await;
-        match declared {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => warn!(group, error = %e, "could not declare group topology yet"),
-            Err(_) => warn!(group, "declaring group topology timed out"),
+    let declared =
+        tokio::time::timeout(Duration::from_secs(30), publisher.declare_groups(&groups)).await;
+    match declared {
+        Ok(Ok(failed)) => {
+            for (group, e) in failed {
+                warn!(group, error = %e, "could not declare group topology yet");
+            }
         }
+        Ok(Err(e)) => warn!(error = %e, "could not declare group topologies yet"),
+        Err(_) => warn!(
+            groups = groups.len(),
+            "declaring group topologies timed out"
+        ),
     }
 }

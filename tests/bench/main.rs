@@ -89,10 +89,14 @@ struct RunArgs {
     /// In-process workers (precision, throughput, failover).
     #[arg(long, default_value_t = 1)]
     workers: usize,
-    /// Capacity (prefetch) of each in-process worker; each holds capacity + 2 database
+    /// Handlers each in-process worker runs at once; each holds capacity + 2 database
     /// connections.
     #[arg(long, default_value_t = 32)]
     capacity: u16,
+    /// Deliveries each in-process worker may hold beyond its handlers: triggers published
+    /// ahead of their instant wait there. At least the triggers of one instant per worker.
+    #[arg(long, default_value_t = 4096)]
+    hold: u16,
     /// PostgreSQL server URL, without a database: each scenario creates its own.
     #[arg(
         long,
@@ -227,6 +231,7 @@ async fn run(scenario: &str, args: &RunArgs, services: &Services) -> anyhow::Res
                 seconds: args.seconds.unwrap_or(60),
                 workers: args.workers,
                 capacity: args.capacity,
+                hold: args.hold,
                 csv: args.csv.clone(),
             };
             precision::run(services, &params).await
@@ -237,6 +242,7 @@ async fn run(scenario: &str, args: &RunArgs, services: &Services) -> anyhow::Res
                 seconds: args.seconds.unwrap_or(10),
                 workers: args.workers,
                 capacity: args.capacity,
+                hold: args.hold,
             };
             throughput::run(services, &params).await
         }
@@ -254,6 +260,7 @@ async fn run(scenario: &str, args: &RunArgs, services: &Services) -> anyhow::Res
                 seconds: args.seconds.unwrap_or(30),
                 workers: args.workers,
                 capacity: args.capacity,
+                hold: args.hold,
             };
             failover::run(services, &params).await
         }

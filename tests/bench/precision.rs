@@ -29,8 +29,11 @@ pub struct Params {
     pub seconds: u64,
     /// In-process workers.
     pub workers: usize,
-    /// Capacity (prefetch) of each worker.
+    /// Handlers each worker runs at once.
     pub capacity: u16,
+    /// Deliveries each worker may hold beyond its handlers (triggers waiting for their
+    /// instant); the prefetch is `capacity + hold`.
+    pub hold: u16,
     /// Where to write the per-execution CSV.
     pub csv: Option<PathBuf>,
 }
@@ -68,7 +71,14 @@ async fn measure(sandbox: &Sandbox, params: &Params) -> anyhow::Result<Report> {
         .iter()
         .map(|name| JobDef::new(name, &group).with("every", "1s"))
         .collect();
-    let workers = Workers::start(sandbox, &group, &names, params.workers, params.capacity)?;
+    let workers = Workers::start(
+        sandbox,
+        &group,
+        &names,
+        params.workers,
+        params.capacity,
+        params.hold,
+    )?;
     sandbox
         .wait_for_consumers(&group, params.workers as u32)
         .await?;

@@ -20,7 +20,8 @@ pub struct Workers {
 }
 
 impl Workers {
-    /// Starts `count` workers of `group` with `capacity` each, handling every job in `jobs`;
+    /// Starts `count` workers of `group` with `capacity` handlers and a hold budget of `hold`
+    /// deliveries each, handling every job in `jobs`;
     /// the handler of `jobs[i]` records executions of job `i`.
     pub fn start(
         sandbox: &Sandbox,
@@ -28,6 +29,7 @@ impl Workers {
         jobs: &[String],
         count: usize,
         capacity: u16,
+        hold: u16,
     ) -> anyhow::Result<Workers> {
         let executions: Arc<Mutex<Vec<Execution>>> = Arc::default();
         let stop = CancellationToken::new();
@@ -39,6 +41,7 @@ impl Workers {
                 .prefix(&sandbox.prefix)
                 .worker_id(format!("bench-{}-{n}", sandbox.scenario))
                 .capacity(capacity)
+                .hold(hold)
                 .drain_timeout(Duration::from_secs(10));
             for (i, name) in jobs.iter().enumerate() {
                 let seen = executions.clone();

@@ -39,8 +39,11 @@ pub struct Params {
     pub seconds: u64,
     /// In-process workers.
     pub workers: usize,
-    /// Capacity (prefetch) of each worker.
+    /// Handlers each worker runs at once.
     pub capacity: u16,
+    /// Deliveries each worker may hold beyond its handlers (triggers waiting for their
+    /// instant); the prefetch is `capacity + hold`.
+    pub hold: u16,
 }
 
 /// One step of the ramp.
@@ -110,7 +113,14 @@ async fn measure(sandbox: &Sandbox, params: &Params) -> anyhow::Result<Report> {
         .map(|name| JobDef::new(name, &group).with("every", format!("{PERIOD_MS}ms")))
         .collect();
     let jobs_for = |rate: u32| (rate / RATE_PER_JOB) as usize;
-    let workers = Workers::start(sandbox, &group, &names, params.workers, params.capacity)?;
+    let workers = Workers::start(
+        sandbox,
+        &group,
+        &names,
+        params.workers,
+        params.capacity,
+        params.hold,
+    )?;
     sandbox
         .wait_for_consumers(&group, params.workers as u32)
         .await?;

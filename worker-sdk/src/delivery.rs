@@ -1,5 +1,5 @@
-//! One delivery, start to finish: decode, dead-letter what cannot run, wait until it is due,
-//! claim (or take over from a lost worker), execute, record, then retry, park or ack.
+//! One delivery, start to finish: decode, dead-letter what cannot run, claim (or take over from
+//! a lost worker), hold it until it is due, execute, record, then retry, park or ack.
 //!
 //! The order is the guarantee. The claim comes before the handler, so a duplicate delivery of an
 //! attempt never executes twice; the outcome is committed before anything is published or
@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::claims::Batched;
 use crate::consumer::Link;
 use crate::context::{JobContext, JobLogger, Level, LogLine, LogSink, MAX_PENDING_BATCHES};
 use crate::delay;
@@ -30,7 +31,9 @@ use crate::outcome::{self, Ending, Execution, Outcome, RunEnd};
 use crate::parking;
 use crate::protocol::Trigger;
 use crate::retry::{self, Wait};
-use crate::store::{AttemptRecord, Claim, Recorded, RunSnapshot, TakeOver, TakenOver};
+use crate::store::{
+    AttemptRecord, Claim, ClaimRequest, Recorded, RunSnapshot, TakeOver, TakenOver,
+};
 use crate::worker::{Entered, InFlight, Shared, Unrecorded};
 
 /// How often a worker re-reads a run that is `running` on another worker while it waits for
@@ -139,13 +142,27 @@ async fn run(shared: Arc<Shared>, link: Arc<Link>, delivery: Inbound, mut trigge
         return finish(&shared, &link, &delivery, trigger.run_id, pending).await;
     }
 
-    if let Some(due) = delay::not_before(&delivery.delivery)
-        && !wait_until_due(&shared, &link, &delivery, &trigger, due).await
-    {
-        return;
+    // A trigger published ahead of its instant (the scheduler's lead) or a retry due within
+    // the hold limit is claimed now and started at its instant; one due later goes through a
+    // delay tier.
+    let start_at = match delay::not_before(&delivery.delivery) {
+        None => None,
+        Some(due) => match plan_start(&shared, &link, &delivery, &trigger, due).await {
+            Start::Now => None,
+            Start::At(at) => Some(at),
+            Start::Retiered => return,
+        },
+    };
+
+    // At most `capacity` handlers run at once. A delivery that is due takes its handler slot
+    // before the claim, so its `started_at` is when its handler starts; one claimed ahead of its
+    // instant takes it at the instant (held deliveries wait outside the slots).
+    let mut handler_slot = None;
+    if start_at.is_none() {
+        handler_slot = shared.handler_slots.acquire().await.ok();
     }
 
-    let Some(attempt) = acquire(&shared, &link, &delivery, &trigger).await else {
+    let Some(attempt) = acquire(&shared, &link, &delivery, &trigger, start_at).await else {
         return;
     };
     if attempt != trigger.attempt {
@@ -153,7 +170,20 @@ async fn run(shared: Arc<Shared>, link: Arc<Link>, delivery: Inbound, mut trigge
         trigger.attempt = attempt;
     }
 
-    let started = Instant::now();
+    // Claimed: only the handler's start is left for the instant. The wait holds the delivery
+    // (unacked, within the prefetch's hold budget) but not a handler slot. A run claimed ahead
+    // is recorded as started at its instant, so its duration is measured from the instant too
+    // (on the monotonic clock), and `finished_at` = `started_at` + duration stays true.
+    let mut started = Instant::now();
+    if let Some(at) = start_at
+        && let Ok(ahead) = (at - Utc::now()).to_std()
+    {
+        started += ahead;
+        hold_until(at).await;
+    }
+    if handler_slot.is_none() {
+        handler_slot = shared.handler_slots.acquire().await.ok();
+    }
     let job: Arc<str> = trigger.job.as_str().into();
     let (flush_tx, flush_rx) = mpsc::channel(MAX_PENDING_BATCHES);
     let sink = Arc::new(LogSink::new(
@@ -177,8 +207,16 @@ async fn run(shared: Arc<Shared>, link: Arc<Link>, delivery: Inbound, mut trigge
     let done = CancellationToken::new();
     let (execution, lost_lines) = tokio::join!(
         async {
-            let execution =
-                execute(&shared, &delivery, &handler, ctx, params, &slot, timeout).await;
+            // Re-checked at the instant: an operator's cancel (a control message) or the
+            // worker's shutdown may have come while the claimed trigger was held.
+            let execution = if slot.token.is_cancelled() {
+                tracing::info!("cancelled while held for its instant; the handler is not started");
+                not_started(&shared, &slot)
+            } else {
+                execute(&shared, &delivery, &handler, ctx, params, &slot, timeout).await
+            };
+            // The handler is done: its slot is free while the outcome is written.
+            drop(handler_slot);
             done.cancel();
             execution
         },
@@ -227,22 +265,38 @@ async fn run(shared: Arc<Shared>, link: Arc<Link>, delivery: Inbound, mut trigge
     finish(&shared, &link, &delivery, trigger.run_id, pending).await
 }
 
-/// Waits until a delayed message is due: holds it in memory for the last moments, or sends it
-/// through another delay tier (confirmed, then the original is acked). True when it is due now.
-async fn wait_until_due(
+/// When a delivery with a not-before instant starts.
+enum Start {
+    /// Due already.
+    Now,
+    /// Due within the hold limit: claim now, start the handler at this instant.
+    At(DateTime<Utc>),
+    /// Sent through a delay tier (or requeued); this delivery is settled.
+    Retiered,
+}
+
+/// Decides how a delayed message waits: held in memory for the last moments (the scheduler's
+/// lead, the end of a retry's delay), or sent through another delay tier (confirmed, then the
+/// original is acked).
+async fn plan_start(
     shared: &Shared,
     link: &Link,
     delivery: &Inbound,
     trigger: &Trigger,
     due: DateTime<Utc>,
-) -> bool {
+) -> Start {
+    // The header has millisecond precision; the trigger's own instant is exact.
+    let due = if due.timestamp_millis() == trigger.scheduled_at.timestamp_millis() {
+        due.max(trigger.scheduled_at)
+    } else {
+        due
+    };
     let remaining = (due - Utc::now()).to_std().unwrap_or_default();
     match retry::plan_wait(remaining) {
-        Wait::Now => true,
+        Wait::Now => Start::Now,
         Wait::Hold(wait) => {
-            tracing::debug!(?wait, "retry due shortly; holding it in memory");
-            tokio::time::sleep(wait).await;
-            true
+            tracing::debug!(?wait, "due shortly; claiming it and holding it until due");
+            Start::At(due)
         }
         Wait::Tier(_) => {
             match delay::publish(
@@ -264,8 +318,29 @@ async fn wait_until_due(
                     requeue_after_publish_failure(link, delivery).await;
                 }
             }
-            false
+            Start::Retiered
         }
+    }
+}
+
+/// Sleeps until the wall clock reaches `at` (never returns before it: tokio's timer rounds up).
+async fn hold_until(at: DateTime<Utc>) {
+    if let Ok(wait) = (at - Utc::now()).to_std() {
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// The execution of a claimed attempt whose token fired before its handler started: recorded
+/// like a handler that saw the cancellation at once (an operator's cancel ends the run
+/// `cancelled`; a shutdown makes it a retryable interruption).
+fn not_started(shared: &Shared, slot: &InFlight<'_>) -> Execution {
+    Execution {
+        ending: Ending::Returned(Err(crate::JobError::cancel(
+            "cancelled before its instant; the handler was not started",
+        ))),
+        timed_out: None,
+        interrupted: shared.stop_handlers.is_cancelled(),
+        cancel_requested: slot.cancel_requested.load(Ordering::SeqCst),
     }
 }
 
@@ -278,6 +353,7 @@ async fn acquire(
     link: &Link,
     delivery: &Inbound,
     trigger: &Trigger,
+    start_at: Option<DateTime<Utc>>,
 ) -> Option<u32> {
     let limit = shared.topology.delivery_limit();
     let deliveries = delay::delivery_count(&delivery.delivery);
@@ -286,11 +362,29 @@ async fn acquire(
     let attempt = i32::try_from(trigger.attempt).unwrap_or(i32::MAX);
     let mut wait_deadline: Option<Instant> = None;
     let mut refusals = 0;
+    // The common case, a waiting run, goes with the other deliveries that arrived together.
+    let mut maybe_ours = false;
+    if !last {
+        let claim = ClaimRequest {
+            run_id: trigger.run_id,
+            attempt,
+            job: trigger.job.clone(),
+            starts_at: start_at,
+        };
+        match shared.claims.claim(claim).await {
+            Batched::Claimed => return Some(trigger.attempt),
+            Batched::Alone { maybe_ours: m } => maybe_ours = m,
+        }
+    }
     loop {
         let found = if last {
             shared.store.snapshot(trigger.run_id).await
         } else {
-            match shared.store.claim(trigger, &shared.id).await {
+            match shared
+                .store
+                .claim(trigger, &shared.id, start_at, maybe_ours)
+                .await
+            {
                 Ok(Claim::Claimed) => return Some(trigger.attempt),
                 Ok(Claim::Refused(run)) => Ok(run),
                 Err(error) => Err(error),

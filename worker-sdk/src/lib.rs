@@ -43,6 +43,7 @@
 //! `examples/example_worker.rs`.
 
 mod backoff;
+mod claims;
 mod consumer;
 mod context;
 mod delay;
@@ -65,8 +66,8 @@ pub use protocol::Trigger;
 pub use topology::Topology;
 pub use worker::{
     BuildError, DEFAULT_ACK_AFTER, DEFAULT_AMQP_URL, DEFAULT_CANCEL_GRACE, DEFAULT_CAPACITY,
-    DEFAULT_DB_RETRY_BUDGET, DEFAULT_DRAIN_TIMEOUT, DEFAULT_HEARTBEAT_INTERVAL, Worker,
-    WorkerBuilder, WorkerError,
+    DEFAULT_DB_RETRY_BUDGET, DEFAULT_DRAIN_TIMEOUT, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HOLD,
+    Worker, WorkerBuilder, WorkerError,
 };
 
 /// Re-exported so handlers can name the token type without adding `tokio-util` themselves.

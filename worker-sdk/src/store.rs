@@ -41,7 +41,7 @@ macro_rules! run_snapshot_select {
 const CLAIM_SQL: &str = concat!(
     "WITH claimed AS (
     UPDATE chime_runs
-       SET state = 'running', attempt = $2, worker_id = $3, started_at = now(),
+       SET state = 'running', attempt = $2, worker_id = $3, started_at = greatest(now(), $5),
            finished_at = NULL, error = NULL, next_attempt_at = NULL
      WHERE id = $1 AND job_name = $4
        AND state IN ('pending', 'queued', 'retrying')
@@ -56,6 +56,42 @@ SELECT (SELECT started_at FROM claimed) AS claimed_at,
        ",
     run_snapshot_select!()
 );
+
+/// The claim of several deliveries at once: the same conditions as [`CLAIM_SQL`], one row of
+/// input per delivery (`$1` run ids, `$2` attempts, `$3` jobs, `$4` start instants or the
+/// epoch, `$5` worker id); returns the ids claimed. The rows are locked in id order first, as
+/// the leader's mark of published runs does, so two multi-row statements never deadlock (each
+/// deadlock cost a second: PostgreSQL's `deadlock_timeout`).
+const CLAIM_MANY_SQL: &str = "WITH input AS (
+    SELECT * FROM UNNEST($1::bigint[], $2::int[], $3::text[], $4::timestamptz[])
+        AS i(id, attempt, job, starts_at)
+), locked AS MATERIALIZED (
+    SELECT r.id FROM chime_runs r WHERE r.id = ANY($1) ORDER BY r.id FOR UPDATE
+), claimed AS (
+    UPDATE chime_runs r
+       SET state = 'running', attempt = i.attempt, worker_id = $5,
+           started_at = greatest(now(), i.starts_at),
+           finished_at = NULL, error = NULL, next_attempt_at = NULL
+      FROM input i, locked l
+     WHERE r.id = i.id AND l.id = r.id AND r.job_name = i.job
+       AND r.state IN ('pending', 'queued', 'retrying')
+       AND r.cancel_requested_at IS NULL
+       AND r.attempt < i.attempt
+    RETURNING r.id, r.attempt, r.started_at
+), attempt_rows AS (
+    INSERT INTO chime_attempts (run_id, attempt, worker_id, state, started_at)
+    SELECT id, attempt, $5, 'running', started_at FROM claimed
+)
+SELECT id FROM claimed";
+
+/// One delivery's claim, for [`Store::claim_many`].
+#[derive(Debug, Clone)]
+pub(crate) struct ClaimRequest {
+    pub run_id: i64,
+    pub attempt: i32,
+    pub job: String,
+    pub starts_at: Option<DateTime<Utc>>,
+}
 
 /// The run as it is, without claiming it.
 const SNAPSHOT_SQL: &str = concat!(
@@ -220,10 +256,20 @@ impl Store {
     /// lost; a retry then finds the run `running` for this very attempt and worker, which is our
     /// own claim, and reports it claimed. (Concurrent duplicates inside one worker are kept out
     /// before the claim, so that cannot be anyone else's.)
+    ///
+    /// `starts_at` is when the handler will start, for an attempt claimed ahead of its instant
+    /// (a trigger published early, a retry held for its last moments): it becomes the attempt's
+    /// `started_at` unless the claim comes later.
+    ///
+    /// `maybe_ours`: an earlier statement (a batched claim that failed) may have claimed it
+    /// already, so a run `running` for this attempt on this worker counts as claimed even on
+    /// the first try.
     pub(crate) async fn claim(
         &self,
         trigger: &Trigger,
         worker_id: &str,
+        starts_at: Option<DateTime<Utc>>,
+        maybe_ours: bool,
     ) -> Result<Claim, sqlx::Error> {
         let attempt = attempt_i32(trigger.attempt);
         self.retrying("claiming a run", |retry| async move {
@@ -232,6 +278,7 @@ impl Store {
                 .bind(attempt)
                 .bind(worker_id)
                 .bind(&trigger.job)
+                .bind(starts_at)
                 .fetch_optional(&self.pool)
                 .await?;
             let Some(row) = row else {
@@ -239,7 +286,7 @@ impl Store {
             };
             let claimed_at: Option<DateTime<Utc>> = row.try_get("claimed_at")?;
             let snapshot = snapshot(&row)?;
-            let ours_from_a_lost_reply = retry > 0
+            let ours_from_a_lost_reply = (retry > 0 || maybe_ours)
                 && snapshot.state == "running"
                 && snapshot.attempt == attempt
                 && snapshot.worker_id.as_deref() == Some(worker_id);
@@ -250,6 +297,35 @@ impl Store {
             })
         })
         .await
+    }
+
+    /// Claims several attempts in one statement (see [`CLAIM_MANY_SQL`]); returns the run ids
+    /// claimed. No retries: a caller whose run is not in the answer (or gets an error) claims it
+    /// alone with [`Store::claim`], which also says why a claim was refused.
+    pub(crate) async fn claim_many(
+        &self,
+        claims: &[ClaimRequest],
+        worker_id: &str,
+    ) -> Result<Vec<i64>, sqlx::Error> {
+        // Sorted, so two batches lock their rows in the same order.
+        let mut claims: Vec<&ClaimRequest> = claims.iter().collect();
+        claims.sort_by_key(|c| c.run_id);
+        let ids: Vec<i64> = claims.iter().map(|c| c.run_id).collect();
+        let attempts: Vec<i32> = claims.iter().map(|c| c.attempt).collect();
+        let jobs: Vec<&str> = claims.iter().map(|c| c.job.as_str()).collect();
+        // `greatest` takes now() over the epoch: the epoch stands for "no start instant".
+        let starts: Vec<DateTime<Utc>> = claims
+            .iter()
+            .map(|c| c.starts_at.unwrap_or(DateTime::<Utc>::UNIX_EPOCH))
+            .collect();
+        sqlx::query_scalar(CLAIM_MANY_SQL)
+            .bind(&ids)
+            .bind(&attempts)
+            .bind(&jobs)
+            .bind(&starts)
+            .bind(worker_id)
+            .fetch_all(&self.pool)
+            .await
     }
 
     /// The run as it is now (`None`: no such run).

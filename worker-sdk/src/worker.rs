@@ -20,10 +20,11 @@ use chrono::{DateTime, Utc};
 use serde::de::DeserializeOwned;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::claims::ClaimBatcher;
 use crate::consumer::{self, Broker};
 use crate::context::{JobContext, LogLine};
 use crate::delivery;
@@ -34,8 +35,12 @@ use crate::topology::{DEFAULT_PREFIX, Topology};
 
 /// RabbitMQ URL used when none is given.
 pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
-/// Concurrent handlers (and prefetch) when none is given.
+/// Concurrent handlers when none is given.
 pub const DEFAULT_CAPACITY: u16 = 8;
+/// Deliveries a worker may hold beyond its running handlers when none is given: triggers
+/// published ahead of their instant (the scheduler's lead, 200 ms by default) waiting for it,
+/// and deliveries waiting for a free handler. The consumer prefetch is `capacity + hold`.
+pub const DEFAULT_HOLD: u16 = 256;
 /// How long a shutdown waits for in-flight handlers before cancelling them.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a handler has to return after its cancellation token fired.
@@ -120,6 +125,7 @@ pub struct WorkerBuilder {
     amqp_url: String,
     prefix: String,
     capacity: u16,
+    hold: u16,
     worker_id: Option<String>,
     drain_timeout: Duration,
     cancel_grace: Duration,
@@ -168,10 +174,23 @@ impl WorkerBuilder {
         self
     }
 
-    /// Handlers that may run at once, which is also the consumer prefetch; default
-    /// [`DEFAULT_CAPACITY`].
+    /// Handlers that may run at once; default [`DEFAULT_CAPACITY`].
     pub fn capacity(mut self, capacity: u16) -> Self {
         self.capacity = capacity;
+        self
+    }
+
+    /// Deliveries this worker may hold unacked beyond its running handlers; default
+    /// [`DEFAULT_HOLD`]. The scheduler publishes each trigger a little ahead of its instant
+    /// (its lead), and the worker claims it and holds it until the instant, so that at the
+    /// instant only the handler has to start. Held deliveries occupy no handler slot, but they
+    /// count against the prefetch, which is `capacity + hold`: set `hold` to at least the
+    /// triggers this worker receives within one lead (for a group of jobs firing on the same
+    /// instant, their number divided by the group's workers). A larger hold costs a little
+    /// memory per message and, when the queue has a backlog, lets this worker take up to
+    /// `capacity + hold` messages that an idle peer could have run.
+    pub fn hold(mut self, hold: u16) -> Self {
+        self.hold = hold;
         self
     }
 
@@ -278,6 +297,7 @@ impl WorkerBuilder {
             database,
             amqp_url: self.amqp_url,
             capacity: self.capacity,
+            hold: self.hold,
             drain_timeout: self.drain_timeout,
             cancel_grace: self.cancel_grace,
             heartbeat_interval: self.heartbeat_interval,
@@ -304,6 +324,7 @@ pub struct Worker {
     database: Database,
     amqp_url: String,
     capacity: u16,
+    hold: u16,
     drain_timeout: Duration,
     cancel_grace: Duration,
     heartbeat_interval: Duration,
@@ -335,6 +356,7 @@ impl Worker {
             amqp_url: DEFAULT_AMQP_URL.to_owned(),
             prefix: DEFAULT_PREFIX.to_owned(),
             capacity: DEFAULT_CAPACITY,
+            hold: DEFAULT_HOLD,
             worker_id: None,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             cancel_grace: DEFAULT_CANCEL_GRACE,
@@ -372,6 +394,10 @@ impl Worker {
             ),
         };
         let jobs = self.handlers.jobs();
+        let claims = ClaimBatcher::start(
+            Store::new(pool.clone(), self.db_retry_budget),
+            self.id.clone(),
+        );
         let shared = Arc::new(Shared {
             id: self.id,
             topology: self.topology,
@@ -381,6 +407,8 @@ impl Worker {
             abandon: CancellationToken::new(),
             cancel_grace: self.cancel_grace,
             ack_after: self.ack_after,
+            handler_slots: Semaphore::new(usize::from(self.capacity)),
+            claims,
             in_flight: Mutex::default(),
             released: Notify::new(),
             unrecorded: Mutex::default(),
@@ -401,7 +429,10 @@ impl Worker {
         }
 
         let mut broker = Broker::new(self.amqp_url.clone(), &shared.id);
-        let first = match broker.open(&shared, self.capacity).await {
+        // Held deliveries are unacked too: the prefetch makes room for them next to the running
+        // handlers, whose number the `handler_slots` semaphore bounds.
+        let prefetch = self.capacity.saturating_add(self.hold);
+        let first = match broker.open(&shared, prefetch).await {
             Ok(first) => first,
             Err(source) => {
                 broker.close().await;
@@ -421,6 +452,7 @@ impl Worker {
             group = shared.topology.group(),
             jobs = ?jobs,
             capacity = self.capacity,
+            prefetch,
             "worker started"
         );
 
@@ -435,7 +467,7 @@ impl Worker {
         consumer::supervise(
             shared.clone(),
             &mut broker,
-            self.capacity,
+            prefetch,
             first,
             &shutdown,
             &tracker,
@@ -598,6 +630,10 @@ pub(crate) struct Shared {
     pub(crate) cancel_grace: Duration,
     /// A handler running this long has its delivery acked early.
     pub(crate) ack_after: Duration,
+    /// One permit per handler that may run at once (`capacity`).
+    pub(crate) handler_slots: Semaphore,
+    /// Claims of deliveries arriving together, in one statement.
+    pub(crate) claims: ClaimBatcher,
     in_flight: Mutex<HashMap<i64, RunSlot>>,
     /// Notified whenever a run leaves `in_flight`.
     released: Notify,

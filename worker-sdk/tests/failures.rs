@@ -545,15 +545,19 @@ async fn a_run_of_a_lost_worker_is_taken_over_and_its_late_outcome_is_discarded(
             }
         }
     };
+    // No hold budget: the prefetch is the one handler slot, so while a's handler hangs the
+    // broker sends the copy to b.
     let a = env
         .worker()
         .capacity(1)
+        .hold(0)
         .handle("hang", make(release.clone(), started_tx.clone()))
         .build()
         .unwrap();
     let b = env
         .worker()
         .capacity(1)
+        .hold(0)
         .handle("hang", make(release.clone(), started_tx.clone()))
         .build()
         .unwrap();

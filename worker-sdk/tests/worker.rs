@@ -720,3 +720,125 @@ async fn a_connection_lost_mid_run_executes_once_and_consumes_again(pool: PgPool
     assert_eq!(env.queue_state(&env.topology.work_queue()).await.0, 0);
     env.cleanup().await;
 }
+
+/// A run due `ahead` from now, with the trigger the scheduler would publish for it ahead of
+/// its instant (`x-chime-not-before` = the instant).
+async fn early_trigger(
+    env: &Env,
+    job: &str,
+    ahead: Duration,
+) -> (i64, chime_worker::protocol::Trigger, FieldTable) {
+    let run_id = env.insert_run(job, &Value::Null).await;
+    let at = chrono::Utc::now() + chrono::Duration::from_std(ahead).unwrap();
+    // Whole milliseconds, as the header carries them.
+    let at = chrono::DateTime::from_timestamp_millis(at.timestamp_millis()).unwrap();
+    sqlx::query("UPDATE chime_runs SET scheduled_at = $2 WHERE id = $1")
+        .bind(run_id)
+        .bind(at)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    let trigger = env.trigger(run_id, job, Value::Null).await;
+    let mut headers = FieldTable::default();
+    headers.insert(
+        chime_worker::protocol::HEADER_NOT_BEFORE.into(),
+        lapin::types::AMQPValue::LongLongInt(at.timestamp_millis()),
+    );
+    (run_id, trigger, headers)
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_trigger_published_ahead_is_claimed_at_once_and_started_at_its_instant(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let worker = env
+        .worker()
+        .capacity(1)
+        .handle("tick", move |ctx: JobContext, _: Value| {
+            let started_tx = started_tx.clone();
+            async move {
+                started_tx
+                    .send((chrono::Utc::now(), ctx.scheduled_at()))
+                    .unwrap();
+                Ok(())
+            }
+        })
+        .build()
+        .unwrap();
+    let running = env.start(worker);
+    let (run_id, trigger, headers) = early_trigger(&env, "tick", Duration::from_millis(200)).await;
+    env.publish_with_headers(&trigger, headers).await;
+
+    // Claimed while held: `running` before its instant, recorded as started at the instant.
+    let claimed = env.run_in_state(run_id, "running").await;
+    let seen_at = chrono::Utc::now();
+    assert!(
+        seen_at < trigger.scheduled_at,
+        "the claim should come during the hold, {} ms before the instant at the latest",
+        (trigger.scheduled_at - seen_at).num_milliseconds()
+    );
+    assert_eq!(claimed.started_at, Some(trigger.scheduled_at));
+
+    let (handler_start, scheduled) = tokio::time::timeout(WAIT, started.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(scheduled, trigger.scheduled_at);
+    let late = handler_start - scheduled;
+    assert!(
+        late >= chrono::Duration::zero(),
+        "started {} µs before its instant",
+        -late.num_microseconds().unwrap()
+    );
+    // A few ms on an idle machine; generous for a shared one.
+    assert!(
+        late < chrono::Duration::milliseconds(100),
+        "started {late} late"
+    );
+    let done = env.run_in_state(run_id, "succeeded").await;
+    assert!(done.finished_at.unwrap() >= handler_start - chrono::Duration::milliseconds(5));
+    running.stop().await;
+    env.cleanup().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_cancel_while_a_trigger_is_held_keeps_its_handler_from_starting(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let worker = env
+        .worker()
+        .handle("tick", move |_: JobContext, _: Value| {
+            counted.fetch_add(1, SeqCst);
+            async { Ok(()) }
+        })
+        .build()
+        .unwrap();
+    let running = env.start(worker);
+    // Just under the worker's 250 ms hold limit, so the cancel has time to arrive.
+    let (run_id, trigger, headers) = early_trigger(&env, "tick", Duration::from_millis(245)).await;
+    env.publish_with_headers(&trigger, headers).await;
+    env.run_in_state(run_id, "running").await;
+    env.cancel(run_id).await;
+    let cancelled_at = chrono::Utc::now();
+    assert!(
+        cancelled_at < trigger.scheduled_at,
+        "the cancel must reach the worker while the trigger is held; it came {} ms late",
+        (cancelled_at - trigger.scheduled_at).num_milliseconds()
+    );
+
+    let run = env.run_in_state(run_id, "cancelled").await;
+    assert_eq!(calls.load(SeqCst), 0, "the handler must not start");
+    let attempts = env.attempts(run_id).await;
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(attempts[0].state, "cancelled");
+    assert!(
+        run.error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("the handler was not started"),
+        "{run:?}"
+    );
+    running.stop().await;
+    env.cleanup().await;
+}
