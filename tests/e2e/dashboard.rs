@@ -481,6 +481,12 @@ async fn an_operator_triggers_a_job_and_watches_its_run_finish_and_a_viewer_cann
         )
         .await;
     assert_eq!(status, 403, "the API refuses a viewer's trigger");
+    // ... and the console check would have seen such an error.
+    let errors = browser.console_errors().await;
+    assert!(
+        errors.iter().any(|e| e.contains("403")),
+        "the refused request is in the console log: {errors:?}"
+    );
     assert_eq!(
         run_count(&pool).await,
         2,
