@@ -493,6 +493,51 @@ async fn an_operator_triggers_a_job_and_watches_its_run_finish_and_a_viewer_cann
         "only the operator's two runs exist"
     );
 
+    // An admin edits the schedule of a job created through the API: a mistake is refused with
+    // the API's message, a good schedule is saved and its next five fire times shown.
+    let admin = ops
+        .create_token(&Caller::cli(), "root", Role::Admin)
+        .await
+        .expect("token")
+        .secret;
+    let created = http
+        .post(format!("{base}/api/jobs"))
+        .bearer_auth(&admin)
+        .json(&json!({"name": "report", "group": group, "schedule": "0 0 * * * *"}))
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(created.status(), 201);
+    browser.click("#logout").await;
+    browser.wait_text("#login h1", |t| t == "Log in").await;
+    browser.type_into("#token", &admin).await;
+    browser.click("#login-button").await;
+    browser
+        .wait_text("#whoami", |t| t == "token:root (admin)")
+        .await;
+    browser.open(&base, "#/jobs/report").await;
+    let upcoming =
+        |minute: &'static str| move |t: &str| t.matches(&format!(":{minute}:00Z")).count() == 5;
+    browser.wait_text("#upcoming", upcoming("00")).await;
+    let clear = "document.getElementById('schedule').value = ''; return true;";
+    browser.eval(clear, json!([])).await;
+    browser.type_into("#schedule", "every tuesday").await;
+    browser.click("#edit-schedule button").await;
+    browser
+        .wait_text("#edit-error", |t| t.contains("schedule"))
+        .await;
+    browser.eval(clear, json!([])).await;
+    browser.type_into("#schedule", "0 30 * * * *").await;
+    browser.click("#edit-schedule button").await;
+    browser.wait_text("#upcoming", upcoming("30")).await;
+    browser.screenshot("job").await;
+    let schedule: String =
+        sqlx::query_scalar("SELECT spec->>'schedule' FROM chime_jobs WHERE name = 'report'")
+            .fetch_one(&pool)
+            .await
+            .expect("schedule");
+    assert_eq!(schedule, "0 30 * * * *");
+
     browser.quit().await;
     drop(browser);
     worker.stop().await;

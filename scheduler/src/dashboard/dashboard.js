@@ -148,7 +148,8 @@ async function jobs(page) {
   const lastRun = new Map(jobs.map((j, i) => [j.name, last[i]]));
   const path = (j, action) => "/api/jobs/" + encodeURIComponent(j.name) + "/" + action;
   page.append(el("h1", {}, "Jobs"), table([
-    ["name", (j) => j.name], ["group", (j) => j.group], ["schedule", (j) => el("code", {}, j.schedule)],
+    ["name", (j) => el("a", { href: "#/jobs/" + encodeURIComponent(j.name) }, j.name)],
+    ["group", (j) => j.group], ["schedule", (j) => el("code", {}, j.schedule)],
     ["next fire", (j) => time(j.next_fire)], ["paused", (j) => (j.paused ? "paused" : "no")],
     ["last run", (j) => { const r = lastRun.get(j.name); return r ? [runLink(r.id), " ", stateCell(r.state)] : "—"; }],
     ["actions", (j) => [
@@ -161,6 +162,41 @@ async function jobs(page) {
         : actionButton("Pause", "pause", async () => { await api("POST", path(j, "pause")); return "Paused " + j.name; }),
     ]],
   ], jobs, (j) => ({ "data-job": j.name })));
+}
+
+// One job: its definition, the next fire times, and (admins, jobs created through the API) a
+// schedule editor; the API validates, and its message names the field and the fix.
+async function job(page, name) {
+  const j = await api("GET", "/api/jobs/" + encodeURIComponent(name));
+  const editable = me.role === "admin" && j.source === "api";
+  const input = el("input", { id: "schedule", name: "schedule", value: j.spec.schedule || "",
+    size: 30, disabled: !editable });
+  const error = el("p", { id: "edit-error", class: "error" });
+  const form = el("form", { id: "edit-schedule", class: "filters", onsubmit: async (event) => {
+    event.preventDefault();
+    try {
+      await api("PATCH", "/api/jobs/" + encodeURIComponent(name), { schedule: input.value.trim() });
+      notice("Changed the schedule of " + name, false);
+      route();
+    } catch (e) {
+      error.textContent = e.message;
+    }
+  } }, el("label", { for: "schedule" }, "cron schedule "), input,
+  el("button", { type: "submit", disabled: !editable }, "Save"));
+  page.append(...[
+    el("h1", {}, "Job " + j.name),
+    el("table", { class: "fields" }, [
+      ["group", j.group], ["schedule", j.schedule], ["paused", j.paused ? "paused" : "no"],
+      ["source", j.source], ["definition", j.spec],
+    ].map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, show(v))))),
+    el("h2", {}, "Next fire times"),
+    el("ol", { id: "upcoming" }, j.upcoming.map((t) => el("li", {}, time(t)))),
+    el("h2", {}, "Edit schedule"),
+    editable ? null : el("p", { class: "muted" }, j.source === "api"
+      ? "Changing a job needs the admin role."
+      : "This job is declared in a job file: change the file and reload (SIGHUP)."),
+    form, error,
+  ].filter((node) => node !== null));
 }
 
 async function runs(page, query) {
@@ -278,6 +314,7 @@ async function route() {
   const page = el("section", { id: "page", "data-page": parts.join("/") });
   try {
     if (parts[0] === "runs" && parts[1]) await run(page, parts[1]);
+    else if (parts[0] === "jobs" && parts[1]) await job(page, decodeURIComponent(parts[1]));
     else if (pages[parts[0]]) await pages[parts[0]](page, query || "");
     else page.append(el("h1", {}, "No such page"));
   } catch (e) {
