@@ -1,5 +1,6 @@
 //! The HTTP face of every scheduler instance: the JSON REST API under `/api` (described by the
-//! OpenAPI document at `/api/openapi.json`), health probes and `/metrics`.
+//! OpenAPI document at `/api/openapi.json`), health probes, `/metrics` and the web dashboard
+//! at `/` ([`crate::dashboard`]).
 //!
 //! Handlers are thin: they parse the request, call [`Operations`] with the caller the bearer
 //! token identifies, and render the result. Authorization is decided in [`crate::ops`], never
@@ -62,7 +63,7 @@ pub struct Readiness {
     pub amqp_url: Option<String>,
 }
 
-/// The router: `/api/…`, `/healthz`, `/readyz`, `/metrics`.
+/// The router: `/api/…`, `/healthz`, `/readyz`, `/metrics` and the dashboard at `/`.
 pub fn router(state: Arc<ApiState>) -> Router {
     Router::new()
         .route("/api/openapi.json", get(openapi))
@@ -92,6 +93,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .merge(crate::dashboard::router())
         .fallback(not_found)
         .with_state(state)
 }

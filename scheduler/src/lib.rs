@@ -7,6 +7,7 @@ pub mod auth;
 pub mod check;
 pub mod cli;
 pub mod config;
+pub mod dashboard;
 pub mod job;
 pub mod leader;
 pub mod metrics;

@@ -133,6 +133,9 @@ pub struct JobView {
     pub schedule: String,
     /// The next fire, unless paused or manual only.
     pub next_fire: Option<DateTime<Utc>>,
+    /// The schedule's next [`UPCOMING`] fire times, also while paused (what resuming, or a
+    /// schedule just changed, leads to).
+    pub upcoming: Vec<DateTime<Utc>>,
     /// Whether planning is paused.
     pub paused: bool,
     /// `config` (from job files; change the file) or `api` (created at runtime).
@@ -1112,9 +1115,15 @@ impl Operations {
     }
 }
 
+/// How many fire times a job view lists.
+pub const UPCOMING: usize = 5;
+
 fn job_view(j: crate::store::JobRecord, now: DateTime<Utc>) -> JobView {
     let schedule = j.spec.schedule().ok();
     JobView {
+        upcoming: schedule
+            .as_ref()
+            .map_or_else(Vec::new, |s| s.upcoming(now, UPCOMING)),
         next_fire: if j.paused {
             None
         } else {

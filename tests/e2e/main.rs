@@ -7,6 +7,7 @@ mod bench_smoke;
 mod chaos;
 mod common;
 mod control;
+mod dashboard;
 mod failures;
 mod fencing;
 mod fires;

@@ -1,0 +1,369 @@
+// Chime's web dashboard: a hash-routed page over the JSON API. The token lives in this tab's
+// sessionStorage and goes out as `Authorization: Bearer`; no cookie carries authority, so there
+// is no CSRF surface. Every user-supplied string reaches the DOM through textContent (el() and
+// table()), never parsed as markup.
+"use strict";
+
+const TOKEN_KEY = "chime.token";
+const TERMINAL = new Set(["succeeded", "failed", "cancelled", "dead", "skipped"]);
+let me = null;
+let timer = null;
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else if (k === "class") node.className = v;
+    else node.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function time(iso) {
+  if (!iso) return "—";
+  const d = new Date(iso);
+  return d.toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z");
+}
+
+function show(value) {
+  if (value === null || value === undefined) return "—";
+  if (typeof value === "object") return JSON.stringify(value);
+  return String(value);
+}
+
+function notice(message, isError) {
+  const box = document.getElementById("notice");
+  box.textContent = message;
+  box.className = isError ? "error" : "";
+  box.hidden = !message;
+}
+
+async function api(method, path, body) {
+  const headers = { Authorization: "Bearer " + sessionStorage.getItem(TOKEN_KEY) };
+  const init = { method, headers, credentials: "omit", cache: "no-store" };
+  if (body !== undefined) {
+    headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  const response = await fetch(path, init);
+  const data = response.status === 204 ? null : await response.json();
+  if (response.status === 401) {
+    logout("Your token was refused; paste a valid one.");
+    throw new Error("unauthenticated");
+  }
+  if (!response.ok) {
+    throw new Error(data && data.error ? data.error.message : "HTTP " + response.status);
+  }
+  return data;
+}
+
+function mayOperate() {
+  return me && (me.role === "operator" || me.role === "admin");
+}
+
+function actionButton(label, cls, action) {
+  const allowed = mayOperate();
+  return el("button", {
+    type: "button",
+    class: cls,
+    disabled: !allowed,
+    title: allowed ? null : "needs the operator role",
+    onclick: async (event) => {
+      event.target.disabled = true;
+      try {
+        notice(await action(), false);
+      } catch (e) {
+        notice(e.message, true);
+      }
+      route();
+    },
+  }, label);
+}
+
+function table(columns, rows, rowAttrs) {
+  return el("table", {},
+    el("thead", {}, el("tr", {}, columns.map(([label]) => el("th", {}, label)))),
+    el("tbody", {}, rows.map((row) => el("tr", rowAttrs ? rowAttrs(row) : {},
+      columns.map(([, cell]) => {
+        const value = cell(row);
+        return el("td", {}, value instanceof Node || Array.isArray(value) ? value : show(value));
+      })))));
+}
+
+function runLink(id) {
+  return id === null || id === undefined ? "—" : el("a", { href: "#/runs/" + id }, "#" + id);
+}
+
+function stateCell(state) {
+  return el("span", { class: "state state-" + state }, state);
+}
+
+// ---- pages ----------------------------------------------------------------------------------
+
+async function overview(page) {
+  const windows = ["5m", "1h", "24h"];
+  const [views, queues] = await Promise.all([
+    Promise.all(windows.map((w) => api("GET", "/api/overview?window=" + w))),
+    api("GET", "/api/queues"),
+  ]);
+  const hour = views[1];
+  const states = [...new Set(views.flatMap((v) => Object.keys(v.runs_by_state)))].sort();
+  const leader = hour.leader || {};
+  page.append(
+    el("h1", {}, "Overview"),
+    el("div", { class: "cards" },
+      card("failure rate (1h)", hour.failure_rate === null ? "—" : (hour.failure_rate * 100).toFixed(1) + "%", "failure-rate"),
+      card("jobs", hour.jobs, "jobs-count"),
+      card("paused jobs", hour.paused_jobs),
+      card("workers online", hour.workers_online, "workers-online"),
+      card("leader", leader.active ? leader.holder + " (term " + leader.term + ")" : "none", "leader")),
+    el("h2", {}, "Runs by state"),
+    table([["state", (s) => stateCell(s)]].concat(windows.map((w, i) =>
+      ["last " + w, (s) => views[i].runs_by_state[s] ?? 0])), states),
+    el("h2", {}, "Queues"),
+    queueTable(queues.queues));
+}
+
+function card(label, value, id) {
+  return el("div", { class: "card", id }, el("div", { class: "value" }, show(value)),
+    el("div", { class: "label" }, label));
+}
+
+function queueTable(queues) {
+  return table([
+    ["group", (q) => q.group], ["queue", (q) => q.queue], ["depth", (q) => q.depth],
+    ["consumers", (q) => q.consumers], ["parking lot", (q) => q.parking_depth],
+  ], queues);
+}
+
+async function jobs(page) {
+  const { jobs } = await api("GET", "/api/jobs");
+  const last = await Promise.all(jobs.map((j) =>
+    api("GET", "/api/runs?limit=1&job=" + encodeURIComponent(j.name)).then((p) => p.runs[0])));
+  const lastRun = new Map(jobs.map((j, i) => [j.name, last[i]]));
+  const path = (j, action) => "/api/jobs/" + encodeURIComponent(j.name) + "/" + action;
+  page.append(el("h1", {}, "Jobs"), table([
+    ["name", (j) => el("a", { href: "#/jobs/" + encodeURIComponent(j.name) }, j.name)],
+    ["group", (j) => j.group], ["schedule", (j) => el("code", {}, j.schedule)],
+    ["next fire", (j) => time(j.next_fire)], ["paused", (j) => (j.paused ? "paused" : "no")],
+    ["last run", (j) => { const r = lastRun.get(j.name); return r ? [runLink(r.id), " ", stateCell(r.state)] : "—"; }],
+    ["actions", (j) => [
+      actionButton("Trigger", "trigger", async () => {
+        const t = await api("POST", path(j, "trigger"));
+        return "Triggered " + t.job + ": run #" + t.run_id;
+      }),
+      j.paused
+        ? actionButton("Resume", "resume", async () => { await api("POST", path(j, "resume")); return "Resumed " + j.name; })
+        : actionButton("Pause", "pause", async () => { await api("POST", path(j, "pause")); return "Paused " + j.name; }),
+    ]],
+  ], jobs, (j) => ({ "data-job": j.name })));
+}
+
+// One job: its definition, the next fire times, and (admins, jobs created through the API) a
+// schedule editor; the API validates, and its message names the field and the fix.
+async function job(page, name) {
+  const j = await api("GET", "/api/jobs/" + encodeURIComponent(name));
+  const editable = me.role === "admin" && j.source === "api";
+  const input = el("input", { id: "schedule", name: "schedule", value: j.spec.schedule || "",
+    size: 30, disabled: !editable });
+  const error = el("p", { id: "edit-error", class: "error" });
+  const form = el("form", { id: "edit-schedule", class: "filters", onsubmit: async (event) => {
+    event.preventDefault();
+    try {
+      await api("PATCH", "/api/jobs/" + encodeURIComponent(name), { schedule: input.value.trim() });
+      notice("Changed the schedule of " + name, false);
+      route();
+    } catch (e) {
+      error.textContent = e.message;
+    }
+  } }, el("label", { for: "schedule" }, "cron schedule "), input,
+  el("button", { type: "submit", disabled: !editable }, "Save"));
+  page.append(...[
+    el("h1", {}, "Job " + j.name),
+    el("table", { class: "fields" }, [
+      ["group", j.group], ["schedule", j.schedule], ["paused", j.paused ? "paused" : "no"],
+      ["source", j.source], ["definition", j.spec],
+    ].map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, show(v))))),
+    el("h2", {}, "Next fire times"),
+    el("ol", { id: "upcoming" }, j.upcoming.map((t) => el("li", {}, time(t)))),
+    el("h2", {}, "Edit schedule"),
+    editable ? null : el("p", { class: "muted" }, j.source === "api"
+      ? "Changing a job needs the admin role."
+      : "This job is declared in a job file: change the file and reload (SIGHUP)."),
+    form, error,
+  ].filter((node) => node !== null));
+}
+
+async function runs(page, query) {
+  const params = new URLSearchParams(query);
+  const api_params = new URLSearchParams();
+  for (const key of ["job", "state", "group", "before"]) {
+    if (params.get(key)) api_params.set(key, params.get(key));
+  }
+  api_params.set("limit", "50");
+  const data = await api("GET", "/api/runs?" + api_params);
+  const input = (name) => el("input", { name, placeholder: name, value: params.get(name) || "" });
+  const form = el("form", { class: "filters", onsubmit: (event) => {
+    event.preventDefault();
+    const next = new URLSearchParams();
+    for (const [k, v] of new FormData(form)) if (v) next.set(k, v);
+    location.hash = "#/runs?" + next;
+  } }, input("job"), input("state"), input("group"), el("button", { type: "submit" }, "Filter"));
+  const older = new URLSearchParams(params);
+  older.set("before", data.next_before);
+  page.append(el("h1", {}, "Runs"), form, table([
+    ["id", (r) => runLink(r.id)], ["job", (r) => r.job], ["group", (r) => r.group],
+    ["state", (r) => stateCell(r.state)], ["trigger", (r) => r.trigger], ["attempt", (r) => r.attempt],
+    ["scheduled", (r) => time(r.scheduled_at)], ["finished", (r) => time(r.finished_at)],
+    ["error", (r) => r.error],
+  ], data.runs, (r) => ({ "data-run-id": r.id, "data-state": r.state })),
+  el("p", {}, params.get("before") ? el("a", { href: "#/runs" }, "Newest") : null, " ",
+    data.next_before ? el("a", { id: "older", href: "#/runs?" + older }, "Older →") : null));
+  refreshIn(3000);
+}
+
+async function run(page, id) {
+  const r = await api("GET", "/api/runs/" + encodeURIComponent(id));
+  const fields = [
+    ["job", r.job], ["group", r.group], ["trigger", r.trigger], ["requested by", r.requested_by],
+    ["attempt", r.attempt], ["worker", r.worker_id], ["params", r.params], ["reason", r.reason],
+    ["error", r.error], ["scheduled", time(r.scheduled_at)], ["created", time(r.created_at)],
+    ["published", time(r.published_at)], ["started", time(r.started_at)],
+    ["finished", time(r.finished_at)], ["next attempt", time(r.next_attempt_at)],
+  ];
+  const live = !TERMINAL.has(r.state);
+  page.append(...[
+    el("h1", {}, "Run #" + r.id + " ", el("span", { id: "run-state", class: "state state-" + r.state }, r.state)),
+    live ? actionButton("Cancel", "cancel", async () => {
+      const c = await api("POST", "/api/runs/" + r.id + "/cancel");
+      return "Cancel: " + c.outcome;
+    }) : null,
+    el("table", { class: "fields" }, fields.map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, show(v))))),
+    el("h2", {}, "Attempts"),
+    table([["attempt", (a) => a.attempt], ["worker", (a) => a.worker_id], ["state", (a) => stateCell(a.state)],
+      ["started", (a) => time(a.started_at)], ["finished", (a) => time(a.finished_at)],
+      ["duration", (a) => (a.duration_ms === null ? "—" : a.duration_ms + " ms")], ["error", (a) => a.error]],
+    r.attempts),
+    el("h2", {}, "Log", live ? el("span", { class: "muted" }, " (live)") : null),
+    el("pre", { id: "logs", class: "logs" }, r.logs.map((l) =>
+      time(l.at) + " [" + l.attempt + "] " + l.level + " " + l.message + "\n")),
+  ].filter((node) => node !== null));
+  if (live) refreshIn(1000);
+}
+
+async function workers(page) {
+  const { workers } = await api("GET", "/api/workers");
+  page.append(el("h1", {}, "Workers"), generic(workers));
+}
+
+async function queues(page) {
+  const { queues } = await api("GET", "/api/queues");
+  page.append(el("h1", {}, "Queues"), queueTable(queues));
+}
+
+async function deadLetters(page) {
+  const { dead_letters } = await api("GET", "/api/dead-letters");
+  page.append(el("h1", {}, "Dead letters"), table([
+    ["group", (d) => d.group], ["run", (d) => runLink(d.run_id)], ["job", (d) => d.job],
+    ["attempt", (d) => d.attempt], ["reason", (d) => d.reason], ["error", (d) => d.error],
+    ["parked", (d) => time(d.parked_at)], ["by", (d) => d.parked_by], ["run state", (d) => d.run_state],
+    ["", (d) => (d.run_id === null ? null : actionButton("Replay", "replay", async () => {
+      const x = await api("POST", "/api/dead-letters/" + d.run_id + "/replay");
+      return "Replayed run #" + x.run_id + " as attempt " + x.attempt;
+    }))],
+  ], dead_letters));
+}
+
+async function audit(page, query) {
+  const params = new URLSearchParams(query);
+  const data = await api("GET", "/api/audit?" + params);
+  const older = new URLSearchParams(params);
+  older.set("before", data.next_before);
+  page.append(el("h1", {}, "Audit log"), generic(data.entries),
+    el("p", {}, data.next_before ? el("a", { href: "#/audit?" + older }, "Older →") : null));
+}
+
+// A table of every field of the rows, for shapes the page has no opinion about.
+function generic(rows) {
+  const keys = [...new Set(rows.flatMap((r) => Object.keys(r)))];
+  return table(keys.map((k) => [k.replace(/_/g, " "), (r) => (/_at$|^at$|heartbeat/.test(k) && r[k] ? time(r[k]) : r[k])]), rows);
+}
+
+// ---- routing --------------------------------------------------------------------------------
+
+function refreshIn(ms) {
+  clearTimeout(timer);
+  const hash = location.hash;
+  timer = setTimeout(() => { if (location.hash === hash) route(); }, ms);
+}
+
+async function route() {
+  clearTimeout(timer);
+  if (!sessionStorage.getItem(TOKEN_KEY)) return logout("");
+  const [path, query] = (location.hash.slice(1) || "/overview").split("?");
+  const parts = path.split("/").filter(Boolean);
+  const pages = { overview, jobs, runs, workers, queues, "dead-letters": deadLetters, audit };
+  for (const a of document.querySelectorAll("nav a")) {
+    a.classList.toggle("current", a.getAttribute("href") === "#/" + parts[0]);
+  }
+  const page = el("section", { id: "page", "data-page": parts.join("/") });
+  try {
+    if (parts[0] === "runs" && parts[1]) await run(page, parts[1]);
+    else if (parts[0] === "jobs" && parts[1]) await job(page, decodeURIComponent(parts[1]));
+    else if (pages[parts[0]]) await pages[parts[0]](page, query || "");
+    else page.append(el("h1", {}, "No such page"));
+  } catch (e) {
+    if (e.message === "unauthenticated") return;
+    page.append(el("p", { class: "error" }, e.message));
+  }
+  page.setAttribute("data-loaded", "true");
+  document.getElementById("page").replaceWith(page);
+}
+
+async function login(token) {
+  sessionStorage.setItem(TOKEN_KEY, token);
+  try {
+    me = await api("GET", "/api/me");
+  } catch (e) {
+    document.getElementById("login-error").textContent = e.message;
+    return;
+  }
+  document.getElementById("whoami").textContent = me.actor + " (" + me.role + ")";
+  document.getElementById("login").hidden = true;
+  document.getElementById("nav").hidden = false;
+  document.getElementById("logout").hidden = false;
+  document.getElementById("page").hidden = false;
+  await route();
+}
+
+function logout(message) {
+  clearTimeout(timer);
+  sessionStorage.removeItem(TOKEN_KEY);
+  me = null;
+  document.getElementById("whoami").textContent = "";
+  document.getElementById("nav").hidden = true;
+  document.getElementById("logout").hidden = true;
+  document.getElementById("page").hidden = true;
+  document.getElementById("login").hidden = false;
+  document.getElementById("login-error").textContent = message || "";
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  document.getElementById("login-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const input = document.getElementById("token");
+    const token = input.value.trim();
+    input.value = "";
+    login(token);
+  });
+  document.getElementById("logout").addEventListener("click", () => logout(""));
+  window.addEventListener("hashchange", () => { notice(""); if (me) route(); });
+  const saved = sessionStorage.getItem(TOKEN_KEY);
+  if (saved) login(saved);
+  else logout("");
+});

@@ -1,0 +1,547 @@
+//! The web dashboard in a real headless Chromium, driven over WebDriver by chromedriver: an
+//! operator logs in with a token, triggers a job and watches its run appear and finish; a viewer
+//! sees the same pages but cannot trigger; no page logs a console error; user-supplied strings
+//! show as text, never as markup. Screenshots of every page go to
+//! `target/dashboard-screenshots/` for a person to look at.
+//!
+//! chromedriver and chromium come from the Debian packages of those names (`.ci/run` installs
+//! them when missing). The WebDriver protocol is plain JSON over HTTP, so the test speaks it
+//! with the `reqwest` client the API tests already use.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chime_e2e::{AMQP_URL, database_url, init_tracing, service_config, unique, wait_for};
+use chime_scheduler::auth::{Caller, Role};
+use chime_scheduler::ops::Operations;
+use chime_scheduler::service::{self, DutySettings, OpsSettings};
+use chime_scheduler::store::Store;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::common::{RecordingWorker, delete_topology, job};
+
+/// Generous: a slow, shared two-core machine renders and polls slowly, but every wait ends as
+/// soon as its condition holds.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    listener.local_addr().expect("address").port()
+}
+
+/// A chromedriver process (in its own process group, with the Chromium it starts) and one
+/// WebDriver session. Dropping it kills the whole group, so a failing test leaves no browser.
+struct Browser {
+    http: reqwest::Client,
+    session: String,
+    driver: Child,
+}
+
+impl Browser {
+    async fn start() -> Browser {
+        use std::os::unix::process::CommandExt as _;
+        let port = free_port();
+        let driver = Command::new("/usr/bin/chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .expect("chromedriver (Debian package chromium-driver; .ci/run installs it)");
+        let mut browser = Browser {
+            http: reqwest::Client::new(),
+            session: format!("http://127.0.0.1:{port}"),
+            driver,
+        };
+        let status = format!("{}/status", browser.session);
+        wait_for("chromedriver to listen", PATIENCE, || async {
+            let response = browser.http.get(&status).send().await.ok()?;
+            let body: Value = response.json().await.ok()?;
+            (body["value"]["ready"] == true).then_some(())
+        })
+        .await;
+        let created = browser
+            .command(
+                reqwest::Method::POST,
+                "/session",
+                json!({"capabilities": {"alwaysMatch": {
+                    "browserName": "chrome",
+                    "goog:chromeOptions": {
+                        "binary": "/usr/bin/chromium",
+                        "args": ["--headless", "--no-sandbox", "--disable-gpu",
+                                 "--disable-background-networking", "--window-size=1280,900"],
+                    },
+                    "goog:loggingPrefs": {"browser": "ALL"},
+                }}}),
+            )
+            .await;
+        let id = created["sessionId"]
+            .as_str()
+            .expect("session id")
+            .to_owned();
+        browser.session = format!("{}/session/{id}", browser.session);
+        browser
+    }
+
+    /// Sends a WebDriver command (`path` relative to the session once there is one) and
+    /// returns its `value`, failing the test on a WebDriver error.
+    async fn command(&self, method: reqwest::Method, path: &str, body: Value) -> Value {
+        let mut request = self.http.request(method, format!("{}{path}", self.session));
+        if !body.is_null() {
+            request = request.json(&body);
+        }
+        let response = request.send().await.expect("WebDriver request");
+        let status = response.status();
+        let body: Value = response.json().await.expect("WebDriver JSON");
+        assert!(status.is_success(), "WebDriver {path}: {status} {body}");
+        body["value"].clone()
+    }
+
+    async fn goto(&self, url: &str) {
+        self.command(reqwest::Method::POST, "/url", json!({ "url": url }))
+            .await;
+    }
+
+    async fn eval(&self, script: &str, args: Value) -> Value {
+        self.command(
+            reqwest::Method::POST,
+            "/execute/sync",
+            json!({"script": script, "args": args}),
+        )
+        .await
+    }
+
+    /// Waits until the element `css` exists and its text satisfies `good`; returns the text.
+    async fn wait_text(&self, css: &str, good: impl Fn(&str) -> bool) -> String {
+        let script =
+            "const e = document.querySelector(arguments[0]); return e ? e.textContent : null;";
+        let what = format!("the text of {css}");
+        wait_for(&what, PATIENCE, || async {
+            let text = self
+                .try_command("/execute/sync", json!({"script": script, "args": [css]}))
+                .await?;
+            text.as_str().filter(|t| good(t)).map(str::to_owned)
+        })
+        .await
+    }
+
+    /// Waits for the page at `hash` to finish loading (the script marks it `data-loaded`).
+    async fn open(&self, base: &str, hash: &str) {
+        self.goto(&format!("{base}/{hash}")).await;
+        let page = hash.trim_start_matches("#/");
+        let page = page.split('?').next().unwrap_or_default();
+        self.wait_text(&format!("#page[data-page=\"{page}\"][data-loaded]"), |_| {
+            true
+        })
+        .await;
+    }
+
+    /// Sends a WebDriver command; `None` on a WebDriver error (such as a stale element).
+    async fn try_command(&self, path: &str, body: Value) -> Option<Value> {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.session))
+            .json(&body)
+            .send()
+            .await
+            .ok()?;
+        let ok = response.status().is_success();
+        let body: Value = response.json().await.ok()?;
+        ok.then(|| body["value"].clone())
+    }
+
+    async fn element(&self, css: &str) -> Option<String> {
+        let found = self
+            .try_command("/element", json!({"using": "css selector", "value": css}))
+            .await?;
+        found
+            .as_object()
+            .and_then(|o| o.values().next())
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    }
+
+    /// Clicks `css` once it exists; a page that re-rendered between finding and clicking (the
+    /// runs page refreshes itself) is retried, not failed.
+    async fn click(&self, css: &str) {
+        wait_for(&format!("a click on {css}"), PATIENCE, || async {
+            let element = self.element(css).await?;
+            self.try_command(&format!("/element/{element}/click"), json!({}))
+                .await
+                .map(drop)
+        })
+        .await;
+    }
+
+    async fn type_into(&self, css: &str, text: &str) {
+        wait_for(&format!("typing into {css}"), PATIENCE, || async {
+            let element = self.element(css).await?;
+            self.try_command(
+                &format!("/element/{element}/value"),
+                json!({ "text": text }),
+            )
+            .await
+            .map(drop)
+        })
+        .await;
+    }
+
+    async fn screenshot(&self, name: &str) {
+        let png = self
+            .command(reqwest::Method::GET, "/screenshot", Value::Null)
+            .await;
+        let bytes = base64_decode(png.as_str().expect("base64 PNG"));
+        assert!(bytes.starts_with(b"\x89PNG"), "{name}: not a PNG");
+        let dir = screenshot_dir();
+        std::fs::create_dir_all(&dir).expect("screenshot directory");
+        std::fs::write(dir.join(format!("{name}.png")), bytes).expect("screenshot written");
+    }
+
+    /// The browser console's errors since the last call (chromedriver's log endpoint).
+    async fn console_errors(&self) -> Vec<String> {
+        let entries = self
+            .command(reqwest::Method::POST, "/se/log", json!({"type": "browser"}))
+            .await;
+        entries
+            .as_array()
+            .expect("log entries")
+            .iter()
+            .filter(|e| e["level"] == "SEVERE")
+            .map(|e| e["message"].to_string())
+            .collect()
+    }
+
+    async fn quit(&self) {
+        let _ = self.http.delete(&self.session).send().await;
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        // The group holds chromedriver and every Chromium process it started.
+        let group = nix::unistd::Pid::from_raw(self.driver.id() as i32);
+        let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+        let _ = self.driver.wait();
+    }
+}
+
+fn screenshot_dir() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    target.join("dashboard-screenshots")
+}
+
+/// Standard base64 (WebDriver's screenshot encoding), without a dependency for 20 lines.
+fn base64_decode(text: &str) -> Vec<u8> {
+    let value = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        b'/' => 63,
+        _ => panic!("not base64: {c}"),
+    };
+    let digits: Vec<u8> = text
+        .bytes()
+        .filter(|c| !c.is_ascii_whitespace() && *c != b'=')
+        .map(value)
+        .collect();
+    let mut out = Vec::with_capacity(digits.len() * 3 / 4);
+    for chunk in digits.chunks(4) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, d)| n | (u32::from(*d) << (18 - 6 * i)));
+        let bytes = n.to_be_bytes();
+        out.extend_from_slice(&bytes[1..chunk.len()]);
+    }
+    out
+}
+
+#[test]
+fn base64_decodes_what_webdriver_sends() {
+    assert_eq!(base64_decode("iVBORw=="), b"\x89PNG");
+    assert_eq!(base64_decode("aGVsbG8gd29ybGQ="), b"hello world");
+    assert_eq!(base64_decode("YWJj"), b"abc");
+}
+
+async fn run_count(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM chime_runs")
+        .fetch_one(pool)
+        .await
+        .expect("count")
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn an_operator_triggers_a_job_and_watches_its_run_finish_and_a_viewer_cannot(pool: PgPool) {
+    init_tracing();
+    let db = database_url(&pool);
+    let prefix = unique("dash");
+    let group = "dashg";
+    let ops = Operations::new(Store::from_pool(pool.clone()), None);
+    let operator = ops
+        .create_token(&Caller::cli(), "alice", Role::Operator)
+        .await
+        .expect("token")
+        .secret;
+    let viewer = ops
+        .create_token(&Caller::cli(), "grafana", Role::Viewer)
+        .await
+        .expect("token")
+        .secret;
+
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let shutdown = CancellationToken::new();
+    let config = service_config(&db, AMQP_URL, &unique("dash-sched"), &prefix);
+    let jobs = vec![job(json!({"name": "ping", "group": group}))];
+    let loader: service::JobLoader = Arc::new(move || Ok(jobs.clone()));
+    let (_reload_tx, reload_rx) = tokio::sync::mpsc::channel(1);
+    let scheduler = tokio::spawn(service::run_serving(
+        config,
+        DutySettings::default(),
+        OpsSettings {
+            bind: Some(format!("127.0.0.1:{port}").parse().expect("address")),
+            retention: None,
+        },
+        loader,
+        reload_rx,
+        shutdown.clone(),
+    ));
+    let http = reqwest::Client::new();
+    wait_for("the instance to be ready", PATIENCE, || async {
+        let response = http.get(format!("{base}/readyz")).send().await.ok()?;
+        response.status().is_success().then_some(())
+    })
+    .await;
+    let worker = RecordingWorker::start(&db, AMQP_URL, &prefix, group, &["ping"]);
+
+    let page = http.get(&base).send().await.expect("GET /");
+    let csp = page.headers()["content-security-policy"]
+        .to_str()
+        .expect("CSP")
+        .to_owned();
+    assert!(csp.contains("script-src 'self'"), "{csp}");
+    assert!(page.text().await.expect("body").contains("dashboard.js"));
+
+    let browser = Browser::start().await;
+
+    // The operator logs in with a token.
+    browser.goto(&format!("{base}/")).await;
+    browser.wait_text("#login h1", |t| t == "Log in").await;
+    browser.screenshot("login").await;
+    browser.type_into("#token", &operator).await;
+    browser.click("#login-button").await;
+    browser
+        .wait_text("#whoami", |t| t == "token:alice (operator)")
+        .await;
+
+    browser.open(&base, "#/overview").await;
+    browser.wait_text("#jobs-count .value", |t| t == "1").await;
+    browser.screenshot("overview").await;
+
+    // Triggers `ping` from the jobs page.
+    browser.open(&base, "#/jobs").await;
+    browser
+        .wait_text("tr[data-job=\"ping\"] td", |t| t == "ping")
+        .await;
+    browser.screenshot("jobs").await;
+    assert_eq!(run_count(&pool).await, 0);
+    browser
+        .click("tr[data-job=\"ping\"] button.trigger:not([disabled])")
+        .await;
+    let notice = browser
+        .wait_text("#notice", |t| t.starts_with("Triggered ping"))
+        .await;
+    let run_id: i64 = notice
+        .rsplit('#')
+        .next()
+        .and_then(|id| id.parse().ok())
+        .unwrap_or_else(|| panic!("a run id in {notice:?}"));
+
+    // Sees the run appear in the runs list and finish (the page refreshes itself).
+    browser.open(&base, "#/runs").await;
+    let row = format!("tr[data-run-id=\"{run_id}\"][data-state=\"succeeded\"]");
+    browser.wait_text(&row, |t| t.contains("ping")).await;
+    browser.screenshot("runs").await;
+
+    // Its detail: state, the attempt and the worker's log line.
+    browser.click(&format!("{row} a")).await;
+    browser.wait_text("#run-state", |t| t == "succeeded").await;
+    browser.wait_text("#logs", |t| t.contains("recorded")).await;
+    let requested_by = browser
+        .eval(
+            "return [...document.querySelectorAll('table.fields tr')]\
+             .find(r => r.firstChild.textContent === 'requested by').lastChild.textContent;",
+            json!([]),
+        )
+        .await;
+    assert_eq!(requested_by, "token:alice");
+    browser.screenshot("run").await;
+
+    // Pause, then resume, from the jobs page.
+    browser.open(&base, "#/jobs").await;
+    browser.click("tr[data-job=\"ping\"] button.pause").await;
+    browser
+        .wait_text("tr[data-job=\"ping\"] button.resume", |_| true)
+        .await;
+    let paused: bool = sqlx::query_scalar("SELECT paused FROM chime_jobs WHERE name = 'ping'")
+        .fetch_one(&pool)
+        .await
+        .expect("paused");
+    assert!(paused, "the pause button paused the job");
+    browser.click("tr[data-job=\"ping\"] button.resume").await;
+    browser
+        .wait_text("tr[data-job=\"ping\"] button.pause", |_| true)
+        .await;
+
+    // User-supplied strings are text: params carrying markup show literally, and no element
+    // comes of them.
+    let markup = "<img id=injected src=x onerror=document.title='owned'>";
+    let triggered: Value = http
+        .post(format!("{base}/api/jobs/ping/trigger"))
+        .bearer_auth(&operator)
+        .json(&json!({"params": {"note": markup}}))
+        .send()
+        .await
+        .expect("trigger")
+        .json()
+        .await
+        .expect("JSON");
+    let hostile = triggered["run_id"].as_i64().expect("run id");
+    browser.open(&base, &format!("#/runs/{hostile}")).await;
+    browser.wait_text("#run-state", |t| t == "succeeded").await;
+    browser
+        .wait_text("table.fields", |t| t.contains(markup))
+        .await;
+    let injected = browser
+        .eval(
+            "return document.getElementById('injected') === null && document.title === 'Chime';",
+            json!([]),
+        )
+        .await;
+    assert_eq!(injected, true, "markup in params became an element");
+
+    // The other pages load too.
+    for (hash, name) in [
+        ("#/workers", "workers"),
+        ("#/queues", "queues"),
+        ("#/dead-letters", "dead-letters"),
+        ("#/audit", "audit"),
+    ] {
+        browser.open(&base, hash).await;
+        browser.screenshot(name).await;
+    }
+    browser
+        .wait_text("#page tbody", |t| t.contains("token:alice"))
+        .await;
+    browser.open(&base, "#/workers").await;
+    browser
+        .wait_text("#page tbody", |t| t.contains(group))
+        .await;
+
+    // A viewer sees the jobs but cannot trigger: the button is disabled, and the API refuses.
+    browser.click("#logout").await;
+    browser.wait_text("#login h1", |t| t == "Log in").await;
+    browser.type_into("#token", &viewer).await;
+    browser.click("#login-button").await;
+    browser
+        .wait_text("#whoami", |t| t == "token:grafana (viewer)")
+        .await;
+    browser.open(&base, "#/jobs").await;
+    browser
+        .wait_text("tr[data-job=\"ping\"] td", |t| t == "ping")
+        .await;
+    browser.screenshot("jobs-viewer").await;
+    let disabled = browser
+        .eval(
+            "return document.querySelector('tr[data-job=\"ping\"] button.trigger').disabled;",
+            json!([]),
+        )
+        .await;
+    assert_eq!(disabled, true, "a viewer's trigger button is disabled");
+
+    // Until here no page logged an error (the refused request below logs one by design).
+    let errors = browser.console_errors().await;
+    assert!(errors.is_empty(), "console errors: {errors:?}");
+
+    let status = browser
+        .command(
+            reqwest::Method::POST,
+            "/execute/async",
+            json!({"script": "const done = arguments[0]; \
+                fetch('/api/jobs/ping/trigger', {method: 'POST', headers: \
+                {Authorization: 'Bearer ' + sessionStorage.getItem('chime.token')}}) \
+                .then(r => done(r.status));", "args": []}),
+        )
+        .await;
+    assert_eq!(status, 403, "the API refuses a viewer's trigger");
+    // ... and the console check would have seen such an error.
+    let errors = browser.console_errors().await;
+    assert!(
+        errors.iter().any(|e| e.contains("403")),
+        "the refused request is in the console log: {errors:?}"
+    );
+    assert_eq!(
+        run_count(&pool).await,
+        2,
+        "only the operator's two runs exist"
+    );
+
+    // An admin edits the schedule of a job created through the API: a mistake is refused with
+    // the API's message, a good schedule is saved and its next five fire times shown.
+    let admin = ops
+        .create_token(&Caller::cli(), "root", Role::Admin)
+        .await
+        .expect("token")
+        .secret;
+    let created = http
+        .post(format!("{base}/api/jobs"))
+        .bearer_auth(&admin)
+        .json(&json!({"name": "report", "group": group, "schedule": "0 0 * * * *"}))
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(created.status(), 201);
+    browser.click("#logout").await;
+    browser.wait_text("#login h1", |t| t == "Log in").await;
+    browser.type_into("#token", &admin).await;
+    browser.click("#login-button").await;
+    browser
+        .wait_text("#whoami", |t| t == "token:root (admin)")
+        .await;
+    browser.open(&base, "#/jobs/report").await;
+    let upcoming =
+        |minute: &'static str| move |t: &str| t.matches(&format!(":{minute}:00Z")).count() == 5;
+    browser.wait_text("#upcoming", upcoming("00")).await;
+    let clear = "document.getElementById('schedule').value = ''; return true;";
+    browser.eval(clear, json!([])).await;
+    browser.type_into("#schedule", "every tuesday").await;
+    browser.click("#edit-schedule button").await;
+    browser
+        .wait_text("#edit-error", |t| t.contains("schedule"))
+        .await;
+    browser.eval(clear, json!([])).await;
+    browser.type_into("#schedule", "0 30 * * * *").await;
+    browser.click("#edit-schedule button").await;
+    browser.wait_text("#upcoming", upcoming("30")).await;
+    browser.screenshot("job").await;
+    let schedule: String =
+        sqlx::query_scalar("SELECT spec->>'schedule' FROM chime_jobs WHERE name = 'report'")
+            .fetch_one(&pool)
+            .await
+            .expect("schedule");
+    assert_eq!(schedule, "0 30 * * * *");
+
+    browser.quit().await;
+    drop(browser);
+    worker.stop().await;
+    shutdown.cancel();
+    scheduler.await.expect("joined").expect("clean stop");
+    delete_topology(&prefix, group).await;
+}
