@@ -681,20 +681,14 @@ impl Operations {
             return Err(OpsError::Invalid(problems));
         }
         let limit = query.limit;
-        let mut runs = self
+        let runs = self
             .store
             .runs_page(&RunQuery {
                 limit: limit + 1,
                 ..query
             })
             .await?;
-        let more = runs.len() as i64 > limit;
-        runs.truncate(limit as usize);
-        let next_before = if more {
-            runs.last().map(|r| r.id)
-        } else {
-            None
-        };
+        let (runs, next_before) = keyset_page(runs, limit, |r| r.id);
         Ok(RunsPage { runs, next_before })
     }
 
@@ -865,20 +859,14 @@ impl Operations {
             )]));
         }
         let limit = query.limit;
-        let mut entries = self
+        let entries = self
             .store
             .audit(&AuditQuery {
                 limit: limit + 1,
                 ..query
             })
             .await?;
-        let more = entries.len() as i64 > limit;
-        entries.truncate(limit as usize);
-        let next_before = if more {
-            entries.last().map(|e| e.id)
-        } else {
-            None
-        };
+        let (entries, next_before) = keyset_page(entries, limit, |e| e.id);
         Ok(AuditPage {
             entries,
             next_before,
@@ -1117,6 +1105,15 @@ impl Operations {
 
 /// How many fire times a job view lists.
 pub const UPCOMING: usize = 5;
+
+/// A keyset page from `rows` fetched with `limit + 1`: the first `limit` rows, and the id to
+/// pass as `before` for the next page when there was one more row.
+fn keyset_page<T>(mut rows: Vec<T>, limit: i64, id: impl Fn(&T) -> i64) -> (Vec<T>, Option<i64>) {
+    let more = rows.len() as i64 > limit;
+    rows.truncate(limit as usize);
+    let next_before = if more { rows.last().map(id) } else { None };
+    (rows, next_before)
+}
 
 fn job_view(j: crate::store::JobRecord, now: DateTime<Utc>) -> JobView {
     let schedule = j.spec.schedule().ok();

@@ -4,16 +4,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use chime_e2e::services::free_port;
 use chime_e2e::{AMQP_URL, database_url, init_tracing, service_config, unique, wait_for};
-use chime_scheduler::auth::{Caller, Role};
-use chime_scheduler::ops::Operations;
 use chime_scheduler::service::{self, DutySettings, OpsSettings};
-use chime_scheduler::store::Store;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::common::{RecordingWorker, delete_topology, job};
+use crate::common::{RecordingWorker, ServingInstance, delete_topology, job};
 
 struct Http {
     client: reqwest::Client,
@@ -54,66 +52,18 @@ impl Http {
     }
 }
 
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-    listener.local_addr().expect("address").port()
-}
-
 #[sqlx::test(migrations = "../migrations")]
 async fn the_api_triggers_shows_and_measures_a_run_end_to_end(pool: PgPool) {
     init_tracing();
     let db = database_url(&pool);
     let prefix = unique("api");
     let group = "apig";
-    let ops = Operations::new(Store::from_pool(pool.clone()), None);
-    let operator = ops
-        .create_token(&Caller::cli(), "alice", Role::Operator)
-        .await
-        .expect("token")
-        .secret;
-    let viewer = ops
-        .create_token(&Caller::cli(), "grafana", Role::Viewer)
-        .await
-        .expect("token")
-        .secret;
-
-    let port = free_port();
-    let shutdown = CancellationToken::new();
-    let config = service_config(&db, AMQP_URL, &unique("api-sched"), &prefix);
-    let jobs = vec![job(json!({"name": "ping", "group": group}))];
-    let loader: service::JobLoader = Arc::new(move || Ok(jobs.clone()));
-    let (_reload_tx, reload_rx) = tokio::sync::mpsc::channel(1);
-    let scheduler = tokio::spawn(service::run_serving(
-        config,
-        DutySettings::default(),
-        OpsSettings {
-            bind: Some(format!("127.0.0.1:{port}").parse().expect("address")),
-            retention: None,
-        },
-        loader,
-        reload_rx,
-        shutdown.clone(),
-    ));
+    let instance = ServingInstance::start(&pool, &prefix, group).await;
+    let (operator, viewer) = (instance.operator.clone(), instance.viewer.clone());
     let http = Http {
         client: reqwest::Client::new(),
-        base: format!("http://127.0.0.1:{port}"),
+        base: instance.base.clone(),
     };
-    wait_for(
-        "the instance to be ready",
-        Duration::from_secs(20),
-        || async {
-            match http
-                .client
-                .get(format!("{}/readyz", http.base))
-                .send()
-                .await
-            {
-                Ok(r) if r.status().is_success() => Some(()),
-                _ => None,
-            }
-        },
-    )
-    .await;
     // The first scrape starts the run observer at the newest run.
     http.metrics().await;
     let worker = RecordingWorker::start(&db, AMQP_URL, &prefix, group, &["ping"]);
@@ -207,8 +157,7 @@ async fn the_api_triggers_shows_and_measures_a_run_end_to_end(pool: PgPool) {
     );
 
     worker.stop().await;
-    shutdown.cancel();
-    scheduler.await.expect("joined").expect("clean stop");
+    instance.stop().await;
     delete_topology(&prefix, group).await;
 }
 
@@ -226,7 +175,11 @@ async fn an_instance_bound_beyond_loopback_without_tokens_refuses_to_start(pool:
             config,
             DutySettings::default(),
             OpsSettings {
-                bind: Some(format!("0.0.0.0:{}", free_port()).parse().expect("address")),
+                bind: Some(
+                    format!("0.0.0.0:{}", free_port().expect("a free port"))
+                        .parse()
+                        .expect("address"),
+                ),
                 retention: None,
             },
             loader,

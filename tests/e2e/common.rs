@@ -207,3 +207,87 @@ pub async fn delete_topology(prefix: &str, group: &str) {
         .expect("delete the control exchange");
     let _ = connection.close(200, "test done".into()).await;
 }
+
+/// A scheduler instance serving the API and dashboard on a free loopback port, with one job
+/// `ping` in its group, and two API tokens: an operator (`alice`) and a viewer (`grafana`).
+pub struct ServingInstance {
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+    /// The operator token's secret.
+    pub operator: String,
+    /// The viewer token's secret.
+    pub viewer: String,
+    shutdown: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl ServingInstance {
+    /// Creates the tokens, starts the instance under `prefix` and waits until `/readyz` answers.
+    pub async fn start(pool: &PgPool, prefix: &str, group: &str) -> ServingInstance {
+        use chime_scheduler::auth::{Caller, Role};
+        use chime_scheduler::ops::Operations;
+        use chime_scheduler::service::{self, DutySettings, OpsSettings};
+        use chime_scheduler::store::Store;
+
+        let ops = Operations::new(Store::from_pool(pool.clone()), None);
+        let token = |name: &'static str, role| {
+            let ops = &ops;
+            async move {
+                ops.create_token(&Caller::cli(), name, role)
+                    .await
+                    .expect("token")
+                    .secret
+            }
+        };
+        let operator = token("alice", Role::Operator).await;
+        let viewer = token("grafana", Role::Viewer).await;
+
+        let port = chime_e2e::services::free_port().expect("a free port");
+        let db = chime_e2e::database_url(pool);
+        let config = chime_e2e::service_config(
+            &db,
+            chime_e2e::AMQP_URL,
+            &chime_e2e::unique("serving"),
+            prefix,
+        );
+        let jobs = vec![job(serde_json::json!({"name": "ping", "group": group}))];
+        let loader: service::JobLoader = Arc::new(move || Ok(jobs.clone()));
+        let (_reload_tx, reload_rx) = tokio::sync::mpsc::channel(1);
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let task = tokio::spawn(service::run_serving(
+            config,
+            DutySettings::default(),
+            OpsSettings {
+                bind: Some(format!("127.0.0.1:{port}").parse().expect("address")),
+                retention: None,
+            },
+            loader,
+            reload_rx,
+            shutdown.clone(),
+        ));
+        let base = format!("http://127.0.0.1:{port}");
+        let http = reqwest::Client::new();
+        chime_e2e::wait_for(
+            "the instance to be ready",
+            Duration::from_secs(30),
+            || async {
+                let response = http.get(format!("{base}/readyz")).send().await.ok()?;
+                response.status().is_success().then_some(())
+            },
+        )
+        .await;
+        ServingInstance {
+            base,
+            operator,
+            viewer,
+            shutdown,
+            task,
+        }
+    }
+
+    /// Stops the instance gracefully and checks that it stopped cleanly.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.task.await.expect("joined").expect("clean stop");
+    }
+}

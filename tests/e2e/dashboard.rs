@@ -10,28 +10,21 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::Duration;
 
-use chime_e2e::{AMQP_URL, database_url, init_tracing, service_config, unique, wait_for};
+use chime_e2e::services::free_port;
+use chime_e2e::{AMQP_URL, database_url, init_tracing, unique, wait_for};
 use chime_scheduler::auth::{Caller, Role};
 use chime_scheduler::ops::Operations;
-use chime_scheduler::service::{self, DutySettings, OpsSettings};
 use chime_scheduler::store::Store;
 use serde_json::{Value, json};
 use sqlx::PgPool;
-use tokio_util::sync::CancellationToken;
 
-use crate::common::{RecordingWorker, delete_topology, job};
+use crate::common::{RecordingWorker, ServingInstance, delete_topology};
 
 /// Generous: a slow, shared two-core machine renders and polls slowly, but every wait ends as
 /// soon as its condition holds.
 const PATIENCE: Duration = Duration::from_secs(30);
-
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-    listener.local_addr().expect("address").port()
-}
 
 /// A chromedriver process (in its own process group, with the Chromium it starts) and one
 /// WebDriver session. Dropping it kills the whole group, so a failing test leaves no browser.
@@ -44,7 +37,7 @@ struct Browser {
 impl Browser {
     async fn start() -> Browser {
         use std::os::unix::process::CommandExt as _;
-        let port = free_port();
+        let port = free_port().expect("a free port");
         let driver = Command::new("/usr/bin/chromedriver")
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
@@ -283,42 +276,13 @@ async fn an_operator_triggers_a_job_and_watches_its_run_finish_and_a_viewer_cann
     let db = database_url(&pool);
     let prefix = unique("dash");
     let group = "dashg";
-    let ops = Operations::new(Store::from_pool(pool.clone()), None);
-    let operator = ops
-        .create_token(&Caller::cli(), "alice", Role::Operator)
-        .await
-        .expect("token")
-        .secret;
-    let viewer = ops
-        .create_token(&Caller::cli(), "grafana", Role::Viewer)
-        .await
-        .expect("token")
-        .secret;
-
-    let port = free_port();
-    let base = format!("http://127.0.0.1:{port}");
-    let shutdown = CancellationToken::new();
-    let config = service_config(&db, AMQP_URL, &unique("dash-sched"), &prefix);
-    let jobs = vec![job(json!({"name": "ping", "group": group}))];
-    let loader: service::JobLoader = Arc::new(move || Ok(jobs.clone()));
-    let (_reload_tx, reload_rx) = tokio::sync::mpsc::channel(1);
-    let scheduler = tokio::spawn(service::run_serving(
-        config,
-        DutySettings::default(),
-        OpsSettings {
-            bind: Some(format!("127.0.0.1:{port}").parse().expect("address")),
-            retention: None,
-        },
-        loader,
-        reload_rx,
-        shutdown.clone(),
-    ));
+    let instance = ServingInstance::start(&pool, &prefix, group).await;
+    let (base, operator, viewer) = (
+        instance.base.clone(),
+        instance.operator.clone(),
+        instance.viewer.clone(),
+    );
     let http = reqwest::Client::new();
-    wait_for("the instance to be ready", PATIENCE, || async {
-        let response = http.get(format!("{base}/readyz")).send().await.ok()?;
-        response.status().is_success().then_some(())
-    })
-    .await;
     let worker = RecordingWorker::start(&db, AMQP_URL, &prefix, group, &["ping"]);
 
     let page = http.get(&base).send().await.expect("GET /");
@@ -495,7 +459,7 @@ async fn an_operator_triggers_a_job_and_watches_its_run_finish_and_a_viewer_cann
 
     // An admin edits the schedule of a job created through the API: a mistake is refused with
     // the API's message, a good schedule is saved and its next five fire times shown.
-    let admin = ops
+    let admin = Operations::new(Store::from_pool(pool.clone()), None)
         .create_token(&Caller::cli(), "root", Role::Admin)
         .await
         .expect("token")
@@ -541,7 +505,6 @@ async fn an_operator_triggers_a_job_and_watches_its_run_finish_and_a_viewer_cann
     browser.quit().await;
     drop(browser);
     worker.stop().await;
-    shutdown.cancel();
-    scheduler.await.expect("joined").expect("clean stop");
+    instance.stop().await;
     delete_topology(&prefix, group).await;
 }
