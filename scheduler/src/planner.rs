@@ -143,7 +143,13 @@ pub async fn lead(
         schedules: HashMap::new(),
     };
     if let Err(e) = planner.run(&stop).await {
-        error!(term, error = %format!("{e:#}"), "planner stopped");
+        if stop.is_cancelled() {
+            // Stopping (shutdown, resignation or a lost fence seen by another duty): the
+            // planner's last write found the dispatcher gone, which is expected.
+            debug!(term, error = %format!("{e:#}"), "planner stopped while stopping");
+        } else {
+            error!(term, error = %format!("{e:#}"), "planner stopped");
+        }
     }
     // Lost the fence or told to stop: either way the dispatcher must stop too.
     stop.cancel();
