@@ -77,6 +77,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/api/jobs/{name}/pause", post(pause_job))
         .route("/api/jobs/{name}/resume", post(resume_job))
         .route("/api/jobs/{name}/trigger", post(trigger_job))
+        .route("/api/schedules/preview", post(views::preview_schedule))
         .route("/api/runs", get(list_runs))
         .route("/api/runs/{id}", get(show_run))
         .route("/api/runs/{id}/cancel", post(cancel_run))
@@ -730,5 +731,9 @@ async fn not_found() -> ApiError {
     )
 }
 
+mod views;
+
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_views;

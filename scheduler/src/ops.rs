@@ -26,6 +26,10 @@ use crate::store::{
     ReplayOutcome, RunBrief, RunDetail, RunQuery, RunRecord, Store, TokenRecord, WorkerRecord,
 };
 
+mod views;
+
+pub use views::{PREVIEW_FIELDS, SchedulePreview};
+
 /// Where the broker is, for the operations that talk to it (cancel, dead letters, queues).
 #[derive(Debug, Clone)]
 pub struct Broker {

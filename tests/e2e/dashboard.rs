@@ -483,24 +483,105 @@ async fn an_operator_triggers_a_job_and_watches_its_run_finish_and_a_viewer_cann
     let upcoming =
         |minute: &'static str| move |t: &str| t.matches(&format!(":{minute}:00Z")).count() == 5;
     browser.wait_text("#upcoming", upcoming("00")).await;
-    let clear = "document.getElementById('schedule').value = ''; return true;";
-    browser.eval(clear, json!([])).await;
+    // The form previews the current schedule at once.
+    browser
+        .wait_text("#preview[data-state=\"valid\"]", |t| {
+            t.matches(":00:00+00:00").count() == 5
+        })
+        .await;
+    let clear = |id: &str| format!("document.getElementById('{id}').value = ''; return true;");
+    // A mistake submitted at once (before the debounced preview) is refused with the API's
+    // message, and nothing is saved.
+    browser.eval(&clear("schedule"), json!([])).await;
     browser.type_into("#schedule", "every tuesday").await;
     browser.click("#edit-schedule button").await;
     browser
-        .wait_text("#edit-error", |t| t.contains("schedule"))
+        .wait_text("#edit-error", |t| t.contains("field \"schedule\""))
         .await;
-    browser.eval(clear, json!([])).await;
+    // While typing, a Quartz expression (2-6 = Monday to Friday) in a time zone is previewed
+    // in that zone; a wrong zone is named with its fix, and Save is disabled meanwhile.
+    browser.eval(&clear("schedule"), json!([])).await;
+    browser.type_into("#schedule", "0 15 10 ? * 2-6").await;
+    browser.eval(&clear("timezone"), json!([])).await;
+    browser.type_into("#timezone", "Asia/Tokio").await;
+    browser
+        .wait_text("#edit-error", |t| {
+            t == "field \"timezone\" = \"Asia/Tokio\": unknown time zone; use an IANA name \
+                  such as \"Asia/Tokyo\""
+        })
+        .await;
+    browser.screenshot("job-preview-invalid").await;
+    let save_disabled = "return document.querySelector('#edit-schedule button').disabled;";
+    assert_eq!(browser.eval(save_disabled, json!([])).await, true);
+    browser.eval(&clear("timezone"), json!([])).await;
+    browser.type_into("#timezone", "Asia/Tokyo").await;
+    browser
+        .wait_text("#preview[data-state=\"valid\"]", |t| {
+            t.matches("T10:15:00+09:00").count() == 5
+        })
+        .await;
+    assert_eq!(browser.eval(save_disabled, json!([])).await, false);
+    browser.screenshot("job-preview").await;
+    let stored = || async {
+        sqlx::query_as::<_, (Option<String>, Option<String>)>(
+            "SELECT spec->>'schedule', spec->>'timezone' FROM chime_jobs WHERE name = 'report'",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("schedule")
+    };
+    assert_eq!(
+        stored().await,
+        (Some("0 0 * * * *".into()), Some("UTC".into()))
+    );
+    // A fixed rate instead, in the same form.
+    browser
+        .eval(
+            "const k = document.getElementById('schedule-kind'); k.value = 'every'; \
+             k.dispatchEvent(new Event('input')); return true;",
+            json!([]),
+        )
+        .await;
+    browser.eval(&clear("schedule"), json!([])).await;
+    browser.type_into("#schedule", "30m").await;
+    browser.eval(&clear("timezone"), json!([])).await;
+    browser.type_into("#timezone", "UTC").await;
+    browser
+        .wait_text("#preview[data-state=\"valid\"]", |t| {
+            t.matches(":00+00:00").count() == 5
+        })
+        .await;
+    browser.click("#edit-schedule button").await;
+    browser
+        .wait_text("#notice", |t| t.starts_with("Changed"))
+        .await;
+    let every: Option<String> =
+        sqlx::query_scalar("SELECT spec->>'every' FROM chime_jobs WHERE name = 'report'")
+            .fetch_one(&pool)
+            .await
+            .expect("every");
+    assert_eq!(every.as_deref(), Some("30m"));
+    assert_eq!(stored().await.0, None, "the cron schedule was replaced");
+    // Back to cron, saved: the job's own next fires follow.
+    browser
+        .wait_text("table.fields", |t| t.contains("every 30m"))
+        .await;
+    browser
+        .eval(
+            "const k = document.getElementById('schedule-kind'); k.value = 'schedule'; \
+             k.dispatchEvent(new Event('input')); return true;",
+            json!([]),
+        )
+        .await;
+    browser.eval(&clear("schedule"), json!([])).await;
     browser.type_into("#schedule", "0 30 * * * *").await;
     browser.click("#edit-schedule button").await;
     browser.wait_text("#upcoming", upcoming("30")).await;
     browser.screenshot("job").await;
-    let schedule: String =
-        sqlx::query_scalar("SELECT spec->>'schedule' FROM chime_jobs WHERE name = 'report'")
-            .fetch_one(&pool)
-            .await
-            .expect("schedule");
-    assert_eq!(schedule, "0 30 * * * *");
+    assert_eq!(
+        stored().await,
+        (Some("0 30 * * * *".into()), Some("UTC".into()))
+    );
 
     browser.quit().await;
     drop(browser);

@@ -165,24 +165,75 @@ async function jobs(page) {
 }
 
 // One job: its definition, the next fire times, and (admins, jobs created through the API) a
-// schedule editor; the API validates, and its message names the field and the fix.
+// schedule editor. While the operator types, the API previews the schedule (debounced): the
+// next five fire times, or the same problem `chime check` names (field, value, fix). Save
+// stays disabled while the schedule is invalid, and a submit previews first, so an invalid
+// schedule is never sent.
+const SCHEDULE_KINDS = [["schedule", "cron"], ["every", "every"], ["at", "at"], ["manual", "manual only"]];
+
 async function job(page, name) {
   const j = await api("GET", "/api/jobs/" + encodeURIComponent(name));
   const editable = me.role === "admin" && j.source === "api";
-  const input = el("input", { id: "schedule", name: "schedule", value: j.spec.schedule || "",
-    size: 30, disabled: !editable });
+  const spec = j.spec;
+  const current = spec.schedule ? "schedule" : spec.every ? "every" : spec.at ? "at" : "manual";
+  const kind = el("select", { id: "schedule-kind", name: "kind", disabled: !editable },
+    SCHEDULE_KINDS.map(([value, label]) => el("option", { value, selected: value === current }, label)));
+  const input = el("input", { id: "schedule", name: "schedule", size: 30, disabled: !editable,
+    value: spec.schedule || spec.every || spec.at || "" });
+  const zone = el("input", { id: "timezone", name: "timezone", size: 18, disabled: !editable,
+    value: spec.timezone || "UTC" });
+  const save = el("button", { type: "submit", disabled: !editable }, "Save");
   const error = el("p", { id: "edit-error", class: "error" });
+  const preview = el("ol", { id: "preview", class: "muted" });
+  const fields = () => {
+    const body = { schedule: null, every: null, at: null, timezone: zone.value.trim() || null };
+    if (kind.value !== "manual") body[kind.value] = input.value.trim();
+    return body;
+  };
+  // Shows the preview of the current fields; resolves to them when they are valid.
+  let asked = 0;
+  const check = async () => {
+    const mine = ++asked;
+    const body = fields();
+    let result;
+    try {
+      result = { ok: true, preview: await api("POST", "/api/schedules/preview", body) };
+    } catch (e) {
+      result = { ok: false, message: e.message };
+    }
+    if (mine !== asked) return null; // a newer preview is on its way
+    save.disabled = !result.ok;
+    error.textContent = result.ok ? "" : result.message;
+    preview.replaceChildren(...(result.ok
+      ? (result.preview.upcoming_local.length
+        ? result.preview.upcoming_local.map((t) => el("li", {}, t))
+        : [el("li", {}, "none: " + result.preview.none_because)])
+      : []));
+    preview.setAttribute("data-state", result.ok ? "valid" : "invalid");
+    return result.ok ? body : null;
+  };
+  let debounce = null;
+  const changed = () => {
+    input.disabled = kind.value === "manual";
+    preview.setAttribute("data-state", "pending");
+    clearTimeout(debounce);
+    debounce = setTimeout(check, 300);
+  };
+  for (const field of [kind, input, zone]) field.addEventListener("input", changed);
   const form = el("form", { id: "edit-schedule", class: "filters", onsubmit: async (event) => {
     event.preventDefault();
+    clearTimeout(debounce);
+    const body = await check();
+    if (!body) return;
     try {
-      await api("PATCH", "/api/jobs/" + encodeURIComponent(name), { schedule: input.value.trim() });
+      await api("PATCH", "/api/jobs/" + encodeURIComponent(name), body);
       notice("Changed the schedule of " + name, false);
       route();
     } catch (e) {
       error.textContent = e.message;
     }
-  } }, el("label", { for: "schedule" }, "cron schedule "), input,
-  el("button", { type: "submit", disabled: !editable }, "Save"));
+  } }, el("label", { for: "schedule-kind" }, "schedule "), kind, " ", input,
+  el("label", { for: "timezone" }, " time zone "), zone, save);
   page.append(...[
     el("h1", {}, "Job " + j.name),
     el("table", { class: "fields" }, [
@@ -196,7 +247,13 @@ async function job(page, name) {
       ? "Changing a job needs the admin role."
       : "This job is declared in a job file: change the file and reload (SIGHUP)."),
     form, error,
+    editable ? el("p", { class: "muted" }, "Next five fire times of the schedule above, in its time zone:") : null,
+    editable ? preview : null,
   ].filter((node) => node !== null));
+  if (editable) {
+    input.disabled = kind.value === "manual";
+    check();
+  }
 }
 
 async function runs(page, query) {
