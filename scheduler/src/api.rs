@@ -87,6 +87,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/api/dead-letters/replay", post(replay_all))
         .route("/api/dead-letters/purge", post(purge))
         .route("/api/dead-letters/{id}/replay", post(replay))
+        .route("/api/dead-letters/{id}", get(views::show_dead_letter))
         .route("/api/leader", get(leader))
         .route("/api/audit", get(audit))
         .route("/api/tokens", get(list_tokens).post(create_token))

@@ -28,7 +28,7 @@ use crate::store::{
 
 mod views;
 
-pub use views::{PREVIEW_FIELDS, SchedulePreview};
+pub use views::{DeadLetterMessage, PREVIEW_FIELDS, SchedulePreview};
 
 /// Where the broker is, for the operations that talk to it (cancel, dead letters, queues).
 #[derive(Debug, Clone)]

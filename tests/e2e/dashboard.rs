@@ -1,7 +1,8 @@
 //! The web dashboard in a real headless Chromium, driven over WebDriver by chromedriver: an
 //! operator logs in with a token, triggers a job and watches its run appear and finish; a viewer
-//! sees the same pages but cannot trigger; no page logs a console error; user-supplied strings
-//! show as text, never as markup. Screenshots of every page go to
+//! sees the same pages but cannot trigger; an admin edits a schedule with its live preview; an
+//! operator inspects and replays a dead letter and the audit page names it; no page logs a
+//! console error; user-supplied strings show as text, never as markup. Screenshots of every page go to
 //! `target/dashboard-screenshots/` for a person to look at.
 //!
 //! chromedriver and chromium come from the Debian packages of those names (`.ci/run` installs
@@ -168,6 +169,17 @@ impl Browser {
                 .map(drop)
         })
         .await;
+    }
+
+    /// Waits until `script` returns a value `good` accepts; returns it.
+    async fn wait_eval(&self, what: &str, script: &str, good: impl Fn(&Value) -> bool) -> Value {
+        wait_for(what, PATIENCE, || async {
+            let value = self
+                .try_command("/execute/sync", json!({"script": script, "args": []}))
+                .await?;
+            good(&value).then_some(value)
+        })
+        .await
     }
 
     async fn type_into(&self, css: &str, text: &str) {
@@ -588,4 +600,169 @@ async fn an_operator_triggers_a_job_and_watches_its_run_finish_and_a_viewer_cann
     worker.stop().await;
     instance.stop().await;
     delete_topology(&prefix, group).await;
+}
+
+/// Logs in with `token` and waits until the page names `whoami`.
+async fn login(browser: &Browser, base: &str, token: &str, whoami: &str) {
+    browser.goto(&format!("{base}/")).await;
+    browser.wait_text("#login h1", |t| t == "Log in").await;
+    browser.type_into("#token", token).await;
+    browser.click("#login-button").await;
+    browser.wait_text("#whoami", |t| t == whoami).await;
+}
+
+/// The operator's other pages and actions: the runs-over-time chart, filtering and paging runs,
+/// inspecting and replaying a dead letter, cancelling a run, and the audit page showing who
+/// did those.
+#[sqlx::test(migrations = "../migrations")]
+async fn an_operator_pages_runs_replays_a_dead_letter_and_cancels_a_run(pool: PgPool) {
+    init_tracing();
+    let db = database_url(&pool);
+    let prefix = unique("dash2");
+    // `idle` has a job but no worker: its runs wait in the queue.
+    let (group, idle) = ("dash2g", "dash2idle");
+    let instance = ServingInstance::start(&pool, &prefix, group).await;
+    let (base, operator) = (instance.base.clone(), instance.operator.clone());
+    let http = reqwest::Client::new();
+    let worker = RecordingWorker::start(&db, AMQP_URL, &prefix, group, &["ping"]);
+    let admin = Operations::new(Store::from_pool(pool.clone()), None)
+        .create_token(&Caller::cli(), "root", Role::Admin)
+        .await
+        .expect("token")
+        .secret;
+    let created = http
+        .post(format!("{base}/api/jobs"))
+        .bearer_auth(&admin)
+        .json(&json!({"name": "hold", "group": idle}))
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(created.status(), 201);
+    let trigger = |job: &'static str| {
+        let (http, base, operator) = (&http, &base, &operator);
+        async move {
+            let body: Value = http
+                .post(format!("{base}/api/jobs/{job}/trigger"))
+                .bearer_auth(operator)
+                .send()
+                .await
+                .expect("trigger")
+                .json()
+                .await
+                .expect("JSON");
+            body["run_id"].as_i64().expect("run id")
+        }
+    };
+    let state = |id: i64| {
+        let pool = &pool;
+        async move {
+            sqlx::query_scalar::<_, String>("SELECT state FROM chime_runs WHERE id = $1")
+                .bind(id)
+                .fetch_one(pool)
+                .await
+                .expect("state")
+        }
+    };
+
+    // Five runs of `ping` that succeed, and a dead one whose message is in the parking lot,
+    // with markup in its reason.
+    let mut pings = Vec::new();
+    for _ in 0..5 {
+        pings.push(trigger("ping").await);
+    }
+    for id in &pings {
+        wait_for("the run to succeed", PATIENCE, || async {
+            (state(*id).await == "succeeded").then_some(())
+        })
+        .await;
+    }
+    let reason = "attempts exhausted <img id=injected src=x onerror=document.title='owned'>";
+    let dead = crate::ops::dead_run(&pool, "ping", group, 3, "boom").await;
+    crate::ops::park(&prefix, group, dead, "ping", 3, reason).await;
+
+    let browser = Browser::start().await;
+    login(&browser, &base, &operator, "token:alice (operator)").await;
+
+    // The dead letter in full: headers as text (the markup stays text), the trigger
+    // pretty-printed; then replayed from there, and the run succeeds.
+    browser.open(&base, "#/dead-letters").await;
+    browser
+        .click(&format!("tr[data-run-id=\"{dead}\"] a.inspect"))
+        .await;
+    let body = browser
+        .wait_text("#dl-body", |t| t.contains(&format!("\"run_id\": {dead}")))
+        .await;
+    assert!(body.starts_with("{\n  \""), "pretty-printed: {body}");
+    assert!(body.contains("\n  \"job\": \"ping\""), "{body}");
+    browser
+        .wait_text("tr[data-header=\"x-chime-dead-reason\"]", |t| {
+            t.contains(reason)
+        })
+        .await;
+    browser
+        .wait_text("tr[data-header=\"x-chime-attempt\"]", |t| t.ends_with('3'))
+        .await;
+    let injected = browser
+        .eval(
+            "return document.getElementById('injected') === null && document.title === 'Chime';",
+            json!([]),
+        )
+        .await;
+    assert_eq!(injected, true, "markup in a header became an element");
+    browser.screenshot("dead-letter").await;
+    browser.click("button.replay:not([disabled])").await;
+    browser
+        .wait_text("#notice", |t| {
+            t.starts_with(&format!("Replayed run #{dead} as attempt "))
+        })
+        .await;
+    browser.wait_text("#run-state", |t| t == "succeeded").await;
+    assert_eq!(state(dead).await, "succeeded");
+    let parked: Value = http
+        .get(format!("{base}/api/dead-letters"))
+        .bearer_auth(&operator)
+        .send()
+        .await
+        .expect("list")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(
+        parked["dead_letters"],
+        json!([]),
+        "the message left the parking lot"
+    );
+
+    // The audit page names who cancelled and replayed which run.
+    browser.open(&base, "#/audit").await;
+    let entries = "return [...document.querySelectorAll('#page tbody tr')]\
+                   .map(r => [...r.children].map(c => c.textContent));";
+    for (action, run) in [("dlq.replay", dead)] {
+        browser
+            .wait_eval(&format!("the audit entry of {action}"), entries, |rows| {
+                rows.as_array().is_some_and(|rows| {
+                    rows.iter().any(|row| {
+                        let cells: Vec<&str> = row
+                            .as_array()
+                            .map(|c| c.iter().filter_map(Value::as_str).collect())
+                            .unwrap_or_default();
+                        cells.contains(&action)
+                            && cells.contains(&"token:alice")
+                            && cells.contains(&"ok")
+                            && cells.contains(&run.to_string().as_str())
+                    })
+                })
+            })
+            .await;
+    }
+    browser.screenshot("audit-actions").await;
+
+    let errors = browser.console_errors().await;
+    assert!(errors.is_empty(), "console errors: {errors:?}");
+    browser.quit().await;
+    drop(browser);
+    worker.stop().await;
+    instance.stop().await;
+    delete_topology(&prefix, group).await;
+    delete_topology(&prefix, idle).await;
 }

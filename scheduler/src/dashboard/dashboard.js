@@ -8,6 +8,8 @@ const TOKEN_KEY = "chime.token";
 const TERMINAL = new Set(["succeeded", "failed", "cancelled", "dead", "skipped"]);
 let me = null;
 let timer = null;
+let flash = null; // a notice to show on the page the next hash change opens
+let rendering = 0; // counts route() calls; only the latest one's page is shown
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -57,7 +59,9 @@ async function api(method, path, body) {
     throw new Error("unauthenticated");
   }
   if (!response.ok) {
-    throw new Error(data && data.error ? data.error.message : "HTTP " + response.status);
+    const error = new Error(data && data.error ? data.error.message : "HTTP " + response.status);
+    error.status = response.status;
+    throw error;
   }
   return data;
 }
@@ -326,14 +330,64 @@ async function queues(page) {
 async function deadLetters(page) {
   const { dead_letters } = await api("GET", "/api/dead-letters");
   page.append(el("h1", {}, "Dead letters"), table([
-    ["group", (d) => d.group], ["run", (d) => runLink(d.run_id)], ["job", (d) => d.job],
+    ["group", (d) => d.group], ["run", (d) => runLink(d.run_id)],
+    ["message", (d) => (d.run_id === null ? "—" : el("a", { class: "inspect", href: "#/dead-letters/" + d.run_id }, "Inspect"))],
+    ["job", (d) => d.job],
     ["attempt", (d) => d.attempt], ["reason", (d) => d.reason], ["error", (d) => d.error],
     ["parked", (d) => time(d.parked_at)], ["by", (d) => d.parked_by], ["run state", (d) => d.run_state],
     ["", (d) => (d.run_id === null ? null : actionButton("Replay", "replay", async () => {
       const x = await api("POST", "/api/dead-letters/" + d.run_id + "/replay");
       return "Replayed run #" + x.run_id + " as attempt " + x.attempt;
     }))],
-  ], dead_letters));
+  ], dead_letters, (d) => ({ "data-run-id": d.run_id })));
+}
+
+// One parked message in full: what the list shows, every header, and the trigger it carries
+// (pretty-printed, as text). Reading it leaves it parked, in place. Replaying opens the run.
+async function deadLetter(page, id) {
+  let d;
+  try {
+    d = await api("GET", "/api/dead-letters/" + encodeURIComponent(id));
+  } catch (e) {
+    if (e.status !== 404) throw e;
+    page.append(el("h1", {}, "Dead letter of run #" + id),
+      el("p", { id: "dl-gone", class: "muted" }, e.message),
+      el("p", {}, el("a", { href: "#/dead-letters" }, "All dead letters")));
+    return;
+  }
+  const m = d.message;
+  const allowed = mayOperate();
+  const replay = el("button", { type: "button", class: "replay", disabled: !allowed,
+    title: allowed ? null : "needs the operator role", onclick: async (event) => {
+      event.target.disabled = true;
+      try {
+        const x = await api("POST", "/api/dead-letters/" + d.run_id + "/replay");
+        flash = "Replayed run #" + x.run_id + " as attempt " + x.attempt;
+        location.hash = "#/runs/" + x.run_id;
+      } catch (e) {
+        notice(e.message, true);
+        event.target.disabled = false;
+      }
+    } }, "Replay");
+  const fields = [
+    ["run", runLink(d.run_id)], ["run state", d.run_state ? stateCell(d.run_state) : "—"],
+    ["job", d.job], ["group", d.group], ["queue", d.queue + " (position " + d.position + ")"],
+    ["attempt", d.attempt], ["reason", d.reason], ["error", d.error], ["parked", time(d.parked_at)],
+    ["parked by", d.parked_by], ["message id", m.message_id], ["content type", m.content_type],
+  ];
+  const headers = Object.keys(m.headers).sort().map((name) => [name, m.headers[name]]);
+  page.append(
+    el("h1", {}, "Dead letter of run #" + d.run_id),
+    replay,
+    el("table", { class: "fields" }, fields.map(([k, v]) =>
+      el("tr", {}, el("th", {}, k), el("td", {}, v instanceof Node ? v : show(v))))),
+    el("h2", {}, "Headers"),
+    table([["header", ([name]) => el("code", {}, name)],
+      ["value", ([, value]) => el("code", {}, show(value))]], headers,
+    ([name]) => ({ "data-header": name, id: null })),
+    el("h2", {}, m.body_is_json ? "Trigger" : "Body (not JSON)"),
+    el("pre", { id: "dl-body", class: "payload" },
+      m.body_is_json ? JSON.stringify(m.body, null, 2) : m.body));
 }
 
 async function audit(page, query) {
@@ -361,6 +415,7 @@ function refreshIn(ms) {
 
 async function route() {
   clearTimeout(timer);
+  const mine = ++rendering;
   if (!sessionStorage.getItem(TOKEN_KEY)) return logout("");
   const [path, query] = (location.hash.slice(1) || "/overview").split("?");
   const parts = path.split("/").filter(Boolean);
@@ -372,12 +427,15 @@ async function route() {
   try {
     if (parts[0] === "runs" && parts[1]) await run(page, parts[1]);
     else if (parts[0] === "jobs" && parts[1]) await job(page, decodeURIComponent(parts[1]));
+    else if (parts[0] === "dead-letters" && parts[1]) await deadLetter(page, parts[1]);
     else if (pages[parts[0]]) await pages[parts[0]](page, query || "");
     else page.append(el("h1", {}, "No such page"));
   } catch (e) {
     if (e.message === "unauthenticated") return;
     page.append(el("p", { class: "error" }, e.message));
   }
+  // A page opened later (a click while this one loaded) wins, whichever finishes first.
+  if (mine !== rendering) return;
   page.setAttribute("data-loaded", "true");
   document.getElementById("page").replaceWith(page);
 }
@@ -419,7 +477,7 @@ document.addEventListener("DOMContentLoaded", () => {
     login(token);
   });
   document.getElementById("logout").addEventListener("click", () => logout(""));
-  window.addEventListener("hashchange", () => { notice(""); if (me) route(); });
+  window.addEventListener("hashchange", () => { notice(flash || "", false); flash = null; if (me) route(); });
   const saved = sessionStorage.getItem(TOKEN_KEY);
   if (saved) login(saved);
   else logout("");

@@ -1,12 +1,17 @@
 //! Read-only operations the dashboard needs beyond listing: a schedule preview (validate a
-//! schedule and show its next fire times without saving anything). Part of [`crate::ops`];
-//! authorization goes through the same [`Operations::allow`] as every other operation.
+//! schedule and show its next fire times without saving anything) and one parked message in
+//! full. Part of [`crate::ops`]; authorization goes through the same `Operations::allow` as
+//! every other operation.
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 
-use super::{FieldProblem, Operations, OpsError, OpsResult, UPCOMING, validated};
+use super::{
+    DeadLetter, FieldProblem, Operations, OpsError, OpsResult, UPCOMING, dead_letter, no_such_run,
+    validated,
+};
 use crate::auth::{Caller, Role};
+use crate::parking::{ParkedPayload, SCAN};
 
 /// The job-definition fields a schedule preview takes.
 pub const PREVIEW_FIELDS: &[&str] = &["schedule", "every", "at", "timezone"];
@@ -90,6 +95,55 @@ impl Operations {
                 .is_empty()
                 .then(|| crate::check::why_no_fires(&spec)),
             upcoming,
+        })
+    }
+}
+
+/// One parked message in full, for the dashboard's dead-letter viewer.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DeadLetterMessage {
+    /// What the list shows of it.
+    #[serde(flatten)]
+    pub letter: DeadLetter,
+    /// The parking-lot queue holding it.
+    pub queue: String,
+    /// Its place in that queue when read (0 = the head).
+    pub position: usize,
+    /// Its properties, headers and body.
+    pub message: ParkedPayload,
+}
+
+impl Operations {
+    /// The parked message of run `id` in full: headers and trigger body. It stays parked, and
+    /// the parking lot keeps its order (see [`crate::parking::ParkingLot::peek`]).
+    pub async fn dead_letter_message(
+        &self,
+        caller: &Caller,
+        id: i64,
+    ) -> OpsResult<DeadLetterMessage> {
+        self.allow(caller, "dlq.show", Role::Viewer, None, Some(id))
+            .await?;
+        let broker = self.broker()?;
+        let Some(run) = self.store.run_briefs(&[id]).await?.into_iter().next() else {
+            return Err(no_such_run(id));
+        };
+        let lot = self.parking_lot(broker).await?;
+        let queue = lot.queue(&run.group);
+        let found = lot.peek(&run.group, id, SCAN).await;
+        lot.close().await;
+        let Some((position, message, payload)) =
+            found.map_err(|e| OpsError::Unavailable(format!("{e:#}")))?
+        else {
+            return Err(OpsError::NotFound(format!(
+                "run {id} has no message in the parking lot {queue}: it was replayed or purged, \
+                 or never parked; GET /api/dead-letters lists the parked runs"
+            )));
+        };
+        Ok(DeadLetterMessage {
+            letter: dead_letter(message, Some(&run)),
+            queue,
+            position,
+            message: payload,
         })
     }
 }
