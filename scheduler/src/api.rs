@@ -69,6 +69,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/api/openapi.json", get(openapi))
         .route("/api/me", get(me))
         .route("/api/overview", get(overview))
+        .route("/api/overview/timeline", get(views::run_timeline))
         .route("/api/jobs", get(list_jobs).post(create_job))
         .route(
             "/api/jobs/{name}",

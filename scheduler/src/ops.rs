@@ -28,7 +28,10 @@ use crate::store::{
 
 mod views;
 
-pub use views::{DeadLetterMessage, PREVIEW_FIELDS, SchedulePreview};
+pub use views::{
+    DeadLetterMessage, MAX_TIMELINE_BUCKETS, PREVIEW_FIELDS, RunTimeline, SchedulePreview,
+    TIMELINE_WINDOWS, TimelineBucket,
+};
 
 /// Where the broker is, for the operations that talk to it (cancel, dead letters, queues).
 #[derive(Debug, Clone)]

@@ -1,7 +1,8 @@
 //! The web dashboard in a real headless Chromium, driven over WebDriver by chromedriver: an
 //! operator logs in with a token, triggers a job and watches its run appear and finish; a viewer
 //! sees the same pages but cannot trigger; an admin edits a schedule with its live preview; an
-//! operator inspects and replays a dead letter and the audit page names it; no page logs a
+//! operator sees the runs-over-time chart, inspects and replays a dead letter and the audit
+//! page names it; no page logs a
 //! console error; user-supplied strings show as text, never as markup. Screenshots of every page go to
 //! `target/dashboard-screenshots/` for a person to look at.
 //!
@@ -682,6 +683,23 @@ async fn an_operator_pages_runs_replays_a_dead_letter_and_cancels_a_run(pool: Pg
 
     let browser = Browser::start().await;
     login(&browser, &base, &operator, "token:alice (operator)").await;
+
+    // The overview's chart stacks the hour's runs by state.
+    browser.open(&base, "#/overview").await;
+    let bars = "const n = {}; \
+        for (const r of document.querySelectorAll('#timeline rect.bar')) \
+        n[r.dataset.state] = (n[r.dataset.state] || 0) + Number(r.dataset.count); return n;";
+    browser
+        .wait_eval("the chart's bars", bars, |n| {
+            *n == json!({"succeeded": 5, "dead": 1})
+        })
+        .await;
+    browser
+        .wait_text("figure.chart ul.legend", |t| {
+            t.contains("succeeded") && t.contains("dead")
+        })
+        .await;
+    browser.screenshot("overview-timeline").await;
 
     // The dead letter in full: headers as text (the markup stays text), the trigger
     // pretty-printed; then replayed from there, and the run succeeds.

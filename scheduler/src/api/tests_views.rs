@@ -1,5 +1,5 @@
 //! The dashboard's read-only views through the router against a real database: the schedule
-//! preview.
+//! preview and the runs-over-time timeline.
 
 use axum::http::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -117,4 +117,107 @@ async fn a_schedule_preview_lists_five_fires_in_every_dialect_and_saves_nothing(
         )
         .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn the_timeline_counts_runs_per_bucket_and_state(pool: PgPool) {
+    let app = app(pool).await;
+    let viewer = app.token(Role::Viewer).await;
+    // Runs created 2 min, 30 min (three) and 2 h ago, in several states.
+    let mut created = Vec::new();
+    for (ago, state) in [
+        ("2 minutes", "succeeded"),
+        ("30 minutes", "succeeded"),
+        ("30 minutes", "failed"),
+        ("30 minutes", "succeeded"),
+        ("2 hours", "dead"),
+    ] {
+        let at: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(
+            "INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, state, created_at)
+             VALUES ('j', 'g', now(), 'manual', $1, now() - $2::interval) RETURNING created_at",
+        )
+        .bind(state)
+        .bind(ago)
+        .fetch_one(&app.pool)
+        .await
+        .expect("insert");
+        created.push((at, state));
+    }
+    let (status, body) = app
+        .call(Method::GET, "/api/overview/timeline", Some(&viewer), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["bucket_seconds"], 60);
+    assert_eq!(body["states"][0], "pending");
+    let buckets = body["buckets"].as_array().expect("buckets");
+    assert_eq!(buckets.len(), 60);
+    let start = |b: &Value| {
+        chrono::DateTime::parse_from_rfc3339(b["start"].as_str().expect("start"))
+            .expect("RFC 3339")
+            .to_utc()
+    };
+    assert_eq!(
+        start(&buckets[0]).timestamp() % 60,
+        0,
+        "aligned to the minute"
+    );
+    assert_eq!(body["from"], buckets[0]["start"]);
+    // Each run is in the bucket its creation falls in; the one of 2 h ago in none.
+    let mut expected = std::collections::BTreeMap::<usize, Value>::new();
+    for (at, state) in &created[..4] {
+        let index = buckets
+            .iter()
+            .position(|b| start(b) <= *at && *at < start(b) + chrono::Duration::seconds(60))
+            .unwrap_or_else(|| panic!("a bucket for {at}: {body}"));
+        let counts = expected.entry(index).or_insert_with(|| json!({}));
+        counts[*state] = json!(counts[*state].as_i64().unwrap_or(0) + 1);
+    }
+    for (i, bucket) in buckets.iter().enumerate() {
+        let want = expected.get(&i).cloned().unwrap_or_else(|| json!({}));
+        assert_eq!(bucket["counts"], want, "bucket {i}: {body}");
+        let total: i64 = want
+            .as_object()
+            .expect("counts")
+            .values()
+            .filter_map(Value::as_i64)
+            .sum();
+        assert_eq!(bucket["total"], total, "bucket {i}");
+    }
+    // A day in hours holds the run of 2 h ago too.
+    let (status, body) = app
+        .call(
+            Method::GET,
+            "/api/overview/timeline?window=24h&bucket=1h",
+            Some(&viewer),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let buckets = body["buckets"].as_array().expect("buckets");
+    assert_eq!(buckets.len(), 24);
+    let sum: i64 = buckets.iter().filter_map(|b| b["total"].as_i64()).sum();
+    assert_eq!(sum, 5, "{body}");
+
+    for (query, field) in [
+        ("window=7days", "window"),
+        ("bucket=0s", "bucket"),
+        ("bucket=2h", "bucket"),
+        ("window=24h&bucket=1s", "bucket"),
+        ("window=soon", "window"),
+        ("size=5", "size"),
+    ] {
+        let (status, body) = app
+            .call(
+                Method::GET,
+                &format!("/api/overview/timeline?{query}"),
+                Some(&viewer),
+                None,
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {body}");
+        assert_eq!(
+            body["error"]["problems"][0]["field"], field,
+            "{query}: {body}"
+        );
+    }
 }

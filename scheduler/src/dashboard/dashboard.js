@@ -111,9 +111,10 @@ function stateCell(state) {
 
 async function overview(page) {
   const windows = ["5m", "1h", "24h"];
-  const [views, queues] = await Promise.all([
+  const [views, queues, timeline] = await Promise.all([
     Promise.all(windows.map((w) => api("GET", "/api/overview?window=" + w))),
     api("GET", "/api/queues"),
+    api("GET", "/api/overview/timeline?window=1h&bucket=1m"),
   ]);
   const hour = views[1];
   const states = [...new Set(views.flatMap((v) => Object.keys(v.runs_by_state)))].sort();
@@ -129,8 +130,67 @@ async function overview(page) {
     el("h2", {}, "Runs by state"),
     table([["state", (s) => stateCell(s)]].concat(windows.map((w, i) =>
       ["last " + w, (s) => views[i].runs_by_state[s] ?? 0])), states),
+    el("h2", {}, "Runs created per minute, last hour, by state now"),
+    timelineChart(timeline),
     el("h2", {}, "Queues"),
     queueTable(queues.queues));
+}
+
+// ---- the runs-over-time chart: SVG built here, no library ------------------------------------
+
+// The SVG namespace: an identifier, not an address; nothing is fetched from it.
+const SVG_NS = "http://www.w3.org/2000/svg";
+
+function svg(tag, attrs, ...children) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v !== undefined && v !== null) node.setAttribute(k, String(v));
+  }
+  for (const child of children) {
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function clock(iso) {
+  return new Date(iso).toISOString().slice(11, 16);
+}
+
+// A stacked bar per bucket (oldest left), one segment per state in the API's order, each with
+// its count in data-count and a tooltip; a legend of the states that occur.
+function timelineChart(t) {
+  const [width, height, top, bottom, left] = [720, 170, 12, 22, 36];
+  const n = t.buckets.length;
+  const max = Math.max(1, ...t.buckets.map((b) => b.total));
+  const slot = (width - left) / n;
+  const y = (count) => height - bottom - count * (height - bottom - top) / max;
+  const chart = svg("svg", { id: "timeline", class: "chart", width, height,
+    viewBox: "0 0 " + width + " " + height, role: "img",
+    "aria-label": "runs created per minute over the last hour, stacked by state" },
+  svg("line", { class: "axis", x1: left, x2: width, y1: y(0), y2: y(0) }),
+  svg("text", { class: "tick", x: left - 4, y: y(max) + 4, "text-anchor": "end" }, max),
+  svg("text", { class: "tick", x: left - 4, y: y(0), "text-anchor": "end" }, 0),
+  svg("text", { class: "tick", x: left, y: height - 6 }, clock(t.from)),
+  svg("text", { class: "tick", x: width, y: height - 6, "text-anchor": "end" }, clock(t.to)));
+  const seen = new Set();
+  t.buckets.forEach((b, i) => {
+    let below = 0;
+    for (const state of t.states) {
+      const count = b.counts[state] || 0;
+      if (!count) continue;
+      seen.add(state);
+      chart.append(svg("rect", { class: "bar bar-" + state, "data-state": state,
+        "data-count": count, "data-start": b.start,
+        x: (left + i * slot + 0.5).toFixed(1), width: Math.max(1, slot - 1).toFixed(1),
+        y: y(below + count).toFixed(1), height: (y(below) - y(below + count)).toFixed(1) },
+      svg("title", {}, clock(b.start) + " " + state + ": " + count)));
+      below += count;
+    }
+  });
+  const legend = el("ul", { class: "legend" }, t.states.filter((s) => seen.has(s)).map((s) =>
+    el("li", {}, el("span", { class: "swatch bar-" + s }), " " + s)));
+  return el("figure", { class: "chart" }, chart,
+    seen.size ? legend : el("p", { class: "muted" }, "No runs in the last hour."));
 }
 
 function card(label, value, id) {

@@ -1,14 +1,17 @@
 //! Read-only operations the dashboard needs beyond listing: a schedule preview (validate a
-//! schedule and show its next fire times without saving anything) and one parked message in
-//! full. Part of [`crate::ops`]; authorization goes through the same `Operations::allow` as
+//! schedule and show its next fire times without saving anything), one parked message in
+//! full, and runs by state over time. Part of [`crate::ops`]; authorization goes through the same `Operations::allow` as
 //! every other operation.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 
 use super::{
-    DeadLetter, FieldProblem, Operations, OpsError, OpsResult, UPCOMING, dead_letter, no_such_run,
-    validated,
+    DeadLetter, FieldProblem, Operations, OpsError, OpsResult, RUN_STATES, UPCOMING, dead_letter,
+    no_such_run, validated,
 };
 use crate::auth::{Caller, Role};
 use crate::parking::{ParkedPayload, SCAN};
@@ -144,6 +147,109 @@ impl Operations {
             queue,
             position,
             message: payload,
+        })
+    }
+}
+
+/// Shortest and longest timeline windows (a day of runs is a 100 ms query on 10 million runs).
+pub const TIMELINE_WINDOWS: (Duration, Duration) =
+    (Duration::from_secs(60), Duration::from_secs(24 * 3600));
+
+/// Most buckets one timeline has.
+pub const MAX_TIMELINE_BUCKETS: u64 = 1440;
+
+/// Runs by state over time, for the overview's chart.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RunTimeline {
+    /// Length of each bucket, in seconds.
+    pub bucket_seconds: u64,
+    /// Start of the first bucket (a whole multiple of the bucket length since the epoch).
+    pub from: DateTime<Utc>,
+    /// End of the last bucket (after now; the last bucket is still filling).
+    pub to: DateTime<Utc>,
+    /// Every run state, in the order the chart stacks them.
+    pub states: Vec<&'static str>,
+    /// Every bucket from `from` to `to`, oldest first, empty ones included.
+    pub buckets: Vec<TimelineBucket>,
+}
+
+/// The runs created in one bucket, by the state they have now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TimelineBucket {
+    /// Bucket start.
+    pub start: DateTime<Utc>,
+    /// Runs created in the bucket.
+    pub total: i64,
+    /// Those runs by state; states without runs are left out.
+    pub counts: BTreeMap<String, i64>,
+}
+
+impl Operations {
+    /// Runs created over the last `window` before `now`, counted per `bucket` and state.
+    pub async fn run_timeline(
+        &self,
+        caller: &Caller,
+        window: Duration,
+        bucket: Duration,
+        now: DateTime<Utc>,
+    ) -> OpsResult<RunTimeline> {
+        self.allow(caller, "overview.timeline", Role::Viewer, None, None)
+            .await?;
+        let mut problems = Vec::new();
+        let (shortest, longest) = TIMELINE_WINDOWS;
+        if window < shortest || window > longest {
+            problems.push(FieldProblem::new(
+                "window",
+                format!("{:?}", humantime::format_duration(window).to_string()),
+                "use a window from 1m to 24h, such as \"1h\"",
+            ));
+        }
+        let b = bucket.as_secs();
+        if b == 0 || bucket.subsec_nanos() != 0 || bucket > window {
+            problems.push(FieldProblem::new(
+                "bucket",
+                format!("{:?}", humantime::format_duration(bucket).to_string()),
+                "use whole seconds, at least 1s and at most the window, such as \"1m\"",
+            ));
+        } else if window.as_secs().div_ceil(b) > MAX_TIMELINE_BUCKETS {
+            problems.push(FieldProblem::new(
+                "bucket",
+                format!("{:?}", humantime::format_duration(bucket).to_string()),
+                format!(
+                    "the window would have more than {MAX_TIMELINE_BUCKETS} buckets; use longer \
+                     buckets, such as \"1h\" for 7days"
+                ),
+            ));
+        }
+        if !problems.is_empty() {
+            return Err(OpsError::Invalid(problems));
+        }
+        let b = b as i64;
+        let count = window.as_secs().div_ceil(b as u64) as i64;
+        let end = (now.timestamp().div_euclid(b) + 1) * b;
+        let start = end - count * b;
+        let at = |secs: i64| DateTime::from_timestamp(secs, 0).unwrap_or(now);
+        let (from, to) = (at(start), at(end));
+        let mut buckets: Vec<TimelineBucket> = (0..count)
+            .map(|i| TimelineBucket {
+                start: at(start + i * b),
+                total: 0,
+                counts: BTreeMap::new(),
+            })
+            .collect();
+        for (bucket_start, state, n) in self.store.run_state_buckets(from, to, b).await? {
+            let index = (bucket_start.timestamp() - start).div_euclid(b);
+            if let Some(bucket) = usize::try_from(index).ok().and_then(|i| buckets.get_mut(i)) {
+                bucket.total += n;
+                bucket.counts.insert(state, n);
+            }
+        }
+        Ok(RunTimeline {
+            bucket_seconds: b as u64,
+            from,
+            to,
+            states: RUN_STATES.to_vec(),
+            buckets,
         })
     }
 }
