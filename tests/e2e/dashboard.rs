@@ -1,8 +1,8 @@
 //! The web dashboard in a real headless Chromium, driven over WebDriver by chromedriver: an
 //! operator logs in with a token, triggers a job and watches its run appear and finish; a viewer
 //! sees the same pages but cannot trigger; an admin edits a schedule with its live preview; an
-//! operator sees the runs-over-time chart, inspects and replays a dead letter and the audit
-//! page names it; no page logs a
+//! operator sees the runs-over-time chart, filters and pages runs (older and newer), inspects
+//! and replays a dead letter, cancels a run from its page, and the audit page names both; no page logs a
 //! console error; user-supplied strings show as text, never as markup. Screenshots of every page go to
 //! `target/dashboard-screenshots/` for a person to look at.
 //!
@@ -701,6 +701,58 @@ async fn an_operator_pages_runs_replays_a_dead_letter_and_cancels_a_run(pool: Pg
         .await;
     browser.screenshot("overview-timeline").await;
 
+    // Runs filtered by job and state, two a page: older, older, then newer, newer.
+    browser.open(&base, "#/runs?limit=2").await;
+    browser
+        .type_into("#run-filters input[name=job]", "ping")
+        .await;
+    browser
+        .eval(
+            "document.querySelector('#run-filters select[name=state]').value = 'succeeded'; \
+             return true;",
+            json!([]),
+        )
+        .await;
+    browser.click("#run-filters button").await;
+    let rows = "return [...document.querySelectorAll('#page tbody tr')]\
+                .map(r => [Number(r.dataset.runId), r.dataset.job, r.dataset.state]);";
+    let newest_first: Vec<i64> = pings.iter().rev().copied().collect();
+    let page_of = |ids: &[i64]| -> Value {
+        ids.iter()
+            .map(|id| json!([id, "ping", "succeeded"]))
+            .collect()
+    };
+    let pages = [
+        page_of(&newest_first[0..2]),
+        page_of(&newest_first[2..4]),
+        page_of(&newest_first[4..5]),
+    ];
+    browser
+        .wait_eval("the first filtered page", rows, |v| *v == pages[0])
+        .await;
+    let hash = browser.eval("return location.hash;", json!([])).await;
+    let hash = hash.as_str().expect("hash");
+    for part in ["job=ping", "state=succeeded", "limit=2"] {
+        assert!(hash.contains(part), "{hash}");
+    }
+    browser.screenshot("runs-filtered").await;
+    for (page, link) in [(1, "#older"), (2, "#older"), (1, "#newer"), (0, "#newer")] {
+        browser.click(link).await;
+        browser
+            .wait_eval(&format!("page {page} after {link}"), rows, |v| {
+                *v == pages[page]
+            })
+            .await;
+        let (older, newer) = (page < 2, page > 0);
+        let links = browser
+            .eval(
+                "return [!!document.getElementById('older'), !!document.getElementById('newer')];",
+                json!([]),
+            )
+            .await;
+        assert_eq!(links, json!([older, newer]), "page {page}");
+    }
+
     // The dead letter in full: headers as text (the markup stays text), the trigger
     // pretty-printed; then replayed from there, and the run succeeds.
     browser.open(&base, "#/dead-letters").await;
@@ -751,11 +803,27 @@ async fn an_operator_pages_runs_replays_a_dead_letter_and_cancels_a_run(pool: Pg
         "the message left the parking lot"
     );
 
+    // A run of `hold` waits in its queue; the operator cancels it from its page.
+    let held = trigger("hold").await;
+    wait_for("the run to be queued", PATIENCE, || async {
+        (state(held).await == "queued").then_some(())
+    })
+    .await;
+    browser.open(&base, &format!("#/runs/{held}")).await;
+    browser.wait_text("#run-state", |t| t == "queued").await;
+    browser.click("button.cancel:not([disabled])").await;
+    browser
+        .wait_text("#notice", |t| t == "Cancel: cancelled")
+        .await;
+    browser.wait_text("#run-state", |t| t == "cancelled").await;
+    browser.screenshot("run-cancelled").await;
+    assert_eq!(state(held).await, "cancelled");
+
     // The audit page names who cancelled and replayed which run.
     browser.open(&base, "#/audit").await;
     let entries = "return [...document.querySelectorAll('#page tbody tr')]\
                    .map(r => [...r.children].map(c => c.textContent));";
-    for (action, run) in [("dlq.replay", dead)] {
+    for (action, run) in [("runs.cancel", held), ("dlq.replay", dead)] {
         browser
             .wait_eval(&format!("the audit entry of {action}"), entries, |rows| {
                 rows.as_array().is_some_and(|rows| {

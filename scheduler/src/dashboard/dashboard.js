@@ -320,32 +320,55 @@ async function job(page, name) {
   }
 }
 
+const RUN_STATES = ["pending", "queued", "running", "retrying", "succeeded", "failed", "dead",
+  "cancelled", "skipped"];
+
+// Runs, newest first, filtered by job, state and group, paged by keyset: "Older" passes the
+// page's `next_before` as `before`. The `trail` parameter remembers the `before` of every page
+// on the way (`top` for the first), so "Newer" goes back exactly one page.
 async function runs(page, query) {
   const params = new URLSearchParams(query);
   const api_params = new URLSearchParams();
-  for (const key of ["job", "state", "group", "before"]) {
+  for (const key of ["job", "state", "group", "before", "limit"]) {
     if (params.get(key)) api_params.set(key, params.get(key));
   }
-  api_params.set("limit", "50");
+  if (!api_params.get("limit")) api_params.set("limit", "50");
   const data = await api("GET", "/api/runs?" + api_params);
   const input = (name) => el("input", { name, placeholder: name, value: params.get(name) || "" });
-  const form = el("form", { class: "filters", onsubmit: (event) => {
+  let edited = false;
+  const state = el("select", { name: "state" }, el("option", { value: "" }, "any state"),
+    RUN_STATES.map((s) => el("option", { value: s, selected: params.get("state") === s }, s)));
+  const form = el("form", { id: "run-filters", class: "filters", onsubmit: (event) => {
     event.preventDefault();
     const next = new URLSearchParams();
     for (const [k, v] of new FormData(form)) if (v) next.set(k, v);
     location.hash = "#/runs?" + next;
-  } }, input("job"), input("state"), input("group"), el("button", { type: "submit" }, "Filter"));
+  }, oninput: () => { edited = true; } }, input("job"), state, input("group"),
+  params.get("limit") ? el("input", { type: "hidden", name: "limit", value: params.get("limit") }) : null,
+  el("button", { type: "submit" }, "Filter"));
+  const trail = params.get("trail") ? params.get("trail").split(",") : [];
   const older = new URLSearchParams(params);
   older.set("before", data.next_before);
+  older.set("trail", trail.concat([params.get("before") || "top"]).join(","));
+  let newer = null;
+  if (params.get("before")) {
+    newer = new URLSearchParams(params);
+    const back = trail.pop() || "top";
+    if (back === "top") newer.delete("before");
+    else newer.set("before", back);
+    if (trail.length) newer.set("trail", trail.join(","));
+    else newer.delete("trail");
+  }
   page.append(el("h1", {}, "Runs"), form, table([
     ["id", (r) => runLink(r.id)], ["job", (r) => r.job], ["group", (r) => r.group],
     ["state", (r) => stateCell(r.state)], ["trigger", (r) => r.trigger], ["attempt", (r) => r.attempt],
     ["scheduled", (r) => time(r.scheduled_at)], ["finished", (r) => time(r.finished_at)],
     ["error", (r) => r.error],
-  ], data.runs, (r) => ({ "data-run-id": r.id, "data-state": r.state })),
-  el("p", {}, params.get("before") ? el("a", { href: "#/runs" }, "Newest") : null, " ",
+  ], data.runs, (r) => ({ "data-run-id": r.id, "data-state": r.state, "data-job": r.job })),
+  el("p", { class: "pager" },
+    newer ? el("a", { id: "newer", href: "#/runs?" + newer }, "← Newer") : null, " ",
     data.next_before ? el("a", { id: "older", href: "#/runs?" + older }, "Older →") : null));
-  refreshIn(3000);
+  refreshIn(3000, () => edited || form.contains(document.activeElement));
 }
 
 async function run(page, id) {
@@ -467,10 +490,16 @@ function generic(rows) {
 
 // ---- routing --------------------------------------------------------------------------------
 
-function refreshIn(ms) {
+// Renders the page again after `ms`, unless another page was opened; while `busy()` says so
+// (the operator is editing a form on it), it waits another `ms`.
+function refreshIn(ms, busy) {
   clearTimeout(timer);
   const hash = location.hash;
-  timer = setTimeout(() => { if (location.hash === hash) route(); }, ms);
+  timer = setTimeout(() => {
+    if (location.hash !== hash) return;
+    if (busy && busy()) refreshIn(ms, busy);
+    else route();
+  }, ms);
 }
 
 async function route() {
