@@ -69,6 +69,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/api/openapi.json", get(openapi))
         .route("/api/me", get(me))
         .route("/api/overview", get(overview))
+        .route("/api/overview/timeline", get(views::run_timeline))
         .route("/api/jobs", get(list_jobs).post(create_job))
         .route(
             "/api/jobs/{name}",
@@ -77,6 +78,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/api/jobs/{name}/pause", post(pause_job))
         .route("/api/jobs/{name}/resume", post(resume_job))
         .route("/api/jobs/{name}/trigger", post(trigger_job))
+        .route("/api/schedules/preview", post(views::preview_schedule))
         .route("/api/runs", get(list_runs))
         .route("/api/runs/{id}", get(show_run))
         .route("/api/runs/{id}/cancel", post(cancel_run))
@@ -86,6 +88,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/api/dead-letters/replay", post(replay_all))
         .route("/api/dead-letters/purge", post(purge))
         .route("/api/dead-letters/{id}/replay", post(replay))
+        .route("/api/dead-letters/{id}", get(views::show_dead_letter))
         .route("/api/leader", get(leader))
         .route("/api/audit", get(audit))
         .route("/api/tokens", get(list_tokens).post(create_token))
@@ -730,5 +733,9 @@ async fn not_found() -> ApiError {
     )
 }
 
+mod views;
+
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_views;

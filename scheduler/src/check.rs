@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use chrono::{DateTime, SecondsFormat, Utc};
 
 use crate::config::{ConfigErrors, LoadedJob, expand_job_patterns, load_located_jobs};
+use crate::job::JobSpec;
 
 /// How many upcoming fires are listed per job.
 pub const UPCOMING_FIRES: usize = 5;
@@ -61,12 +62,7 @@ fn write_job(out: &mut dyn Write, job: &LoadedJob, now: DateTime<Utc>) -> std::i
     writeln!(out, "  schedule:   {}", schedule.describe())?;
     let fires = schedule.upcoming(now, UPCOMING_FIRES);
     if fires.is_empty() {
-        let why = match (&spec.schedule, spec.every, spec.at) {
-            (None, None, None) => "manual only: runs when triggered",
-            (None, None, Some(_)) => "its one-shot instant has passed",
-            _ => "the schedule never fires again",
-        };
-        return writeln!(out, "  next fires: none ({why})");
+        return writeln!(out, "  next fires: none ({})", why_no_fires(spec));
     }
     for (i, fire) in fires.iter().enumerate() {
         let label = if i == 0 { "next fires:" } else { "" };
@@ -76,6 +72,15 @@ fn write_job(out: &mut dyn Write, job: &LoadedJob, now: DateTime<Utc>) -> std::i
         writeln!(out, "  {label:<11} {local} {}", spec.timezone.name())?;
     }
     Ok(())
+}
+
+/// Why a job's schedule lists no next fire (also the API's schedule preview says it).
+pub(crate) fn why_no_fires(spec: &JobSpec) -> &'static str {
+    match (&spec.schedule, spec.every, spec.at) {
+        (None, None, None) => "manual only: runs when triggered",
+        (None, None, Some(_)) => "its one-shot instant has passed",
+        _ => "the schedule never fires again",
+    }
 }
 
 /// "1 job", "2 jobs".

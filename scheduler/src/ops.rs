@@ -26,6 +26,13 @@ use crate::store::{
     ReplayOutcome, RunBrief, RunDetail, RunQuery, RunRecord, Store, TokenRecord, WorkerRecord,
 };
 
+mod views;
+
+pub use views::{
+    DeadLetterMessage, MAX_TIMELINE_BUCKETS, PREVIEW_FIELDS, RunTimeline, SchedulePreview,
+    TIMELINE_WINDOWS, TimelineBucket,
+};
+
 /// Where the broker is, for the operations that talk to it (cancel, dead letters, queues).
 #[derive(Debug, Clone)]
 pub struct Broker {

@@ -4,8 +4,11 @@
 //! With [`crate::publish`], the only scheduler module that speaks AMQP. Browsing is `basic.get`
 //! with manual acknowledgement: every message fetched stays unacknowledged on this module's
 //! channel until the session ends, then all are returned at once (`basic.nack`, multiple,
-//! requeue). RabbitMQ puts returned messages at the back of a parking-lot queue (it has no
-//! delivery limit), so browsing keeps every message but may rotate their order.
+//! requeue). RabbitMQ puts returned messages at the back of a parking-lot queue (a quorum queue;
+//! seen on 3.10: reading the first of three and returning it makes it the last). So reading
+//! reads the whole queue, up to [`SCAN`] messages, before returning any: then every message goes
+//! back in the order it was read, and the queue keeps its order. Only a parking lot longer than
+//! [`SCAN`] is rotated by a read.
 
 use std::time::Duration;
 
@@ -21,6 +24,9 @@ use lapin::{Channel, Connection, ConnectionProperties};
 use serde::Serialize;
 
 use crate::store::redact;
+
+/// Most messages one read of a parking lot takes (and returns): a browse, a peek or a replay.
+pub const SCAN: usize = 10_000;
 
 /// How long to wait for the broker to accept a connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -80,6 +86,40 @@ impl ParkedMessage {
     }
 }
 
+/// A parked message in full, for inspecting it: its AMQP properties and headers, and its body.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ParkedPayload {
+    /// The `message-id` property (the run id, as text).
+    pub message_id: Option<String>,
+    /// The `content-type` property.
+    pub content_type: Option<String>,
+    /// Every header (`x-chime-dead-reason`, `x-chime-attempt`, RabbitMQ's `x-death`, …) as JSON:
+    /// strings as strings, numbers as numbers, tables as objects, byte arrays as their bytes.
+    pub headers: serde_json::Map<String, serde_json::Value>,
+    /// The body: the trigger as JSON when it parses, else the body as (lossy UTF-8) text.
+    pub body: serde_json::Value,
+    /// Whether `body` is the parsed JSON body (false: the raw text).
+    pub body_is_json: bool,
+}
+
+impl ParkedPayload {
+    /// Reads a delivery's properties, headers and body.
+    pub fn from_delivery(delivery: &lapin::message::Delivery) -> ParkedPayload {
+        let properties = &delivery.properties;
+        let headers = properties.headers().clone().unwrap_or_default();
+        let parsed = serde_json::from_slice::<serde_json::Value>(&delivery.data).ok();
+        ParkedPayload {
+            message_id: properties.message_id().as_ref().map(|id| id.to_string()),
+            content_type: properties.content_type().as_ref().map(|t| t.to_string()),
+            headers: table_json(&headers),
+            body_is_json: parsed.is_some(),
+            body: parsed.unwrap_or_else(|| {
+                serde_json::Value::String(String::from_utf8_lossy(&delivery.data).into_owned())
+            }),
+        }
+    }
+}
+
 /// A connection to the broker for parking-lot operations.
 pub struct ParkingLot {
     connection: Connection,
@@ -101,6 +141,8 @@ pub struct Fetched {
     tags: Vec<u64>,
     /// The messages, in the order fetched.
     pub messages: Vec<ParkedMessage>,
+    /// Each message in full (same order as `messages`).
+    pub payloads: Vec<ParkedPayload>,
     /// Messages left in the queue beyond the ones fetched.
     pub remaining: u32,
 }
@@ -192,6 +234,7 @@ impl ParkingLot {
             channel,
             tags: Vec::new(),
             messages: Vec::new(),
+            payloads: Vec::new(),
             remaining: 0,
         };
         while fetched.messages.len() < limit {
@@ -216,16 +259,41 @@ impl ParkingLot {
             fetched
                 .messages
                 .push(ParkedMessage::from_delivery(group, &message.delivery));
+            fetched
+                .payloads
+                .push(ParkedPayload::from_delivery(&message.delivery));
         }
         Ok(fetched)
     }
 
-    /// Reads up to `limit` messages of `group`'s parking lot without removing any.
+    /// The first `limit` messages of `group`'s parking lot, without removing any. It reads the
+    /// whole queue (up to [`SCAN`] messages), so that returning them keeps the queue's order.
     pub async fn browse(&self, group: &str, limit: usize) -> anyhow::Result<Vec<ParkedMessage>> {
-        let fetched = self.fetch(group, limit).await?;
-        let messages = fetched.messages.clone();
+        let fetched = self.fetch(group, SCAN.max(limit)).await?;
+        let mut messages = fetched.messages.clone();
+        messages.truncate(limit);
         fetched.release().await?;
         Ok(messages)
+    }
+
+    /// The first message of run `run_id` in `group`'s parking lot, in full, and its position
+    /// (0 = the head), reading at most `scan` messages; nothing is removed. Every message read
+    /// is returned at once, in the order read, so when the whole queue fits in `scan` the
+    /// queue keeps its order.
+    pub async fn peek(
+        &self,
+        group: &str,
+        run_id: i64,
+        scan: usize,
+    ) -> anyhow::Result<Option<(usize, ParkedMessage, ParkedPayload)>> {
+        let fetched = self.fetch(group, scan).await?;
+        let found = fetched
+            .messages
+            .iter()
+            .position(|m| m.run_id == Some(run_id))
+            .map(|i| (i, fetched.messages[i].clone(), fetched.payloads[i].clone()));
+        fetched.release().await?;
+        Ok(found)
     }
 
     /// Empties `group`'s parking lot; returns how many messages were removed.
@@ -291,6 +359,44 @@ fn latest_death(headers: &FieldTable) -> Option<FieldTable> {
             _ => None,
         }),
         _ => None,
+    }
+}
+
+/// A header table as a JSON object.
+fn table_json(table: &FieldTable) -> serde_json::Map<String, serde_json::Value> {
+    table
+        .inner()
+        .iter()
+        .map(|(key, value)| (key.as_str().to_owned(), amqp_json(value)))
+        .collect()
+}
+
+/// An AMQP field value as JSON.
+fn amqp_json(value: &AMQPValue) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        AMQPValue::Boolean(b) => Value::Bool(*b),
+        AMQPValue::ShortShortInt(n) => (*n).into(),
+        AMQPValue::ShortShortUInt(n) => (*n).into(),
+        AMQPValue::ShortInt(n) => (*n).into(),
+        AMQPValue::ShortUInt(n) => (*n).into(),
+        AMQPValue::LongInt(n) => (*n).into(),
+        AMQPValue::LongUInt(n) => (*n).into(),
+        AMQPValue::LongLongInt(n) => (*n).into(),
+        AMQPValue::Timestamp(n) => (*n).into(),
+        AMQPValue::Float(x) => {
+            serde_json::Number::from_f64(f64::from(*x)).map_or(Value::Null, Value::Number)
+        }
+        AMQPValue::Double(x) => serde_json::Number::from_f64(*x).map_or(Value::Null, Value::Number),
+        AMQPValue::DecimalValue(d) => (f64::from(d.value) / 10f64.powi(i32::from(d.scale))).into(),
+        AMQPValue::ShortString(s) => s.as_str().into(),
+        AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned().into(),
+        AMQPValue::FieldArray(items) => {
+            Value::Array(items.as_slice().iter().map(amqp_json).collect())
+        }
+        AMQPValue::FieldTable(table) => Value::Object(table_json(table)),
+        AMQPValue::ByteArray(bytes) => bytes.as_slice().to_vec().into(),
+        AMQPValue::Void => Value::Null,
     }
 }
 
@@ -374,6 +480,26 @@ mod tests {
             m.parked_at,
             DateTime::from_timestamp_millis(1_796_000_000_123)
         );
+        // In full: every header as JSON, and a body that is not JSON as text.
+        let properties = BasicProperties::default()
+            .with_message_id("42".into())
+            .with_headers({
+                let mut h = FieldTable::default();
+                h.insert(HEADER_ATTEMPT.into(), AMQPValue::LongUInt(3));
+                h.insert(
+                    HEADER_DEAD_REASON.into(),
+                    AMQPValue::LongString("<b>attempts</b>".into()),
+                );
+                h
+            });
+        let p = ParkedPayload::from_delivery(&delivery(properties, b"not json"));
+        assert_eq!(p.message_id.as_deref(), Some("42"));
+        assert_eq!(
+            serde_json::Value::Object(p.headers),
+            serde_json::json!({HEADER_ATTEMPT: 3, HEADER_DEAD_REASON: "<b>attempts</b>"})
+        );
+        assert_eq!(p.body, serde_json::json!("not json"));
+        assert!(!p.body_is_json);
     }
 
     #[test]
@@ -406,5 +532,19 @@ mod tests {
         assert_eq!(m.attempt, Some(2));
         assert_eq!(m.reason.as_deref(), Some("delivery_limit"));
         assert_eq!(m.parked_at, DateTime::from_timestamp(1_796_000_000, 0));
+        let mut death = FieldTable::default();
+        death.insert("count".into(), AMQPValue::LongLongInt(1));
+        let mut entries = FieldArray::default();
+        entries.push(AMQPValue::FieldTable(death));
+        let mut headers = FieldTable::default();
+        headers.insert("x-death".into(), AMQPValue::FieldArray(entries));
+        let p = ParkedPayload::from_delivery(&delivery(
+            BasicProperties::default().with_headers(headers),
+            &trigger.to_body(),
+        ));
+        assert!(p.body_is_json);
+        assert_eq!(p.body["run_id"], 7);
+        assert_eq!(p.body["job"], "nightly");
+        assert_eq!(p.headers["x-death"], serde_json::json!([{"count": 1}]));
     }
 }

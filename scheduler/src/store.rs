@@ -19,6 +19,7 @@ use crate::job::{ConcurrencyPolicy, JobSpec};
 mod failures;
 mod ops;
 mod overdue;
+mod timeline;
 pub use failures::{
     AlertEvent, AlertKind, AlertRecord, CancelOutcome, ClaimedAlert, IntervalColumn,
     REPLAYABLE_STATES, ReplayOutcome, Rescued, RunBrief,

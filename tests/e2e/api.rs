@@ -1,5 +1,6 @@
 //! The operations surface over real HTTP: a scheduler serving its API, health probes and
-//! `/metrics` on a port, a worker, and tokens with different roles.
+//! `/metrics` on a port, a worker, and tokens with different roles; a parked message read in
+//! full without disturbing the parking lot.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,6 +13,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::common::{RecordingWorker, ServingInstance, delete_topology, job};
+use crate::ops::{dead_run, park};
 
 struct Http {
     client: reqwest::Client,
@@ -205,4 +207,96 @@ async fn an_instance_bound_beyond_loopback_without_tokens_refuses_to_start(pool:
         .await
         .expect("count");
     assert_eq!(jobs, 0, "nothing was synced either");
+}
+
+/// The dead-letter viewer's endpoint: one parked message in full (headers, trigger), read
+/// without taking it out, and without changing the parking lot's order.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_parked_message_is_shown_in_full_and_the_parking_lot_keeps_its_order(pool: PgPool) {
+    init_tracing();
+    let prefix = unique("apidl");
+    let group = "apidl";
+    let instance = ServingInstance::start(&pool, &prefix, group).await;
+    let http = Http {
+        client: reqwest::Client::new(),
+        base: instance.base.clone(),
+    };
+    let viewer = instance.viewer.clone();
+    let mut ids = Vec::new();
+    for (attempt, reason) in [
+        (1, "failed, no retry"),
+        (3, "attempts <b>exhausted</b>"),
+        (2, "x"),
+    ] {
+        let id = dead_run(&pool, "ping", group, attempt, "boom").await;
+        park(&prefix, group, id, "ping", attempt as u32, reason).await;
+        ids.push(id);
+    }
+    let listed = || async {
+        let (status, body) = http.get("/api/dead-letters", Some(&viewer)).await;
+        assert_eq!(status, 200, "{body}");
+        body["dead_letters"]
+            .as_array()
+            .expect("list")
+            .iter()
+            .map(|d| d["run_id"].as_i64().expect("run id"))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(listed().await, ids);
+
+    // The middle one, in full; a viewer may look.
+    let (status, body) = http
+        .get(&format!("/api/dead-letters/{}", ids[1]), Some(&viewer))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["run_id"], ids[1]);
+    assert_eq!(body["job"], "ping");
+    assert_eq!(body["attempt"], 3);
+    assert_eq!(body["reason"], "attempts <b>exhausted</b>");
+    assert_eq!(body["run_state"], "dead");
+    assert_eq!(body["position"], 1);
+    assert_eq!(body["queue"], format!("{prefix}.{group}.parking"));
+    let message = &body["message"];
+    assert_eq!(message["message_id"], ids[1].to_string());
+    assert_eq!(
+        message["headers"]["x-chime-dead-reason"],
+        "attempts <b>exhausted</b>"
+    );
+    assert_eq!(message["headers"]["x-chime-attempt"], 3);
+    assert_eq!(message["headers"]["x-chime-dead-by"], "w-test");
+    assert_eq!(message["body_is_json"], true);
+    assert_eq!(message["body"]["run_id"], ids[1]);
+    assert_eq!(message["body"]["job"], "ping");
+    assert_eq!(message["body"]["attempt"], 3);
+
+    // Peeking and a partial listing keep every message, in order.
+    let (_, first) = http.get("/api/dead-letters?limit=1", Some(&viewer)).await;
+    assert_eq!(first["dead_letters"][0]["run_id"], ids[0], "{first}");
+    for _ in 0..2 {
+        let (status, _) = http
+            .get(&format!("/api/dead-letters/{}", ids[2]), Some(&viewer))
+            .await;
+        assert_eq!(status, 200);
+        assert_eq!(listed().await, ids);
+    }
+
+    // A run without a parked message, and no run at all: 404 with what to do.
+    let alive = dead_run(&pool, "ping", group, 1, "not parked").await;
+    let (status, body) = http
+        .get(&format!("/api/dead-letters/{alive}"), Some(&viewer))
+        .await;
+    assert_eq!(status, 404, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .expect("message")
+            .contains("GET /api/dead-letters lists the parked runs"),
+        "{body}"
+    );
+    let (status, _) = http.get("/api/dead-letters/999999999", Some(&viewer)).await;
+    assert_eq!(status, 404);
+    assert_eq!(listed().await, ids, "nothing was lost");
+
+    instance.stop().await;
+    delete_topology(&prefix, group).await;
 }

@@ -1,7 +1,9 @@
 //! The web dashboard in a real headless Chromium, driven over WebDriver by chromedriver: an
 //! operator logs in with a token, triggers a job and watches its run appear and finish; a viewer
-//! sees the same pages but cannot trigger; no page logs a console error; user-supplied strings
-//! show as text, never as markup. Screenshots of every page go to
+//! sees the same pages but cannot trigger; an admin edits a schedule with its live preview; an
+//! operator sees the runs-over-time chart, filters and pages runs (older and newer), inspects
+//! and replays a dead letter, cancels a run from its page, and the audit page names both; no page logs a
+//! console error; user-supplied strings show as text, never as markup. Screenshots of every page go to
 //! `target/dashboard-screenshots/` for a person to look at.
 //!
 //! chromedriver and chromium come from the Debian packages of those names (`.ci/run` installs
@@ -168,6 +170,17 @@ impl Browser {
                 .map(drop)
         })
         .await;
+    }
+
+    /// Waits until `script` returns a value `good` accepts; returns it.
+    async fn wait_eval(&self, what: &str, script: &str, good: impl Fn(&Value) -> bool) -> Value {
+        wait_for(what, PATIENCE, || async {
+            let value = self
+                .try_command("/execute/sync", json!({"script": script, "args": []}))
+                .await?;
+            good(&value).then_some(value)
+        })
+        .await
     }
 
     async fn type_into(&self, css: &str, text: &str) {
@@ -483,28 +496,359 @@ async fn an_operator_triggers_a_job_and_watches_its_run_finish_and_a_viewer_cann
     let upcoming =
         |minute: &'static str| move |t: &str| t.matches(&format!(":{minute}:00Z")).count() == 5;
     browser.wait_text("#upcoming", upcoming("00")).await;
-    let clear = "document.getElementById('schedule').value = ''; return true;";
-    browser.eval(clear, json!([])).await;
+    // The form previews the current schedule at once.
+    browser
+        .wait_text("#preview[data-state=\"valid\"]", |t| {
+            t.matches(":00:00+00:00").count() == 5
+        })
+        .await;
+    let clear = |id: &str| format!("document.getElementById('{id}').value = ''; return true;");
+    // A mistake submitted at once (before the debounced preview) is refused with the API's
+    // message, and nothing is saved.
+    browser.eval(&clear("schedule"), json!([])).await;
     browser.type_into("#schedule", "every tuesday").await;
     browser.click("#edit-schedule button").await;
     browser
-        .wait_text("#edit-error", |t| t.contains("schedule"))
+        .wait_text("#edit-error", |t| t.contains("field \"schedule\""))
         .await;
-    browser.eval(clear, json!([])).await;
+    // While typing, a Quartz expression (2-6 = Monday to Friday) in a time zone is previewed
+    // in that zone; a wrong zone is named with its fix, and Save is disabled meanwhile.
+    browser.eval(&clear("schedule"), json!([])).await;
+    browser.type_into("#schedule", "0 15 10 ? * 2-6").await;
+    browser.eval(&clear("timezone"), json!([])).await;
+    browser.type_into("#timezone", "Asia/Tokio").await;
+    browser
+        .wait_text("#edit-error", |t| {
+            t == "field \"timezone\" = \"Asia/Tokio\": unknown time zone; use an IANA name \
+                  such as \"Asia/Tokyo\""
+        })
+        .await;
+    browser.screenshot("job-preview-invalid").await;
+    let save_disabled = "return document.querySelector('#edit-schedule button').disabled;";
+    assert_eq!(browser.eval(save_disabled, json!([])).await, true);
+    browser.eval(&clear("timezone"), json!([])).await;
+    browser.type_into("#timezone", "Asia/Tokyo").await;
+    browser
+        .wait_text("#preview[data-state=\"valid\"]", |t| {
+            t.matches("T10:15:00+09:00").count() == 5
+        })
+        .await;
+    assert_eq!(browser.eval(save_disabled, json!([])).await, false);
+    browser.screenshot("job-preview").await;
+    let stored = || async {
+        sqlx::query_as::<_, (Option<String>, Option<String>)>(
+            "SELECT spec->>'schedule', spec->>'timezone' FROM chime_jobs WHERE name = 'report'",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("schedule")
+    };
+    assert_eq!(
+        stored().await,
+        (Some("0 0 * * * *".into()), Some("UTC".into()))
+    );
+    // A fixed rate instead, in the same form.
+    browser
+        .eval(
+            "const k = document.getElementById('schedule-kind'); k.value = 'every'; \
+             k.dispatchEvent(new Event('input')); return true;",
+            json!([]),
+        )
+        .await;
+    browser.eval(&clear("schedule"), json!([])).await;
+    browser.type_into("#schedule", "30m").await;
+    browser.eval(&clear("timezone"), json!([])).await;
+    browser.type_into("#timezone", "UTC").await;
+    browser
+        .wait_text("#preview[data-state=\"valid\"]", |t| {
+            t.matches(":00+00:00").count() == 5
+        })
+        .await;
+    browser.click("#edit-schedule button").await;
+    browser
+        .wait_text("#notice", |t| t.starts_with("Changed"))
+        .await;
+    let every: Option<String> =
+        sqlx::query_scalar("SELECT spec->>'every' FROM chime_jobs WHERE name = 'report'")
+            .fetch_one(&pool)
+            .await
+            .expect("every");
+    assert_eq!(every.as_deref(), Some("30m"));
+    assert_eq!(stored().await.0, None, "the cron schedule was replaced");
+    // Back to cron, saved: the job's own next fires follow.
+    browser
+        .wait_text("table.fields", |t| t.contains("every 30m"))
+        .await;
+    browser
+        .eval(
+            "const k = document.getElementById('schedule-kind'); k.value = 'schedule'; \
+             k.dispatchEvent(new Event('input')); return true;",
+            json!([]),
+        )
+        .await;
+    browser.eval(&clear("schedule"), json!([])).await;
     browser.type_into("#schedule", "0 30 * * * *").await;
     browser.click("#edit-schedule button").await;
     browser.wait_text("#upcoming", upcoming("30")).await;
     browser.screenshot("job").await;
-    let schedule: String =
-        sqlx::query_scalar("SELECT spec->>'schedule' FROM chime_jobs WHERE name = 'report'")
-            .fetch_one(&pool)
-            .await
-            .expect("schedule");
-    assert_eq!(schedule, "0 30 * * * *");
+    assert_eq!(
+        stored().await,
+        (Some("0 30 * * * *".into()), Some("UTC".into()))
+    );
 
     browser.quit().await;
     drop(browser);
     worker.stop().await;
     instance.stop().await;
     delete_topology(&prefix, group).await;
+}
+
+/// Logs in with `token` and waits until the page names `whoami`.
+async fn login(browser: &Browser, base: &str, token: &str, whoami: &str) {
+    browser.goto(&format!("{base}/")).await;
+    browser.wait_text("#login h1", |t| t == "Log in").await;
+    browser.type_into("#token", token).await;
+    browser.click("#login-button").await;
+    browser.wait_text("#whoami", |t| t == whoami).await;
+}
+
+/// The operator's other pages and actions: the runs-over-time chart, filtering and paging runs,
+/// inspecting and replaying a dead letter, cancelling a run, and the audit page showing who
+/// did those.
+#[sqlx::test(migrations = "../migrations")]
+async fn an_operator_pages_runs_replays_a_dead_letter_and_cancels_a_run(pool: PgPool) {
+    init_tracing();
+    let db = database_url(&pool);
+    let prefix = unique("dash2");
+    // `idle` has a job but no worker: its runs wait in the queue.
+    let (group, idle) = ("dash2g", "dash2idle");
+    let instance = ServingInstance::start(&pool, &prefix, group).await;
+    let (base, operator) = (instance.base.clone(), instance.operator.clone());
+    let http = reqwest::Client::new();
+    let worker = RecordingWorker::start(&db, AMQP_URL, &prefix, group, &["ping"]);
+    let admin = Operations::new(Store::from_pool(pool.clone()), None)
+        .create_token(&Caller::cli(), "root", Role::Admin)
+        .await
+        .expect("token")
+        .secret;
+    let created = http
+        .post(format!("{base}/api/jobs"))
+        .bearer_auth(&admin)
+        .json(&json!({"name": "hold", "group": idle}))
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(created.status(), 201);
+    let trigger = |job: &'static str| {
+        let (http, base, operator) = (&http, &base, &operator);
+        async move {
+            let body: Value = http
+                .post(format!("{base}/api/jobs/{job}/trigger"))
+                .bearer_auth(operator)
+                .send()
+                .await
+                .expect("trigger")
+                .json()
+                .await
+                .expect("JSON");
+            body["run_id"].as_i64().expect("run id")
+        }
+    };
+    let state = |id: i64| {
+        let pool = &pool;
+        async move {
+            sqlx::query_scalar::<_, String>("SELECT state FROM chime_runs WHERE id = $1")
+                .bind(id)
+                .fetch_one(pool)
+                .await
+                .expect("state")
+        }
+    };
+
+    // Five runs of `ping` that succeed, and a dead one whose message is in the parking lot,
+    // with markup in its reason.
+    let mut pings = Vec::new();
+    for _ in 0..5 {
+        pings.push(trigger("ping").await);
+    }
+    for id in &pings {
+        wait_for("the run to succeed", PATIENCE, || async {
+            (state(*id).await == "succeeded").then_some(())
+        })
+        .await;
+    }
+    let reason = "attempts exhausted <img id=injected src=x onerror=document.title='owned'>";
+    let dead = crate::ops::dead_run(&pool, "ping", group, 3, "boom").await;
+    crate::ops::park(&prefix, group, dead, "ping", 3, reason).await;
+
+    let browser = Browser::start().await;
+    login(&browser, &base, &operator, "token:alice (operator)").await;
+
+    // The overview's chart stacks the hour's runs by state.
+    browser.open(&base, "#/overview").await;
+    let bars = "const n = {}; \
+        for (const r of document.querySelectorAll('#timeline rect.bar')) \
+        n[r.dataset.state] = (n[r.dataset.state] || 0) + Number(r.dataset.count); return n;";
+    browser
+        .wait_eval("the chart's bars", bars, |n| {
+            *n == json!({"succeeded": 5, "dead": 1})
+        })
+        .await;
+    browser
+        .wait_text("figure.chart ul.legend", |t| {
+            t.contains("succeeded") && t.contains("dead")
+        })
+        .await;
+    browser.screenshot("overview-timeline").await;
+
+    // Runs filtered by job and state, two a page: older, older, then newer, newer.
+    browser.open(&base, "#/runs?limit=2").await;
+    browser
+        .type_into("#run-filters input[name=job]", "ping")
+        .await;
+    browser
+        .eval(
+            "document.querySelector('#run-filters select[name=state]').value = 'succeeded'; \
+             return true;",
+            json!([]),
+        )
+        .await;
+    browser.click("#run-filters button").await;
+    let rows = "return [...document.querySelectorAll('#page tbody tr')]\
+                .map(r => [Number(r.dataset.runId), r.dataset.job, r.dataset.state]);";
+    let newest_first: Vec<i64> = pings.iter().rev().copied().collect();
+    let page_of = |ids: &[i64]| -> Value {
+        ids.iter()
+            .map(|id| json!([id, "ping", "succeeded"]))
+            .collect()
+    };
+    let pages = [
+        page_of(&newest_first[0..2]),
+        page_of(&newest_first[2..4]),
+        page_of(&newest_first[4..5]),
+    ];
+    browser
+        .wait_eval("the first filtered page", rows, |v| *v == pages[0])
+        .await;
+    let hash = browser.eval("return location.hash;", json!([])).await;
+    let hash = hash.as_str().expect("hash");
+    for part in ["job=ping", "state=succeeded", "limit=2"] {
+        assert!(hash.contains(part), "{hash}");
+    }
+    browser.screenshot("runs-filtered").await;
+    for (page, link) in [(1, "#older"), (2, "#older"), (1, "#newer"), (0, "#newer")] {
+        browser.click(link).await;
+        browser
+            .wait_eval(&format!("page {page} after {link}"), rows, |v| {
+                *v == pages[page]
+            })
+            .await;
+        let (older, newer) = (page < 2, page > 0);
+        let links = browser
+            .eval(
+                "return [!!document.getElementById('older'), !!document.getElementById('newer')];",
+                json!([]),
+            )
+            .await;
+        assert_eq!(links, json!([older, newer]), "page {page}");
+    }
+
+    // The dead letter in full: headers as text (the markup stays text), the trigger
+    // pretty-printed; then replayed from there, and the run succeeds.
+    browser.open(&base, "#/dead-letters").await;
+    browser
+        .click(&format!("tr[data-run-id=\"{dead}\"] a.inspect"))
+        .await;
+    let body = browser
+        .wait_text("#dl-body", |t| t.contains(&format!("\"run_id\": {dead}")))
+        .await;
+    assert!(body.starts_with("{\n  \""), "pretty-printed: {body}");
+    assert!(body.contains("\n  \"job\": \"ping\""), "{body}");
+    browser
+        .wait_text("tr[data-header=\"x-chime-dead-reason\"]", |t| {
+            t.contains(reason)
+        })
+        .await;
+    browser
+        .wait_text("tr[data-header=\"x-chime-attempt\"]", |t| t.ends_with('3'))
+        .await;
+    let injected = browser
+        .eval(
+            "return document.getElementById('injected') === null && document.title === 'Chime';",
+            json!([]),
+        )
+        .await;
+    assert_eq!(injected, true, "markup in a header became an element");
+    browser.screenshot("dead-letter").await;
+    browser.click("button.replay:not([disabled])").await;
+    browser
+        .wait_text("#notice", |t| {
+            t.starts_with(&format!("Replayed run #{dead} as attempt "))
+        })
+        .await;
+    browser.wait_text("#run-state", |t| t == "succeeded").await;
+    assert_eq!(state(dead).await, "succeeded");
+    let parked: Value = http
+        .get(format!("{base}/api/dead-letters"))
+        .bearer_auth(&operator)
+        .send()
+        .await
+        .expect("list")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(
+        parked["dead_letters"],
+        json!([]),
+        "the message left the parking lot"
+    );
+
+    // A run of `hold` waits in its queue; the operator cancels it from its page.
+    let held = trigger("hold").await;
+    wait_for("the run to be queued", PATIENCE, || async {
+        (state(held).await == "queued").then_some(())
+    })
+    .await;
+    browser.open(&base, &format!("#/runs/{held}")).await;
+    browser.wait_text("#run-state", |t| t == "queued").await;
+    browser.click("button.cancel:not([disabled])").await;
+    browser
+        .wait_text("#notice", |t| t == "Cancel: cancelled")
+        .await;
+    browser.wait_text("#run-state", |t| t == "cancelled").await;
+    browser.screenshot("run-cancelled").await;
+    assert_eq!(state(held).await, "cancelled");
+
+    // The audit page names who cancelled and replayed which run.
+    browser.open(&base, "#/audit").await;
+    let entries = "return [...document.querySelectorAll('#page tbody tr')]\
+                   .map(r => [...r.children].map(c => c.textContent));";
+    for (action, run) in [("runs.cancel", held), ("dlq.replay", dead)] {
+        browser
+            .wait_eval(&format!("the audit entry of {action}"), entries, |rows| {
+                rows.as_array().is_some_and(|rows| {
+                    rows.iter().any(|row| {
+                        let cells: Vec<&str> = row
+                            .as_array()
+                            .map(|c| c.iter().filter_map(Value::as_str).collect())
+                            .unwrap_or_default();
+                        cells.contains(&action)
+                            && cells.contains(&"token:alice")
+                            && cells.contains(&"ok")
+                            && cells.contains(&run.to_string().as_str())
+                    })
+                })
+            })
+            .await;
+    }
+    browser.screenshot("audit-actions").await;
+
+    let errors = browser.console_errors().await;
+    assert!(errors.is_empty(), "console errors: {errors:?}");
+    browser.quit().await;
+    drop(browser);
+    worker.stop().await;
+    instance.stop().await;
+    delete_topology(&prefix, group).await;
+    delete_topology(&prefix, idle).await;
 }

@@ -313,7 +313,14 @@ async fn cancelling_a_running_run_sends_a_control_message(pool: PgPool) {
 }
 
 /// Publishes a message to `group`'s parking lot as a worker would park it.
-async fn park(prefix: &str, group: &str, run_id: i64, job: &str, attempt: u32, reason: &str) {
+pub(crate) async fn park(
+    prefix: &str,
+    group: &str,
+    run_id: i64,
+    job: &str,
+    attempt: u32,
+    reason: &str,
+) {
     let connection = broker().await;
     let channel = connection.create_channel().await.expect("channel");
     channel
@@ -369,7 +376,13 @@ async fn park(prefix: &str, group: &str, run_id: i64, job: &str, attempt: u32, r
 }
 
 /// A run that died after `attempt` attempts.
-async fn dead_run(pool: &PgPool, job: &str, group: &str, attempt: i32, error: &str) -> i64 {
+pub(crate) async fn dead_run(
+    pool: &PgPool,
+    job: &str,
+    group: &str,
+    attempt: i32,
+    error: &str,
+) -> i64 {
     sqlx::query_scalar(
         "INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, state, attempt,
                                  error, reason, finished_at, worker_id)

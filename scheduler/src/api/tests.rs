@@ -18,13 +18,13 @@ use crate::metrics::{METRIC_NAMES, Metrics};
 use crate::ops::Operations;
 use crate::store::Store;
 
-struct App {
+pub(super) struct App {
     router: Router,
-    ops: Operations,
-    pool: PgPool,
+    pub(super) ops: Operations,
+    pub(super) pool: PgPool,
 }
 
-async fn app(pool: PgPool) -> App {
+pub(super) async fn app(pool: PgPool) -> App {
     app_with(pool, Readiness::default()).await
 }
 
@@ -46,7 +46,7 @@ async fn app_with(pool: PgPool, readiness: Readiness) -> App {
 }
 
 impl App {
-    async fn token(&self, role: Role) -> String {
+    pub(super) async fn token(&self, role: Role) -> String {
         self.ops
             .create_token(&Caller::cli(), &format!("{role}-token"), role)
             .await
@@ -54,7 +54,7 @@ impl App {
             .secret
     }
 
-    async fn call(
+    pub(super) async fn call(
         &self,
         method: Method,
         uri: &str,
@@ -88,7 +88,7 @@ impl App {
     }
 
     /// Makes `definitions` the jobs of the job files.
-    async fn config_jobs(&self, definitions: &[Value]) {
+    pub(super) async fn config_jobs(&self, definitions: &[Value]) {
         let specs: Vec<_> = definitions
             .iter()
             .map(|d| validate_job(d.as_object().expect("object")).expect("valid job"))
@@ -100,7 +100,7 @@ impl App {
             .expect("jobs stored");
     }
 
-    async fn count(&self, sql: &str) -> i64 {
+    pub(super) async fn count(&self, sql: &str) -> i64 {
         sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
             .fetch_one(&self.pool)
             .await

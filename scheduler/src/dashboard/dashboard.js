@@ -8,6 +8,8 @@ const TOKEN_KEY = "chime.token";
 const TERMINAL = new Set(["succeeded", "failed", "cancelled", "dead", "skipped"]);
 let me = null;
 let timer = null;
+let flash = null; // a notice to show on the page the next hash change opens
+let rendering = 0; // counts route() calls; only the latest one's page is shown
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -57,7 +59,9 @@ async function api(method, path, body) {
     throw new Error("unauthenticated");
   }
   if (!response.ok) {
-    throw new Error(data && data.error ? data.error.message : "HTTP " + response.status);
+    const error = new Error(data && data.error ? data.error.message : "HTTP " + response.status);
+    error.status = response.status;
+    throw error;
   }
   return data;
 }
@@ -107,9 +111,10 @@ function stateCell(state) {
 
 async function overview(page) {
   const windows = ["5m", "1h", "24h"];
-  const [views, queues] = await Promise.all([
+  const [views, queues, timeline] = await Promise.all([
     Promise.all(windows.map((w) => api("GET", "/api/overview?window=" + w))),
     api("GET", "/api/queues"),
+    api("GET", "/api/overview/timeline?window=1h&bucket=1m"),
   ]);
   const hour = views[1];
   const states = [...new Set(views.flatMap((v) => Object.keys(v.runs_by_state)))].sort();
@@ -125,8 +130,67 @@ async function overview(page) {
     el("h2", {}, "Runs by state"),
     table([["state", (s) => stateCell(s)]].concat(windows.map((w, i) =>
       ["last " + w, (s) => views[i].runs_by_state[s] ?? 0])), states),
+    el("h2", {}, "Runs created per minute, last hour, by state now"),
+    timelineChart(timeline),
     el("h2", {}, "Queues"),
     queueTable(queues.queues));
+}
+
+// ---- the runs-over-time chart: SVG built here, no library ------------------------------------
+
+// The SVG namespace: an identifier, not an address; nothing is fetched from it.
+const SVG_NS = "http://www.w3.org/2000/svg";
+
+function svg(tag, attrs, ...children) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v !== undefined && v !== null) node.setAttribute(k, String(v));
+  }
+  for (const child of children) {
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function clock(iso) {
+  return new Date(iso).toISOString().slice(11, 16);
+}
+
+// A stacked bar per bucket (oldest left), one segment per state in the API's order, each with
+// its count in data-count and a tooltip; a legend of the states that occur.
+function timelineChart(t) {
+  const [width, height, top, bottom, left] = [720, 170, 12, 22, 36];
+  const n = t.buckets.length;
+  const max = Math.max(1, ...t.buckets.map((b) => b.total));
+  const slot = (width - left) / n;
+  const y = (count) => height - bottom - count * (height - bottom - top) / max;
+  const chart = svg("svg", { id: "timeline", class: "chart", width, height,
+    viewBox: "0 0 " + width + " " + height, role: "img",
+    "aria-label": "runs created per minute over the last hour, stacked by state" },
+  svg("line", { class: "axis", x1: left, x2: width, y1: y(0), y2: y(0) }),
+  svg("text", { class: "tick", x: left - 4, y: y(max) + 4, "text-anchor": "end" }, max),
+  svg("text", { class: "tick", x: left - 4, y: y(0), "text-anchor": "end" }, 0),
+  svg("text", { class: "tick", x: left, y: height - 6 }, clock(t.from)),
+  svg("text", { class: "tick", x: width, y: height - 6, "text-anchor": "end" }, clock(t.to)));
+  const seen = new Set();
+  t.buckets.forEach((b, i) => {
+    let below = 0;
+    for (const state of t.states) {
+      const count = b.counts[state] || 0;
+      if (!count) continue;
+      seen.add(state);
+      chart.append(svg("rect", { class: "bar bar-" + state, "data-state": state,
+        "data-count": count, "data-start": b.start,
+        x: (left + i * slot + 0.5).toFixed(1), width: Math.max(1, slot - 1).toFixed(1),
+        y: y(below + count).toFixed(1), height: (y(below) - y(below + count)).toFixed(1) },
+      svg("title", {}, clock(b.start) + " " + state + ": " + count)));
+      below += count;
+    }
+  });
+  const legend = el("ul", { class: "legend" }, t.states.filter((s) => seen.has(s)).map((s) =>
+    el("li", {}, el("span", { class: "swatch bar-" + s }), " " + s)));
+  return el("figure", { class: "chart" }, chart,
+    seen.size ? legend : el("p", { class: "muted" }, "No runs in the last hour."));
 }
 
 function card(label, value, id) {
@@ -165,24 +229,75 @@ async function jobs(page) {
 }
 
 // One job: its definition, the next fire times, and (admins, jobs created through the API) a
-// schedule editor; the API validates, and its message names the field and the fix.
+// schedule editor. While the operator types, the API previews the schedule (debounced): the
+// next five fire times, or the same problem `chime check` names (field, value, fix). Save
+// stays disabled while the schedule is invalid, and a submit previews first, so an invalid
+// schedule is never sent.
+const SCHEDULE_KINDS = [["schedule", "cron"], ["every", "every"], ["at", "at"], ["manual", "manual only"]];
+
 async function job(page, name) {
   const j = await api("GET", "/api/jobs/" + encodeURIComponent(name));
   const editable = me.role === "admin" && j.source === "api";
-  const input = el("input", { id: "schedule", name: "schedule", value: j.spec.schedule || "",
-    size: 30, disabled: !editable });
+  const spec = j.spec;
+  const current = spec.schedule ? "schedule" : spec.every ? "every" : spec.at ? "at" : "manual";
+  const kind = el("select", { id: "schedule-kind", name: "kind", disabled: !editable },
+    SCHEDULE_KINDS.map(([value, label]) => el("option", { value, selected: value === current }, label)));
+  const input = el("input", { id: "schedule", name: "schedule", size: 30, disabled: !editable,
+    value: spec.schedule || spec.every || spec.at || "" });
+  const zone = el("input", { id: "timezone", name: "timezone", size: 18, disabled: !editable,
+    value: spec.timezone || "UTC" });
+  const save = el("button", { type: "submit", disabled: !editable }, "Save");
   const error = el("p", { id: "edit-error", class: "error" });
+  const preview = el("ol", { id: "preview", class: "muted" });
+  const fields = () => {
+    const body = { schedule: null, every: null, at: null, timezone: zone.value.trim() || null };
+    if (kind.value !== "manual") body[kind.value] = input.value.trim();
+    return body;
+  };
+  // Shows the preview of the current fields; resolves to them when they are valid.
+  let asked = 0;
+  const check = async () => {
+    const mine = ++asked;
+    const body = fields();
+    let result;
+    try {
+      result = { ok: true, preview: await api("POST", "/api/schedules/preview", body) };
+    } catch (e) {
+      result = { ok: false, message: e.message };
+    }
+    if (mine !== asked) return null; // a newer preview is on its way
+    save.disabled = !result.ok;
+    error.textContent = result.ok ? "" : result.message;
+    preview.replaceChildren(...(result.ok
+      ? (result.preview.upcoming_local.length
+        ? result.preview.upcoming_local.map((t) => el("li", {}, t))
+        : [el("li", {}, "none: " + result.preview.none_because)])
+      : []));
+    preview.setAttribute("data-state", result.ok ? "valid" : "invalid");
+    return result.ok ? body : null;
+  };
+  let debounce = null;
+  const changed = () => {
+    input.disabled = kind.value === "manual";
+    preview.setAttribute("data-state", "pending");
+    clearTimeout(debounce);
+    debounce = setTimeout(check, 300);
+  };
+  for (const field of [kind, input, zone]) field.addEventListener("input", changed);
   const form = el("form", { id: "edit-schedule", class: "filters", onsubmit: async (event) => {
     event.preventDefault();
+    clearTimeout(debounce);
+    const body = await check();
+    if (!body) return;
     try {
-      await api("PATCH", "/api/jobs/" + encodeURIComponent(name), { schedule: input.value.trim() });
+      await api("PATCH", "/api/jobs/" + encodeURIComponent(name), body);
       notice("Changed the schedule of " + name, false);
       route();
     } catch (e) {
       error.textContent = e.message;
     }
-  } }, el("label", { for: "schedule" }, "cron schedule "), input,
-  el("button", { type: "submit", disabled: !editable }, "Save"));
+  } }, el("label", { for: "schedule-kind" }, "schedule "), kind, " ", input,
+  el("label", { for: "timezone" }, " time zone "), zone, save);
   page.append(...[
     el("h1", {}, "Job " + j.name),
     el("table", { class: "fields" }, [
@@ -196,35 +311,64 @@ async function job(page, name) {
       ? "Changing a job needs the admin role."
       : "This job is declared in a job file: change the file and reload (SIGHUP)."),
     form, error,
+    editable ? el("p", { class: "muted" }, "Next five fire times of the schedule above, in its time zone:") : null,
+    editable ? preview : null,
   ].filter((node) => node !== null));
+  if (editable) {
+    input.disabled = kind.value === "manual";
+    check();
+  }
 }
 
+const RUN_STATES = ["pending", "queued", "running", "retrying", "succeeded", "failed", "dead",
+  "cancelled", "skipped"];
+
+// Runs, newest first, filtered by job, state and group, paged by keyset: "Older" passes the
+// page's `next_before` as `before`. The `trail` parameter remembers the `before` of every page
+// on the way (`top` for the first), so "Newer" goes back exactly one page.
 async function runs(page, query) {
   const params = new URLSearchParams(query);
   const api_params = new URLSearchParams();
-  for (const key of ["job", "state", "group", "before"]) {
+  for (const key of ["job", "state", "group", "before", "limit"]) {
     if (params.get(key)) api_params.set(key, params.get(key));
   }
-  api_params.set("limit", "50");
+  if (!api_params.get("limit")) api_params.set("limit", "50");
   const data = await api("GET", "/api/runs?" + api_params);
   const input = (name) => el("input", { name, placeholder: name, value: params.get(name) || "" });
-  const form = el("form", { class: "filters", onsubmit: (event) => {
+  let edited = false;
+  const state = el("select", { name: "state" }, el("option", { value: "" }, "any state"),
+    RUN_STATES.map((s) => el("option", { value: s, selected: params.get("state") === s }, s)));
+  const form = el("form", { id: "run-filters", class: "filters", onsubmit: (event) => {
     event.preventDefault();
     const next = new URLSearchParams();
     for (const [k, v] of new FormData(form)) if (v) next.set(k, v);
     location.hash = "#/runs?" + next;
-  } }, input("job"), input("state"), input("group"), el("button", { type: "submit" }, "Filter"));
+  }, oninput: () => { edited = true; } }, input("job"), state, input("group"),
+  params.get("limit") ? el("input", { type: "hidden", name: "limit", value: params.get("limit") }) : null,
+  el("button", { type: "submit" }, "Filter"));
+  const trail = params.get("trail") ? params.get("trail").split(",") : [];
   const older = new URLSearchParams(params);
   older.set("before", data.next_before);
+  older.set("trail", trail.concat([params.get("before") || "top"]).join(","));
+  let newer = null;
+  if (params.get("before")) {
+    newer = new URLSearchParams(params);
+    const back = trail.pop() || "top";
+    if (back === "top") newer.delete("before");
+    else newer.set("before", back);
+    if (trail.length) newer.set("trail", trail.join(","));
+    else newer.delete("trail");
+  }
   page.append(el("h1", {}, "Runs"), form, table([
     ["id", (r) => runLink(r.id)], ["job", (r) => r.job], ["group", (r) => r.group],
     ["state", (r) => stateCell(r.state)], ["trigger", (r) => r.trigger], ["attempt", (r) => r.attempt],
     ["scheduled", (r) => time(r.scheduled_at)], ["finished", (r) => time(r.finished_at)],
     ["error", (r) => r.error],
-  ], data.runs, (r) => ({ "data-run-id": r.id, "data-state": r.state })),
-  el("p", {}, params.get("before") ? el("a", { href: "#/runs" }, "Newest") : null, " ",
+  ], data.runs, (r) => ({ "data-run-id": r.id, "data-state": r.state, "data-job": r.job })),
+  el("p", { class: "pager" },
+    newer ? el("a", { id: "newer", href: "#/runs?" + newer }, "← Newer") : null, " ",
     data.next_before ? el("a", { id: "older", href: "#/runs?" + older }, "Older →") : null));
-  refreshIn(3000);
+  refreshIn(3000, () => edited || form.contains(document.activeElement));
 }
 
 async function run(page, id) {
@@ -269,14 +413,64 @@ async function queues(page) {
 async function deadLetters(page) {
   const { dead_letters } = await api("GET", "/api/dead-letters");
   page.append(el("h1", {}, "Dead letters"), table([
-    ["group", (d) => d.group], ["run", (d) => runLink(d.run_id)], ["job", (d) => d.job],
+    ["group", (d) => d.group], ["run", (d) => runLink(d.run_id)],
+    ["message", (d) => (d.run_id === null ? "—" : el("a", { class: "inspect", href: "#/dead-letters/" + d.run_id }, "Inspect"))],
+    ["job", (d) => d.job],
     ["attempt", (d) => d.attempt], ["reason", (d) => d.reason], ["error", (d) => d.error],
     ["parked", (d) => time(d.parked_at)], ["by", (d) => d.parked_by], ["run state", (d) => d.run_state],
     ["", (d) => (d.run_id === null ? null : actionButton("Replay", "replay", async () => {
       const x = await api("POST", "/api/dead-letters/" + d.run_id + "/replay");
       return "Replayed run #" + x.run_id + " as attempt " + x.attempt;
     }))],
-  ], dead_letters));
+  ], dead_letters, (d) => ({ "data-run-id": d.run_id })));
+}
+
+// One parked message in full: what the list shows, every header, and the trigger it carries
+// (pretty-printed, as text). Reading it leaves it parked, in place. Replaying opens the run.
+async function deadLetter(page, id) {
+  let d;
+  try {
+    d = await api("GET", "/api/dead-letters/" + encodeURIComponent(id));
+  } catch (e) {
+    if (e.status !== 404) throw e;
+    page.append(el("h1", {}, "Dead letter of run #" + id),
+      el("p", { id: "dl-gone", class: "muted" }, e.message),
+      el("p", {}, el("a", { href: "#/dead-letters" }, "All dead letters")));
+    return;
+  }
+  const m = d.message;
+  const allowed = mayOperate();
+  const replay = el("button", { type: "button", class: "replay", disabled: !allowed,
+    title: allowed ? null : "needs the operator role", onclick: async (event) => {
+      event.target.disabled = true;
+      try {
+        const x = await api("POST", "/api/dead-letters/" + d.run_id + "/replay");
+        flash = "Replayed run #" + x.run_id + " as attempt " + x.attempt;
+        location.hash = "#/runs/" + x.run_id;
+      } catch (e) {
+        notice(e.message, true);
+        event.target.disabled = false;
+      }
+    } }, "Replay");
+  const fields = [
+    ["run", runLink(d.run_id)], ["run state", d.run_state ? stateCell(d.run_state) : "—"],
+    ["job", d.job], ["group", d.group], ["queue", d.queue + " (position " + d.position + ")"],
+    ["attempt", d.attempt], ["reason", d.reason], ["error", d.error], ["parked", time(d.parked_at)],
+    ["parked by", d.parked_by], ["message id", m.message_id], ["content type", m.content_type],
+  ];
+  const headers = Object.keys(m.headers).sort().map((name) => [name, m.headers[name]]);
+  page.append(
+    el("h1", {}, "Dead letter of run #" + d.run_id),
+    replay,
+    el("table", { class: "fields" }, fields.map(([k, v]) =>
+      el("tr", {}, el("th", {}, k), el("td", {}, v instanceof Node ? v : show(v))))),
+    el("h2", {}, "Headers"),
+    table([["header", ([name]) => el("code", {}, name)],
+      ["value", ([, value]) => el("code", {}, show(value))]], headers,
+    ([name]) => ({ "data-header": name, id: null })),
+    el("h2", {}, m.body_is_json ? "Trigger" : "Body (not JSON)"),
+    el("pre", { id: "dl-body", class: "payload" },
+      m.body_is_json ? JSON.stringify(m.body, null, 2) : m.body));
 }
 
 async function audit(page, query) {
@@ -296,14 +490,21 @@ function generic(rows) {
 
 // ---- routing --------------------------------------------------------------------------------
 
-function refreshIn(ms) {
+// Renders the page again after `ms`, unless another page was opened; while `busy()` says so
+// (the operator is editing a form on it), it waits another `ms`.
+function refreshIn(ms, busy) {
   clearTimeout(timer);
   const hash = location.hash;
-  timer = setTimeout(() => { if (location.hash === hash) route(); }, ms);
+  timer = setTimeout(() => {
+    if (location.hash !== hash) return;
+    if (busy && busy()) refreshIn(ms, busy);
+    else route();
+  }, ms);
 }
 
 async function route() {
   clearTimeout(timer);
+  const mine = ++rendering;
   if (!sessionStorage.getItem(TOKEN_KEY)) return logout("");
   const [path, query] = (location.hash.slice(1) || "/overview").split("?");
   const parts = path.split("/").filter(Boolean);
@@ -315,12 +516,15 @@ async function route() {
   try {
     if (parts[0] === "runs" && parts[1]) await run(page, parts[1]);
     else if (parts[0] === "jobs" && parts[1]) await job(page, decodeURIComponent(parts[1]));
+    else if (parts[0] === "dead-letters" && parts[1]) await deadLetter(page, parts[1]);
     else if (pages[parts[0]]) await pages[parts[0]](page, query || "");
     else page.append(el("h1", {}, "No such page"));
   } catch (e) {
     if (e.message === "unauthenticated") return;
     page.append(el("p", { class: "error" }, e.message));
   }
+  // A page opened later (a click while this one loaded) wins, whichever finishes first.
+  if (mine !== rendering) return;
   page.setAttribute("data-loaded", "true");
   document.getElementById("page").replaceWith(page);
 }
@@ -362,7 +566,7 @@ document.addEventListener("DOMContentLoaded", () => {
     login(token);
   });
   document.getElementById("logout").addEventListener("click", () => logout(""));
-  window.addEventListener("hashchange", () => { notice(""); if (me) route(); });
+  window.addEventListener("hashchange", () => { notice(flash || "", false); flash = null; if (me) route(); });
   const saved = sessionStorage.getItem(TOKEN_KEY);
   if (saved) login(saved);
   else logout("");
