@@ -13,8 +13,9 @@
 //!   (`max by`), while quantiles of the sums are unaffected.
 //! * unfinished runs by job and state, workers online, the lease's term: one cheap query each
 //!   (partial indexes).
-//! * queue depth, consumers and parking-lot depth per group: passive declares (nothing is
-//!   created); unknown queues are left out.
+//! * queue depth, consumers and parking-lot depth per group: from RabbitMQ's management API
+//!   when `management_url` is set (then also unacknowledged messages), else passive declares
+//!   (nothing is created); unknown queues are left out ([`crate::broker`]).
 //!
 //! Publish confirm latency is measured where it happens ([`observe_confirm`], in the publish
 //! path); `chime_is_leader` comes from this instance's elector.
@@ -33,7 +34,6 @@ use tokio::sync::{Mutex, watch};
 
 use crate::leader::Leadership;
 use crate::ops::Broker;
-use crate::parking::ParkingLot;
 use crate::store::Store;
 
 /// Most runs the lateness cursor reads per scrape.
@@ -51,6 +51,7 @@ pub const METRIC_NAMES: &[&str] = &[
     "chime_publish_confirm_seconds",
     "chime_queue_depth",
     "chime_queue_consumers",
+    "chime_queue_unacked",
     "chime_parking_lot_depth",
     "chime_is_leader",
     "chime_leader_term",
@@ -88,6 +89,7 @@ pub struct Metrics {
     active: IntGaugeVec,
     queue_depth: IntGaugeVec,
     queue_consumers: IntGaugeVec,
+    queue_unacked: IntGaugeVec,
     parking_depth: IntGaugeVec,
     is_leader: IntGauge,
     term: IntGauge,
@@ -171,6 +173,14 @@ impl Metrics {
             ),
             &["group"],
         )?;
+        let queue_unacked = IntGaugeVec::new(
+            Opts::new(
+                "chime_queue_unacked",
+                "Messages of each group's work queue delivered and not yet acknowledged (only \
+                 while queue figures come from the management API).",
+            ),
+            &["group"],
+        )?;
         let parking_depth = IntGaugeVec::new(
             Opts::new(
                 "chime_parking_lot_depth",
@@ -198,6 +208,7 @@ impl Metrics {
         registry.register(Box::new(active.clone()))?;
         registry.register(Box::new(queue_depth.clone()))?;
         registry.register(Box::new(queue_consumers.clone()))?;
+        registry.register(Box::new(queue_unacked.clone()))?;
         registry.register(Box::new(parking_depth.clone()))?;
         registry.register(Box::new(is_leader.clone()))?;
         registry.register(Box::new(term.clone()))?;
@@ -221,6 +232,7 @@ impl Metrics {
             active,
             queue_depth,
             queue_consumers,
+            queue_unacked,
             parking_depth,
             is_leader,
             term,
@@ -234,7 +246,7 @@ impl Metrics {
 
     /// The names of every metric registered (whether or not it has samples yet).
     pub fn names(&self) -> Vec<String> {
-        let collectors: [&dyn Collector; 13] = [
+        let collectors: [&dyn Collector; 14] = [
             &self.lateness,
             &self.finished,
             &self.attempts,
@@ -242,6 +254,7 @@ impl Metrics {
             &self.active,
             &self.queue_depth,
             &self.queue_consumers,
+            &self.queue_unacked,
             &self.parking_depth,
             &self.is_leader,
             &self.term,
@@ -350,27 +363,39 @@ impl Metrics {
             return Ok(());
         };
         let groups = store.groups().await?;
-        let lot = ParkingLot::connect(&broker.amqp_url, &broker.queue_prefix).await?;
+        let names: Vec<String> = groups
+            .iter()
+            .flat_map(|group| {
+                let topology = chime_worker::Topology::new(&broker.queue_prefix, group);
+                [topology.work_queue(), topology.parking_queue()]
+            })
+            .collect();
+        let figures = broker.queue_figures(&names).await?;
         self.queue_depth.reset();
         self.queue_consumers.reset();
+        self.queue_unacked.reset();
         self.parking_depth.reset();
         for group in groups {
             let topology = chime_worker::Topology::new(&broker.queue_prefix, &group);
-            if let Some((messages, consumers)) = lot.inspect(&topology.work_queue()).await {
+            if let Some(work) = figures.queues.get(&topology.work_queue()) {
                 self.queue_depth
                     .with_label_values(&[&group])
-                    .set(i64::from(messages));
+                    .set(i64::from(work.ready));
                 self.queue_consumers
                     .with_label_values(&[&group])
-                    .set(i64::from(consumers));
+                    .set(i64::from(work.consumers));
+                if let Some(unacked) = work.unacked {
+                    self.queue_unacked
+                        .with_label_values(&[&group])
+                        .set(i64::from(unacked));
+                }
             }
-            if let Some((messages, _)) = lot.inspect(&topology.parking_queue()).await {
+            if let Some(parking) = figures.queues.get(&topology.parking_queue()) {
                 self.parking_depth
                     .with_label_values(&[&group])
-                    .set(i64::from(messages));
+                    .set(i64::from(parking.ready));
             }
         }
-        lot.close().await;
         Ok(())
     }
 }

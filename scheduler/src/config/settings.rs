@@ -32,6 +32,7 @@ pub const DEFAULT_QUEUE_PREFIX: &str = "chime";
 pub const SETTINGS_KEYS: &[&str] = &[
     "database_url",
     "amqp_url",
+    "management_url",
     "instance_id",
     "bind",
     "queue_prefix",
@@ -65,6 +66,9 @@ pub struct Settings {
     pub database_url: String,
     /// RabbitMQ connection URL (`amqp://` or `amqps://`).
     pub amqp_url: String,
+    /// RabbitMQ's management HTTP API (`http://host:15672`), for queue figures with unacked
+    /// counts and rates; none: passive declares only. Credentials are `amqp_url`'s.
+    pub management_url: Option<String>,
     /// This instance's name in the leader lease, worker registry and logs; `None` means
     /// `hostname-pid`, see [`Settings::resolved_instance_id`].
     pub instance_id: Option<String>,
@@ -257,6 +261,7 @@ impl Default for Settings {
         Settings {
             database_url: DEFAULT_DATABASE_URL.to_owned(),
             amqp_url: DEFAULT_AMQP_URL.to_owned(),
+            management_url: None,
             instance_id: None,
             bind: DEFAULT_BIND
                 .parse()
@@ -277,6 +282,7 @@ impl fmt::Debug for Settings {
         f.debug_struct("Settings")
             .field("database_url", &redact_url(&self.database_url))
             .field("amqp_url", &redact_url(&self.amqp_url))
+            .field("management_url", &self.management_url)
             .field("instance_id", &self.instance_id)
             .field("bind", &self.bind)
             .field("queue_prefix", &self.queue_prefix)
@@ -462,6 +468,23 @@ fn resolve(
     }
     if let Some(url) = url_setting(&layers, "amqp_url", &["amqp", "amqps"], &mut errors) {
         settings.amqp_url = url;
+    }
+    if let Some(url) = url_setting(&layers, "management_url", &["http", "https"], &mut errors) {
+        if url.split_once("://").is_some_and(|(_, rest)| {
+            rest.split(['/', '?', '#'])
+                .next()
+                .is_some_and(|host| host.contains('@'))
+        }) {
+            if let Some((_, place)) = layers.get("management_url") {
+                errors.push(place.error(
+                    Some(format!("{:?}", redact_url(&url))),
+                    "write the URL without credentials, such as \"http://127.0.0.1:15672\": \
+                     the management API is used as amqp_url's user",
+                ));
+            }
+        } else {
+            settings.management_url = Some(url);
+        }
     }
     if let Some((text, place)) = string(&layers, "instance_id", &mut errors) {
         if text.is_empty() || text.chars().count() > 128 || text.chars().any(char::is_whitespace) {
@@ -903,10 +926,10 @@ fn url_setting(
     if scheme_ok {
         return Some(text);
     }
-    let example = if key == "database_url" {
-        DEFAULT_DATABASE_URL
-    } else {
-        DEFAULT_AMQP_URL
+    let example = match key {
+        "database_url" => DEFAULT_DATABASE_URL,
+        "management_url" => "http://127.0.0.1:15672",
+        _ => DEFAULT_AMQP_URL,
     };
     errors.push(place.error(
         Some(format!("{:?}", redact_url(&text))),
