@@ -157,11 +157,14 @@ impl Server {
         self.listener.local_addr()
     }
 
-    /// Serves until `shutdown`.
+    /// Serves until `shutdown`, then closes the broker connection the operations share.
     pub async fn serve(self, shutdown: CancellationToken) -> std::io::Result<()> {
-        axum::serve(self.listener, router(self.state))
+        let state = self.state.clone();
+        let served = axum::serve(self.listener, router(self.state))
             .with_graceful_shutdown(async move { shutdown.cancelled().await })
-            .await
+            .await;
+        state.ops.close().await;
+        served
     }
 }
 

@@ -1,6 +1,15 @@
-//! The broker as the operations surface sees it: where it is ([`Broker`]), and each queue's
-//! figures, read from RabbitMQ's management HTTP API when `management_url` is set and answers,
-//! else from passive queue declares (which create nothing).
+//! The broker as the operations surface sees it: where it is ([`Broker`]), the one AMQP
+//! connection the operations layer shares, and each queue's figures, read from RabbitMQ's
+//! management HTTP API when `management_url` is set and answers, else from passive queue
+//! declares (which create nothing).
+//!
+//! **The shared connection.** Every clone of a [`Broker`] shares one AMQP connection, opened on
+//! first use and reopened on the next use after it closed or broke: queue figures, dead-letter
+//! listing, replay and purge, and cancel's control message each open a channel on it (cheap)
+//! instead of a connection (a TCP and AMQP handshake, and a connection the broker tracks). A
+//! read that finds the connection broken after the fact (so its figures cannot be trusted) is
+//! retried once on a new one; a change (replay, purge, cancel) is not, it fails and the next
+//! call reconnects.
 //!
 //! The management API gives what a passive declare cannot: unacknowledged messages and message
 //! rates. Its figures are the broker's statistics, sampled every `collect_statistics_interval`
@@ -11,13 +20,21 @@
 use std::collections::HashMap;
 use std::str::FromStr as _;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context as _;
+use chime_worker::protocol::ControlMessage;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::{BasicProperties, Confirmation, Connection};
 use serde::{Deserialize, Serialize};
 
 use crate::parking::ParkingLot;
+use crate::publish::ControlDelivery;
 use crate::store::redact;
+
+/// Longest wait for the broker's confirm of a control message.
+const CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Longest a management API request may take before passive declares are used instead.
 pub const MANAGEMENT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -31,7 +48,18 @@ pub struct Broker {
     /// Queue and exchange name prefix.
     pub queue_prefix: String,
     management: Option<Arc<Result<Management, String>>>,
+    link: Arc<SharedLink>,
 }
+
+/// The shared connection, its name, and how many connections were opened (tests and logs).
+struct SharedLink {
+    name: String,
+    connection: tokio::sync::Mutex<Option<Arc<Connection>>>,
+    opened: AtomicU64,
+}
+
+/// Numbers the [`Broker`]s of this process, for their connections' names.
+static BROKERS: AtomicU64 = AtomicU64::new(0);
 
 impl std::fmt::Debug for Broker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -57,6 +85,115 @@ impl Broker {
             amqp_url: amqp_url.into(),
             queue_prefix: queue_prefix.into(),
             management: None,
+            link: Arc::new(SharedLink {
+                name: format!(
+                    "chime-ops-{}-{}",
+                    std::process::id(),
+                    BROKERS.fetch_add(1, Ordering::Relaxed) + 1
+                ),
+                connection: tokio::sync::Mutex::new(None),
+                opened: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// The name of the shared connection in the broker's connection list:
+    /// `chime-ops-PID-N`, N numbering the `Broker`s of the process (clones share it).
+    pub fn connection_name(&self) -> &str {
+        &self.link.name
+    }
+
+    /// The shared connection: the open one, or a new one if there is none or it closed or
+    /// broke.
+    pub async fn connection(&self) -> anyhow::Result<Arc<Connection>> {
+        let mut slot = self.link.connection.lock().await;
+        if let Some(connection) = slot.as_ref()
+            && connection.status().connected()
+        {
+            return Ok(connection.clone());
+        }
+        *slot = None;
+        let connection =
+            Arc::new(crate::parking::open_connection(&self.amqp_url, &self.link.name).await?);
+        let opened = self.link.opened.fetch_add(1, Ordering::Relaxed) + 1;
+        if opened > 1 {
+            tracing::info!(url = %redact(&self.amqp_url), opened, "operations reconnected to the broker");
+        }
+        *slot = Some(connection.clone());
+        Ok(connection)
+    }
+
+    /// How many connections the shared slot has opened so far (1 while the first one lasts).
+    pub fn connections_opened(&self) -> u64 {
+        self.link.opened.load(Ordering::Relaxed)
+    }
+
+    /// Parking-lot operations on the shared connection.
+    pub async fn parking_lot(&self) -> anyhow::Result<ParkingLot> {
+        Ok(ParkingLot::on(self.connection().await?, &self.queue_prefix))
+    }
+
+    /// Closes the shared connection (shutdown); a later use opens a new one.
+    pub async fn close(&self) {
+        if let Some(connection) = self.link.connection.lock().await.take()
+            && connection.status().connected()
+        {
+            let _ = connection.close(200, "done".into()).await;
+        }
+    }
+
+    /// Publishes a control message to every worker under the prefix (fanout exchange
+    /// `P.control`, declared if needed) on a channel of the shared connection, and waits for
+    /// the broker's confirm.
+    pub async fn publish_control(
+        &self,
+        message: &ControlMessage,
+    ) -> anyhow::Result<ControlDelivery> {
+        let connection = self.connection().await?;
+        let channel = connection
+            .create_channel()
+            .await
+            .context("opening a channel")?;
+        let published = async {
+            let sent = async {
+                channel
+                    .confirm_select(ConfirmSelectOptions::default())
+                    .await?;
+                chime_worker::topology::declare_control(&channel, &self.queue_prefix).await?;
+                let exchange = chime_worker::topology::control_exchange(&self.queue_prefix);
+                let body = serde_json::to_vec(message).expect("a ControlMessage always serialises");
+                channel
+                    .basic_publish(
+                        exchange.as_str().into(),
+                        "".into(),
+                        BasicPublishOptions {
+                            mandatory: true,
+                            ..BasicPublishOptions::default()
+                        },
+                        &body,
+                        BasicProperties::default()
+                            .with_content_type(chime_worker::protocol::CONTENT_TYPE.into())
+                            .with_delivery_mode(2),
+                    )
+                    .await
+            }
+            .await
+            .context("publishing the control message")?;
+            tokio::time::timeout(CONFIRM_TIMEOUT, sent)
+                .await
+                .map_err(|_| anyhow::anyhow!("no publisher confirm within {CONFIRM_TIMEOUT:?}"))?
+                .context("waiting for the broker's confirm")
+        }
+        .await;
+        if channel.status().connected() {
+            let _ = channel.close(200, "done".into()).await;
+        }
+        let confirmation = published?;
+        match confirmation {
+            Confirmation::Ack(None) => Ok(ControlDelivery::Delivered),
+            Confirmation::Ack(Some(_)) => Ok(ControlDelivery::NoListener),
+            Confirmation::Nack(_) => anyhow::bail!("the broker nacked the control message"),
+            Confirmation::NotRequested => unreachable!("the channel is in confirm mode"),
         }
     }
 
@@ -95,21 +232,31 @@ impl Broker {
                 }
             }
         }
-        let lot = ParkingLot::connect(&self.amqp_url, &self.queue_prefix).await?;
+        // A queue that cannot be inspected counts as missing, which a broken connection would
+        // fake for every queue: if the connection broke meanwhile, read again on a new one.
         let mut queues = HashMap::new();
-        for name in names {
-            if let Some((ready, consumers)) = lot.inspect(name).await {
-                queues.insert(
-                    name.clone(),
-                    QueueFigure {
-                        ready,
-                        consumers,
-                        ..QueueFigure::default()
-                    },
-                );
+        for attempt in 1.. {
+            let lot = self.parking_lot().await?;
+            queues.clear();
+            for name in names {
+                if let Some((ready, consumers)) = lot.inspect(name).await {
+                    queues.insert(
+                        name.clone(),
+                        QueueFigure {
+                            ready,
+                            consumers,
+                            ..QueueFigure::default()
+                        },
+                    );
+                }
+            }
+            if lot.connected() {
+                break;
+            }
+            if attempt == 2 {
+                anyhow::bail!("the connection to the broker broke while reading queue figures");
             }
         }
-        lot.close().await;
         Ok(QueueFigures {
             source: QueueSource::PassiveDeclare,
             management_error,
@@ -349,6 +496,58 @@ mod tests {
         assert!(figures_from_listing(fresh, &names(&["chime.h.work"])).is_ok());
         let login_page = "<html>please log in</html>";
         assert!(figures_from_listing(login_page, &names(&["chime.g.work"])).is_err());
+    }
+
+    /// Against the shared broker: passive declares of queues that do not exist create nothing.
+    #[tokio::test]
+    async fn the_shared_connection_is_reused_and_reopened_once_closed() {
+        let prefix = format!("chime-link-{}", std::process::id());
+        let broker = Broker::new(crate::config::DEFAULT_AMQP_URL, &prefix);
+        let names = vec![format!("{prefix}.none.work")];
+        for _ in 0..3 {
+            let figures = broker.queue_figures(&names).await.expect("figures");
+            assert_eq!(figures.source, QueueSource::PassiveDeclare);
+            assert!(figures.queues.is_empty(), "the queue does not exist");
+        }
+        let clone = broker.clone();
+        clone.queue_figures(&names).await.expect("figures");
+        clone
+            .parking_lot()
+            .await
+            .expect("parking lot")
+            .close()
+            .await;
+        assert_eq!(
+            broker.connections_opened(),
+            1,
+            "clones share one connection"
+        );
+        assert!(
+            broker
+                .connection()
+                .await
+                .expect("open")
+                .status()
+                .connected()
+        );
+
+        // Closed under it: the next use opens a new one.
+        let first = broker.connection().await.expect("connection");
+        first
+            .close(320, "test closes it".into())
+            .await
+            .expect("closed");
+        broker.queue_figures(&names).await.expect("figures");
+        assert_eq!(broker.connections_opened(), 2);
+        let second = broker.connection().await.expect("connection");
+        assert!(!Arc::ptr_eq(&first, &second));
+        assert!(second.status().connected());
+
+        broker.close().await;
+        assert!(
+            !second.status().connected(),
+            "close closes the shared connection"
+        );
     }
 
     #[test]

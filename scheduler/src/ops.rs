@@ -20,7 +20,7 @@ use crate::auth::{self, Caller, Role};
 use crate::config::validate_job;
 use crate::job::JobSpec;
 use crate::parking::{ParkedMessage, ParkingLot};
-use crate::publish::{ControlDelivery, Publisher};
+use crate::publish::ControlDelivery;
 use crate::store::{
     AuditQuery, AuditRecord, CancelOutcome, LeaderInfo, NewAuditEntry, REPLAYABLE_STATES,
     ReplayOutcome, RunBrief, RunDetail, RunQuery, RunRecord, Store, TokenRecord, WorkerRecord,
@@ -341,6 +341,13 @@ impl Operations {
     /// The database.
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// Closes the broker connection these operations share (at shutdown).
+    pub async fn close(&self) {
+        if let Some(broker) = &self.broker {
+            broker.close().await;
+        }
     }
 
     /// The caller holding the token with this secret, if any (unrevoked).
@@ -736,21 +743,15 @@ impl Operations {
                 } => {
                     job = Some(name.clone());
                     let broker = self.broker()?;
-                    let publisher = Publisher::new(
-                        broker.amqp_url.clone(),
-                        &format!("ops-{}", std::process::id()),
-                        broker.queue_prefix.clone(),
-                    );
-                    let sent = publisher
+                    let delivery = broker
                         .publish_control(&ControlMessage::CancelRun { run_id: id })
-                        .await;
-                    publisher.close().await;
-                    let delivery = sent.map_err(|e| {
-                        OpsError::Unavailable(format!(
-                            "the cancel of run {id} is recorded, but the workers could not be \
-                             told: {e}; cancel it again when the broker is back"
-                        ))
-                    })?;
+                        .await
+                        .map_err(|e| {
+                            OpsError::Unavailable(format!(
+                                "the cancel of run {id} is recorded, but the workers could not \
+                                 be told: {e:#}; cancel it again when the broker is back"
+                            ))
+                        })?;
                     Ok(Cancelled::CancelRequested {
                         run_id: id,
                         job: name,
@@ -904,8 +905,10 @@ impl Operations {
 
     // ---- dead letters --------------------------------------------------------------------
 
+    /// Parking-lot operations on the broker's shared connection.
     async fn parking_lot(&self, broker: &Broker) -> OpsResult<ParkingLot> {
-        ParkingLot::connect(&broker.amqp_url, &broker.queue_prefix)
+        broker
+            .parking_lot()
             .await
             .map_err(|e| OpsError::Unavailable(format!("{e:#}")))
     }

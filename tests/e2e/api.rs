@@ -300,10 +300,9 @@ async fn queue_figures_come_from_the_management_api_else_from_passive_declares(p
     assert!(queue.publish_rate.is_some() && queue.deliver_rate.is_some());
 
     // Without management_url: passive declares, exact ready and consumer counts, no unacked.
-    let passive = Operations::new(store.clone(), Some(Broker::new(rabbit.url(), &prefix)))
-        .queues(&viewer)
-        .await
-        .expect("queues");
+    let passive_ops = Operations::new(store.clone(), Some(Broker::new(rabbit.url(), &prefix)));
+    let passive = passive_ops.queues(&viewer).await.expect("queues");
+    passive_ops.close().await;
     assert_eq!(passive.source, QueueSource::PassiveDeclare);
     assert_eq!(passive.management_error, None);
     let queue = &passive.queues[0];
@@ -314,13 +313,12 @@ async fn queue_figures_come_from_the_management_api_else_from_passive_declares(p
 
     // A management API that does not answer: passive declares, and the reason says why.
     let closed = format!("http://127.0.0.1:{}", free_port().expect("a free port"));
-    let fallback = Operations::new(
+    let fallback_ops = Operations::new(
         store.clone(),
         Some(Broker::new(rabbit.url(), &prefix).with_management_url(Some(closed.as_str()))),
-    )
-    .queues(&viewer)
-    .await
-    .expect("queues");
+    );
+    let fallback = fallback_ops.queues(&viewer).await.expect("queues");
+    fallback_ops.close().await;
     assert_eq!(fallback.source, QueueSource::PassiveDeclare);
     let reason = fallback.management_error.expect("a reason");
     assert!(
@@ -328,6 +326,76 @@ async fn queue_figures_come_from_the_management_api_else_from_passive_declares(p
         "{reason}"
     );
     assert_eq!(fallback.queues[0].depth, Some(2));
+
+    // Every operation shares one AMQP connection, which the broker lists once; after the
+    // broker closes it, the next operation opens a new one.
+    let broker = Broker::new(rabbit.url(), &prefix);
+    let ops = Operations::new(store.clone(), Some(broker.clone()));
+    for _ in 0..3 {
+        ops.queues(&viewer).await.expect("queues");
+        ops.dead_letters(&viewer, None, 10)
+            .await
+            .expect("dead letters");
+    }
+    assert_eq!(broker.connections_opened(), 1);
+    let http = reqwest::Client::new();
+    let ours = |listing: &Value| -> Vec<String> {
+        listing
+            .as_array()
+            .expect("connections")
+            .iter()
+            .filter(|c| {
+                [
+                    &c["user_provided_name"],
+                    &c["client_properties"]["connection_name"],
+                ]
+                .iter()
+                .any(|n| n.as_str() == Some(broker.connection_name()))
+            })
+            .map(|c| c["name"].as_str().expect("name").to_owned())
+            .collect()
+    };
+    let connections = || async {
+        http.get(format!("{management}/api/connections"))
+            .basic_auth("guest", Some("guest"))
+            .send()
+            .await
+            .expect("GET /api/connections")
+            .json::<Value>()
+            .await
+            .expect("JSON")
+    };
+    let listed = wait_for(
+        "the broker to list the operations' connection",
+        Duration::from_secs(30),
+        || async { Some(ours(&connections().await)).filter(|o| !o.is_empty()) },
+    )
+    .await;
+    assert_eq!(listed.len(), 1, "one shared connection: {listed:?}");
+    let mut closing = reqwest::Url::parse(&management).expect("URL");
+    closing
+        .path_segments_mut()
+        .expect("path")
+        .pop_if_empty()
+        .extend(["api", "connections", listed[0].as_str()]);
+    let closed = http
+        .delete(closing)
+        .basic_auth("guest", Some("guest"))
+        .send()
+        .await
+        .expect("DELETE the connection");
+    assert!(closed.status().is_success(), "{}", closed.status());
+    let figures = wait_for(
+        "the operations to reconnect",
+        Duration::from_secs(30),
+        || async {
+            let figures = ops.queues(&viewer).await.ok()?;
+            (broker.connections_opened() == 2).then_some(figures)
+        },
+    )
+    .await;
+    assert_eq!(figures.queues[0].depth, Some(2), "{figures:?}");
+    ops.close().await;
 
     let _ = connection.close(200, "done".into()).await;
     tokio::task::spawn_blocking(move || drop(rabbit))
