@@ -1,18 +1,23 @@
 //! Prometheus metrics of one scheduler instance, served at `/metrics` (text format 0.0.4).
 //!
-//! Most figures come from the database and the broker **at scrape time**, so every instance
-//! reports the cluster's numbers whether it leads or not, and workers (other processes) need no
-//! exporter of their own for them:
+//! Most figures are the cluster's, read from the database and the broker **at scrape time**, so
+//! workers (other processes) need no exporter of their own for them. **Only the leader exports
+//! the cluster's figures** (runs, lateness, outcomes, unfinished runs, workers, queues): a
+//! follower exports those families without samples, so summing over instances counts each
+//! figure once, and followers add no load to the database or the broker. An instance that stops
+//! leading drops them (its counters restart from zero the next time it leads, which `rate`
+//! treats as a reset). Every instance exports its own figures: `chime_is_leader`,
+//! `chime_publish_confirm_seconds` (only a leader publishes), `chime_scrape_errors_total`, and
+//! the lease's `chime_leader_term` (the same everywhere: aggregate it with `max`). An instance
+//! without an elector (`Metrics::new(None, …)`) exports everything.
 //!
 //! * lateness of each fire, scheduled → published and scheduled → started (database clock),
 //!   and the runs that finished, with their attempts and retries, are observed by a cursor that
 //!   walks new runs by id, at most [`SCAN_LIMIT`] rows per scrape. A run counts as finished
 //!   when it reaches a final state, or after [`SETTLE_AFTER`] (a run still running then is not
-//!   counted in `chime_runs_finished_total`). The first scrape starts at the newest run: history
-//!   is not replayed. Each instance observes every run, so sum counters over one instance only
-//!   (`max by`), while quantiles of the sums are unaffected.
-//! * unfinished runs by job and state, workers online, the lease's term: one cheap query each
-//!   (partial indexes).
+//!   counted in `chime_runs_finished_total`). The first scrape of a leader starts at the newest
+//!   run: history is not replayed.
+//! * unfinished runs by job and state, workers online: one cheap query each (partial indexes).
 //! * queue depth, consumers and parking-lot depth per group: from RabbitMQ's management API
 //!   when `management_url` is set (then also unacknowledged messages), else passive declares
 //!   (nothing is created); unknown queues are left out ([`crate::broker`]).
@@ -271,17 +276,34 @@ impl Metrics {
 
     /// Refreshes the scrape-time figures and renders every metric as Prometheus text.
     pub async fn render(&self, store: &Store) -> anyhow::Result<String> {
-        if let Err(e) = self.observe_runs(store).await {
-            tracing::warn!(error = %format!("{e:#}"), "metrics: reading new runs failed");
-            self.scrape_errors.with_label_values(&["runs"]).inc();
+        // Leading as the elector last decided (not the narrower trust window), so a late
+        // renewal does not reset the counters.
+        let exports_cluster = self
+            .leadership
+            .as_ref()
+            .is_none_or(|l| matches!(*l.borrow(), Leadership::Leader { .. }));
+        if exports_cluster {
+            if let Err(e) = self.observe_runs(store).await {
+                tracing::warn!(error = %format!("{e:#}"), "metrics: reading new runs failed");
+                self.scrape_errors.with_label_values(&["runs"]).inc();
+            }
+            if let Err(e) = self.refresh_database(store).await {
+                tracing::warn!(error = %format!("{e:#}"), "metrics: reading the database failed");
+                self.scrape_errors.with_label_values(&["database"]).inc();
+            }
+            if let Err(e) = self.refresh_queues(store).await {
+                tracing::debug!(error = %format!("{e:#}"), "metrics: reading queues failed");
+                self.scrape_errors.with_label_values(&["broker"]).inc();
+            }
+        } else {
+            self.drop_cluster_figures().await;
         }
-        if let Err(e) = self.refresh_database(store).await {
-            tracing::warn!(error = %format!("{e:#}"), "metrics: reading the database failed");
-            self.scrape_errors.with_label_values(&["database"]).inc();
-        }
-        if let Err(e) = self.refresh_queues(store).await {
-            tracing::debug!(error = %format!("{e:#}"), "metrics: reading queues failed");
-            self.scrape_errors.with_label_values(&["broker"]).inc();
+        match store.leader().await {
+            Ok(leader) => self.term.set(leader.term),
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "metrics: reading the lease failed");
+                self.scrape_errors.with_label_values(&["database"]).inc();
+            }
         }
         self.is_leader
             .set(i64::from(self.leadership.as_ref().is_some_and(|l| {
@@ -344,6 +366,30 @@ impl Metrics {
         Ok(())
     }
 
+    /// A follower's: no samples of the cluster's figures, and a cursor that starts afresh at the
+    /// newest run once this instance leads.
+    async fn drop_cluster_figures(&self) {
+        let mut cursor = self.cursor.lock().await;
+        *cursor = RunCursor::default();
+        self.lateness.reset();
+        for stage in ["published", "started"] {
+            self.lateness.with_label_values(&[stage]);
+        }
+        for family in [&self.finished, &self.attempts, &self.retries] {
+            family.reset();
+        }
+        for family in [
+            &self.active,
+            &self.queue_depth,
+            &self.queue_consumers,
+            &self.queue_unacked,
+            &self.parking_depth,
+            &self.workers,
+        ] {
+            family.reset();
+        }
+    }
+
     async fn refresh_database(&self, store: &Store) -> anyhow::Result<()> {
         let active = store.active_run_counts().await?;
         self.active.reset();
@@ -354,7 +400,6 @@ impl Metrics {
         for (group, count) in store.workers_online().await? {
             self.workers.with_label_values(&[&group]).set(count);
         }
-        self.term.set(store.leader().await?.term);
         Ok(())
     }
 
@@ -402,4 +447,63 @@ impl Metrics {
 
 fn seconds(d: chrono::TimeDelta) -> f64 {
     d.num_microseconds().map_or(0.0, |us| us as f64 / 1e6)
+}
+
+#[cfg(test)]
+mod tests {
+    //! Which instance exports what, against a real database (`#[sqlx::test]`).
+
+    use sqlx::PgPool;
+
+    use super::*;
+    use crate::config::validate_job;
+
+    fn has_sample(text: &str, prefix: &str) -> bool {
+        text.lines().any(|l| l.starts_with(prefix))
+    }
+
+    #[sqlx::test(migrations = "../migrations")]
+    async fn only_the_leader_exports_the_clusters_figures(pool: PgPool) {
+        let store = Store::from_pool(pool.clone());
+        let job = validate_job(
+            serde_json::json!({"name": "report", "group": "g1"})
+                .as_object()
+                .expect("object"),
+        )
+        .expect("job");
+        store.sync_config_jobs(&[job]).await.expect("jobs");
+        sqlx::query(
+            "INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, state, attempt)
+             VALUES ('report', 'g1', now(), 'manual', 'pending', 0)",
+        )
+        .execute(&pool)
+        .await
+        .expect("run");
+        let (leadership, watched) = watch::channel(Leadership::Follower);
+        let metrics = Metrics::new(Some(watched), None).expect("metrics");
+        let active = "chime_runs_active{job=\"report\",state=\"pending\"} 1";
+
+        let follower = metrics.render(&store).await.expect("render");
+        assert!(!has_sample(&follower, "chime_runs_active"), "{follower}");
+        assert!(has_sample(&follower, "chime_is_leader 0"), "{follower}");
+        assert!(has_sample(&follower, "chime_leader_term "), "{follower}");
+
+        leadership.send_replace(Leadership::Leader {
+            term: 1,
+            trusted_until: tokio::time::Instant::now() + Duration::from_secs(60),
+        });
+        let leader = metrics.render(&store).await.expect("render");
+        assert!(leader.contains(active), "{leader}");
+        assert!(has_sample(&leader, "chime_is_leader 1"), "{leader}");
+
+        // Deposed: the figures go, so a sum over instances counts them once.
+        leadership.send_replace(Leadership::Follower);
+        let deposed = metrics.render(&store).await.expect("render");
+        assert!(!has_sample(&deposed, "chime_runs_active"), "{deposed}");
+
+        // Without an elector (a single process), everything is exported.
+        let alone = Metrics::new(None, None).expect("metrics");
+        let text = alone.render(&store).await.expect("render");
+        assert!(text.contains(active), "{text}");
+    }
 }

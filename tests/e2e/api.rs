@@ -64,7 +64,12 @@ async fn the_api_triggers_shows_and_measures_a_run_end_to_end(pool: PgPool) {
         client: reqwest::Client::new(),
         base: instance.base.clone(),
     };
-    // The first scrape starts the run observer at the newest run.
+    // Only the leader observes runs; its first scrape starts the observer at the newest run.
+    wait_for("the instance to lead", Duration::from_secs(10), || async {
+        let text = http.metrics().await;
+        text.lines().any(|l| l == "chime_is_leader 1").then_some(())
+    })
+    .await;
     http.metrics().await;
     let worker = RecordingWorker::start(&db, AMQP_URL, &prefix, group, &["ping"]);
 
