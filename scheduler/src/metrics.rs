@@ -11,7 +11,9 @@
 //! the lease's `chime_leader_term` (the same everywhere: aggregate it with `max`). An instance
 //! without an elector (`Metrics::new(None, …)`) exports everything.
 //!
-//! * lateness of each fire, scheduled → published and scheduled → started (database clock),
+//! * each fire's lateness to its start (scheduled → started) and its publish offset
+//!   (published − scheduled: negative by design, as the dispatcher publishes a trigger its
+//!   *lead* of 200 ms ahead of the instant; positive when published late), database clock,
 //!   and the runs that finished, with their attempts and retries, are observed by a cursor that
 //!   walks new runs by id, at most [`SCAN_LIMIT`] rows per scrape. A run counts as finished
 //!   when it reaches a final state, or after [`SETTLE_AFTER`] (a run still running then is not
@@ -49,6 +51,7 @@ pub const SETTLE_AFTER: Duration = Duration::from_secs(600);
 /// Every metric name `/metrics` exports (histograms also as `_bucket`, `_sum`, `_count`).
 pub const METRIC_NAMES: &[&str] = &[
     "chime_fire_lateness_seconds",
+    "chime_fire_publish_offset_seconds",
     "chime_runs_finished_total",
     "chime_runs_active",
     "chime_attempts_total",
@@ -62,6 +65,13 @@ pub const METRIC_NAMES: &[&str] = &[
     "chime_leader_term",
     "chime_workers_online",
     "chime_scrape_errors_total",
+];
+
+/// Buckets of `chime_fire_publish_offset_seconds`: fine around the lead (−200 ms, at most
+/// −240 ms), then lateness as for `chime_fire_lateness_seconds`.
+pub const PUBLISH_OFFSET_BUCKETS: &[f64] = &[
+    -0.5, -0.25, -0.22, -0.2, -0.18, -0.15, -0.1, -0.05, -0.01, 0.0, 0.01, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
 
 /// Publish → confirm latency of triggers, observed by the publish path.
@@ -88,6 +98,7 @@ pub fn observe_confirm(elapsed: Duration) {
 pub struct Metrics {
     registry: Registry,
     lateness: HistogramVec,
+    publish_offset: HistogramVec,
     finished: IntCounterVec,
     attempts: IntCounterVec,
     retries: IntCounterVec,
@@ -130,14 +141,25 @@ impl Metrics {
         let lateness = HistogramVec::new(
             HistogramOpts::new(
                 "chime_fire_lateness_seconds",
-                "Lateness of fires: scheduled instant to published (broker confirm recorded) or \
-                 to started (worker claim), database clock.",
+                "Lateness of fires: scheduled instant to started (stage=\"started\": the \
+                 worker's claim, or the instant itself for a trigger claimed ahead), database \
+                 clock.",
             )
             .buckets(vec![
                 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
                 60.0, 300.0,
             ]),
             &["stage"],
+        )?;
+        let publish_offset = HistogramVec::new(
+            HistogramOpts::new(
+                "chime_fire_publish_offset_seconds",
+                "Published (broker confirm recorded) minus the scheduled instant, database \
+                 clock: about minus the dispatcher's lead (200 ms) while triggers go out ahead \
+                 of their instant, positive when published late.",
+            )
+            .buckets(PUBLISH_OFFSET_BUCKETS.to_vec()),
+            &[],
         )?;
         let finished = IntCounterVec::new(
             Opts::new(
@@ -207,6 +229,7 @@ impl Metrics {
             &["source"],
         )?;
         registry.register(Box::new(lateness.clone()))?;
+        registry.register(Box::new(publish_offset.clone()))?;
         registry.register(Box::new(finished.clone()))?;
         registry.register(Box::new(attempts.clone()))?;
         registry.register(Box::new(retries.clone()))?;
@@ -222,15 +245,15 @@ impl Metrics {
         registry.register(Box::new(PUBLISH_CONFIRM.clone()))?;
         // Make every labelled family visible before its first sample, so dashboards and
         // alerts find the name.
-        for stage in ["published", "started"] {
-            lateness.with_label_values(&[stage]);
-        }
+        lateness.with_label_values(&["started"]);
+        publish_offset.with_label_values::<&str>(&[]);
         for source in ["runs", "database", "broker"] {
             scrape_errors.with_label_values(&[source]);
         }
         Ok(Metrics {
             registry,
             lateness,
+            publish_offset,
             finished,
             attempts,
             retries,
@@ -251,8 +274,9 @@ impl Metrics {
 
     /// The names of every metric registered (whether or not it has samples yet).
     pub fn names(&self) -> Vec<String> {
-        let collectors: [&dyn Collector; 14] = [
+        let collectors: [&dyn Collector; 15] = [
             &self.lateness,
+            &self.publish_offset,
             &self.finished,
             &self.attempts,
             &self.retries,
@@ -330,8 +354,8 @@ impl Metrics {
                 && !seen.published
             {
                 seen.published = true;
-                self.lateness
-                    .with_label_values(&["published"])
+                self.publish_offset
+                    .with_label_values::<&str>(&[])
                     .observe(seconds(at - run.scheduled_at));
             }
             if let Some(at) = run.started_at
@@ -372,9 +396,9 @@ impl Metrics {
         let mut cursor = self.cursor.lock().await;
         *cursor = RunCursor::default();
         self.lateness.reset();
-        for stage in ["published", "started"] {
-            self.lateness.with_label_values(&[stage]);
-        }
+        self.lateness.with_label_values(&["started"]);
+        self.publish_offset.reset();
+        self.publish_offset.with_label_values::<&str>(&[]);
         for family in [&self.finished, &self.attempts, &self.retries] {
             family.reset();
         }

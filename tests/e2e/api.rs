@@ -147,7 +147,7 @@ async fn the_api_triggers_shows_and_measures_a_run_end_to_end(pool: PgPool) {
 
     let text = http.metrics().await;
     for line in [
-        "chime_fire_lateness_seconds_count{stage=\"published\"} 1",
+        "chime_fire_publish_offset_seconds_count 1",
         "chime_fire_lateness_seconds_count{stage=\"started\"} 1",
         "chime_runs_finished_total{job=\"ping\",state=\"succeeded\"} 1",
         "chime_attempts_total{job=\"ping\"} 1",
