@@ -50,6 +50,7 @@ pub const SETTINGS_KEYS: &[&str] = &[
     "retention.max_age",
     "retention.interval",
     "retention.batch_size",
+    "retention.audit_max_age",
 ];
 
 /// Keys of one group's alert overrides, `alerts.groups.<group>.<key>`.
@@ -92,15 +93,19 @@ pub struct Settings {
 }
 
 /// Retention (`[retention]`): the leader deletes finished runs (with their attempts and log
-/// lines) older than `max_age`, or than their job's own `retention`, in batches.
+/// lines) older than `max_age`, or than their job's own `retention`, and audit log entries
+/// older than `audit_max_age`, in batches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetentionSettings {
     /// Finished runs older than this are deleted (unless their job says otherwise).
     pub max_age: Duration,
     /// How often the leader prunes.
     pub interval: Duration,
-    /// Most runs deleted per statement (each batch is its own short transaction).
+    /// Most runs (or audit entries) deleted per statement (each batch is its own short
+    /// transaction).
     pub batch_size: u32,
+    /// Audit log entries older than this are deleted.
+    pub audit_max_age: Duration,
 }
 
 impl Default for RetentionSettings {
@@ -109,6 +114,7 @@ impl Default for RetentionSettings {
             max_age: Duration::from_secs(30 * 24 * 3600),
             interval: Duration::from_secs(60),
             batch_size: 1000,
+            audit_max_age: Duration::from_secs(400 * 24 * 3600),
         }
     }
 }
@@ -595,6 +601,10 @@ fn resolve(
     for (key, target) in [
         ("retention.max_age", &mut settings.retention.max_age),
         ("retention.interval", &mut settings.retention.interval),
+        (
+            "retention.audit_max_age",
+            &mut settings.retention.audit_max_age,
+        ),
     ] {
         if let Some((d, place, written)) = duration(&layers, key, &mut errors) {
             if d < Duration::from_secs(1) {

@@ -86,6 +86,7 @@ fn settings_file_sets_every_key_and_resolves_job_paths_against_its_directory() {
                 max_age: Duration::from_secs(7 * 24 * 3600),
                 interval: Duration::from_secs(30),
                 batch_size: 500,
+                audit_max_age: Duration::from_secs(730 * 24 * 3600),
             },
             alerts: AlertSettings {
                 webhook: Some("https://hooks.example.com/services/T0/B0/secret".into()),
@@ -198,7 +199,7 @@ fn unknown_keys_suggest_the_setting_meant() {
     assert_eq!(
         errors,
         [
-            r#"chime.toml: key "colour" = "blue": unknown key; remove it, or use one of the settings: database_url, amqp_url, management_url, instance_id, bind, queue_prefix, jobs, leader.lease_ttl, leader.renew_interval, planner.lookahead, rescuer.interval, rescuer.rescue_after, rescuer.retry_slack, alerts.webhook, alerts.format, alerts.min_interval, alerts.consecutive_failures, retention.max_age, retention.interval, retention.batch_size"#,
+            r#"chime.toml: key "colour" = "blue": unknown key; remove it, or use one of the settings: database_url, amqp_url, management_url, instance_id, bind, queue_prefix, jobs, leader.lease_ttl, leader.renew_interval, planner.lookahead, rescuer.interval, rescuer.rescue_after, rescuer.retry_slack, alerts.webhook, alerts.format, alerts.min_interval, alerts.consecutive_failures, retention.max_age, retention.interval, retention.batch_size, retention.audit_max_age"#,
             r#"chime.toml: key "databse_url" = "postgres://db/chime": unknown key; did you mean "database_url"?"#,
             r#"chime.toml: key "leader.renew_intreval" = "1s": unknown key; did you mean "leader.renew_interval"?"#,
             r#"chime.toml: key "lease_ttl" = "5s": unknown key; did you mean "leader.lease_ttl"?"#,
@@ -518,6 +519,7 @@ fn retention_mistakes_name_the_key() {
         max_age = "500ms"
         interval = "1 minute please"
         batch_size = 0
+        audit_max_age = "0s"
         "#,
         &[],
     );
@@ -526,10 +528,12 @@ fn retention_mistakes_name_the_key() {
         [
             r#"chime.toml: key "retention.max_age" = "500ms": must be at least 1s; write a duration such as "30days" or "1m""#,
             r#"chime.toml: key "retention.interval" = "1 minute please": invalid duration (expected a number at "please"); write a number with a unit, such as "3s" or "500ms""#,
+            r#"chime.toml: key "retention.audit_max_age" = "0s": must be at least 1s; write a duration such as "30days" or "1m""#,
             r#"chime.toml: key "retention.batch_size" = 0: must be at least 1; a batch of 1000 is usual"#,
         ]
     );
     let defaults = Settings::default().retention;
     assert_eq!(defaults.max_age, Duration::from_secs(30 * 24 * 3600));
     assert_eq!(defaults.batch_size, 1000);
+    assert_eq!(defaults.audit_max_age, Duration::from_secs(400 * 24 * 3600));
 }
