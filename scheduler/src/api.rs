@@ -124,17 +124,17 @@ pub struct Server {
 
 impl Server {
     /// Checks the exposure rule ([`check_exposure`]) and binds `bind`, for the instance
-    /// `config` describes, whose elector reports through `leadership`.
+    /// `config` describes (queue figures from the management API at `management_url`, if
+    /// any), whose elector reports through `leadership`.
     pub async fn bind(
         bind: SocketAddr,
         store: &Store,
         config: &ServiceConfig,
+        management_url: Option<&str>,
         leadership: watch::Receiver<Leadership>,
     ) -> anyhow::Result<Server> {
-        let broker = Broker {
-            amqp_url: config.amqp_url.clone(),
-            queue_prefix: config.queue_prefix.clone(),
-        };
+        let broker =
+            Broker::new(&config.amqp_url, &config.queue_prefix).with_management_url(management_url);
         let ops = Operations::new(store.clone(), Some(broker.clone()));
         check_exposure(bind, &ops).await?;
         let listener = tokio::net::TcpListener::bind(bind)
@@ -160,11 +160,14 @@ impl Server {
         self.listener.local_addr()
     }
 
-    /// Serves until `shutdown`.
+    /// Serves until `shutdown`, then closes the broker connection the operations share.
     pub async fn serve(self, shutdown: CancellationToken) -> std::io::Result<()> {
-        axum::serve(self.listener, router(self.state))
+        let state = self.state.clone();
+        let served = axum::serve(self.listener, router(self.state))
             .with_graceful_shutdown(async move { shutdown.cancelled().await })
-            .await
+            .await;
+        state.ops.close().await;
+        served
     }
 }
 
@@ -536,7 +539,7 @@ async fn list_queues(
     State(s): State<Arc<ApiState>>,
     Authed(c): Authed,
 ) -> ApiResult<impl IntoResponse> {
-    ok(json!({"queues": s.ops.queues(&c).await?}))
+    ok(s.ops.queues(&c).await?)
 }
 
 async fn list_dead_letters(

@@ -239,7 +239,9 @@ pub async fn operate(
 ) -> anyhow::Result<ExitCode> {
     let ops = Operations::new(store.clone(), broker.cloned());
     let caller = Caller::cli();
-    match execute(&ops, &caller, output, command, out).await {
+    let result = execute(&ops, &caller, output, command, out).await;
+    ops.close().await;
+    match result {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(OpsError::Internal(e)) => Err(e),
         Err(e) => {

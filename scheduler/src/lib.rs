@@ -4,6 +4,7 @@
 pub mod alerts;
 pub mod api;
 pub mod auth;
+pub mod broker;
 pub mod check;
 pub mod cli;
 pub mod config;

@@ -54,10 +54,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         command => {
             let store = Store::connect(&settings.database_url, 2).await?;
-            let broker = Broker {
-                amqp_url: settings.amqp_url.clone(),
-                queue_prefix: settings.queue_prefix.clone(),
-            };
+            let broker = Broker::new(&settings.amqp_url, &settings.queue_prefix)
+                .with_management_url(settings.management_url.as_deref());
             let mut out = std::io::stdout().lock();
             chime_scheduler::cli::operate(&store, Some(&broker), cli.output, command, &mut out)
                 .await
@@ -87,6 +85,7 @@ async fn scheduler(settings: Settings, extra_jobs: Vec<PathBuf>) -> anyhow::Resu
     };
     let bind = settings.bind;
     let retention = settings.retention;
+    let management_url = settings.management_url.clone();
     let mut settings = settings;
     settings.jobs.extend(extra_jobs);
     let loader: JobLoader =
@@ -113,6 +112,7 @@ async fn scheduler(settings: Settings, extra_jobs: Vec<PathBuf>) -> anyhow::Resu
     let operations = service::OpsSettings {
         bind: Some(bind),
         retention: Some(retention),
+        management_url,
     };
     service::run_serving(config, duties, operations, loader, reload_rx, shutdown).await
 }

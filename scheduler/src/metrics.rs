@@ -1,20 +1,28 @@
 //! Prometheus metrics of one scheduler instance, served at `/metrics` (text format 0.0.4).
 //!
-//! Most figures come from the database and the broker **at scrape time**, so every instance
-//! reports the cluster's numbers whether it leads or not, and workers (other processes) need no
-//! exporter of their own for them:
+//! Most figures are the cluster's, read from the database and the broker **at scrape time**, so
+//! workers (other processes) need no exporter of their own for them. **Only the leader exports
+//! the cluster's figures** (runs, lateness, outcomes, unfinished runs, workers, queues): a
+//! follower exports those families without samples, so summing over instances counts each
+//! figure once, and followers add no load to the database or the broker. An instance that stops
+//! leading drops them (its counters restart from zero the next time it leads, which `rate`
+//! treats as a reset). Every instance exports its own figures: `chime_is_leader`,
+//! `chime_publish_confirm_seconds` (only a leader publishes), `chime_scrape_errors_total`, and
+//! the lease's `chime_leader_term` (the same everywhere: aggregate it with `max`). An instance
+//! without an elector (`Metrics::new(None, …)`) exports everything.
 //!
-//! * lateness of each fire, scheduled → published and scheduled → started (database clock),
+//! * each fire's lateness to its start (scheduled → started) and its publish offset
+//!   (published − scheduled: negative by design, as the dispatcher publishes a trigger its
+//!   *lead* of 200 ms ahead of the instant; positive when published late), database clock,
 //!   and the runs that finished, with their attempts and retries, are observed by a cursor that
 //!   walks new runs by id, at most [`SCAN_LIMIT`] rows per scrape. A run counts as finished
 //!   when it reaches a final state, or after [`SETTLE_AFTER`] (a run still running then is not
-//!   counted in `chime_runs_finished_total`). The first scrape starts at the newest run: history
-//!   is not replayed. Each instance observes every run, so sum counters over one instance only
-//!   (`max by`), while quantiles of the sums are unaffected.
-//! * unfinished runs by job and state, workers online, the lease's term: one cheap query each
-//!   (partial indexes).
-//! * queue depth, consumers and parking-lot depth per group: passive declares (nothing is
-//!   created); unknown queues are left out.
+//!   counted in `chime_runs_finished_total`). The first scrape of a leader starts at the newest
+//!   run: history is not replayed.
+//! * unfinished runs by job and state, workers online: one cheap query each (partial indexes).
+//! * queue depth, consumers and parking-lot depth per group: from RabbitMQ's management API
+//!   when `management_url` is set (then also unacknowledged messages), else passive declares
+//!   (nothing is created); unknown queues are left out ([`crate::broker`]).
 //!
 //! Publish confirm latency is measured where it happens ([`observe_confirm`], in the publish
 //! path); `chime_is_leader` comes from this instance's elector.
@@ -33,7 +41,6 @@ use tokio::sync::{Mutex, watch};
 
 use crate::leader::Leadership;
 use crate::ops::Broker;
-use crate::parking::ParkingLot;
 use crate::store::Store;
 
 /// Most runs the lateness cursor reads per scrape.
@@ -44,6 +51,7 @@ pub const SETTLE_AFTER: Duration = Duration::from_secs(600);
 /// Every metric name `/metrics` exports (histograms also as `_bucket`, `_sum`, `_count`).
 pub const METRIC_NAMES: &[&str] = &[
     "chime_fire_lateness_seconds",
+    "chime_fire_publish_offset_seconds",
     "chime_runs_finished_total",
     "chime_runs_active",
     "chime_attempts_total",
@@ -51,11 +59,19 @@ pub const METRIC_NAMES: &[&str] = &[
     "chime_publish_confirm_seconds",
     "chime_queue_depth",
     "chime_queue_consumers",
+    "chime_queue_unacked",
     "chime_parking_lot_depth",
     "chime_is_leader",
     "chime_leader_term",
     "chime_workers_online",
     "chime_scrape_errors_total",
+];
+
+/// Buckets of `chime_fire_publish_offset_seconds`: fine around the lead (−200 ms, at most
+/// −240 ms), then lateness as for `chime_fire_lateness_seconds`.
+pub const PUBLISH_OFFSET_BUCKETS: &[f64] = &[
+    -0.5, -0.25, -0.22, -0.2, -0.18, -0.15, -0.1, -0.05, -0.01, 0.0, 0.01, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
 
 /// Publish → confirm latency of triggers, observed by the publish path.
@@ -82,12 +98,14 @@ pub fn observe_confirm(elapsed: Duration) {
 pub struct Metrics {
     registry: Registry,
     lateness: HistogramVec,
+    publish_offset: HistogramVec,
     finished: IntCounterVec,
     attempts: IntCounterVec,
     retries: IntCounterVec,
     active: IntGaugeVec,
     queue_depth: IntGaugeVec,
     queue_consumers: IntGaugeVec,
+    queue_unacked: IntGaugeVec,
     parking_depth: IntGaugeVec,
     is_leader: IntGauge,
     term: IntGauge,
@@ -123,14 +141,25 @@ impl Metrics {
         let lateness = HistogramVec::new(
             HistogramOpts::new(
                 "chime_fire_lateness_seconds",
-                "Lateness of fires: scheduled instant to published (broker confirm recorded) or \
-                 to started (worker claim), database clock.",
+                "Lateness of fires: scheduled instant to started (stage=\"started\": the \
+                 worker's claim, or the instant itself for a trigger claimed ahead), database \
+                 clock.",
             )
             .buckets(vec![
                 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
                 60.0, 300.0,
             ]),
             &["stage"],
+        )?;
+        let publish_offset = HistogramVec::new(
+            HistogramOpts::new(
+                "chime_fire_publish_offset_seconds",
+                "Published (broker confirm recorded) minus the scheduled instant, database \
+                 clock: about minus the dispatcher's lead (200 ms) while triggers go out ahead \
+                 of their instant, positive when published late.",
+            )
+            .buckets(PUBLISH_OFFSET_BUCKETS.to_vec()),
+            &[],
         )?;
         let finished = IntCounterVec::new(
             Opts::new(
@@ -171,6 +200,14 @@ impl Metrics {
             ),
             &["group"],
         )?;
+        let queue_unacked = IntGaugeVec::new(
+            Opts::new(
+                "chime_queue_unacked",
+                "Messages of each group's work queue delivered and not yet acknowledged (only \
+                 while queue figures come from the management API).",
+            ),
+            &["group"],
+        )?;
         let parking_depth = IntGaugeVec::new(
             Opts::new(
                 "chime_parking_lot_depth",
@@ -192,12 +229,14 @@ impl Metrics {
             &["source"],
         )?;
         registry.register(Box::new(lateness.clone()))?;
+        registry.register(Box::new(publish_offset.clone()))?;
         registry.register(Box::new(finished.clone()))?;
         registry.register(Box::new(attempts.clone()))?;
         registry.register(Box::new(retries.clone()))?;
         registry.register(Box::new(active.clone()))?;
         registry.register(Box::new(queue_depth.clone()))?;
         registry.register(Box::new(queue_consumers.clone()))?;
+        registry.register(Box::new(queue_unacked.clone()))?;
         registry.register(Box::new(parking_depth.clone()))?;
         registry.register(Box::new(is_leader.clone()))?;
         registry.register(Box::new(term.clone()))?;
@@ -206,21 +245,22 @@ impl Metrics {
         registry.register(Box::new(PUBLISH_CONFIRM.clone()))?;
         // Make every labelled family visible before its first sample, so dashboards and
         // alerts find the name.
-        for stage in ["published", "started"] {
-            lateness.with_label_values(&[stage]);
-        }
+        lateness.with_label_values(&["started"]);
+        publish_offset.with_label_values::<&str>(&[]);
         for source in ["runs", "database", "broker"] {
             scrape_errors.with_label_values(&[source]);
         }
         Ok(Metrics {
             registry,
             lateness,
+            publish_offset,
             finished,
             attempts,
             retries,
             active,
             queue_depth,
             queue_consumers,
+            queue_unacked,
             parking_depth,
             is_leader,
             term,
@@ -234,14 +274,16 @@ impl Metrics {
 
     /// The names of every metric registered (whether or not it has samples yet).
     pub fn names(&self) -> Vec<String> {
-        let collectors: [&dyn Collector; 13] = [
+        let collectors: [&dyn Collector; 15] = [
             &self.lateness,
+            &self.publish_offset,
             &self.finished,
             &self.attempts,
             &self.retries,
             &self.active,
             &self.queue_depth,
             &self.queue_consumers,
+            &self.queue_unacked,
             &self.parking_depth,
             &self.is_leader,
             &self.term,
@@ -258,17 +300,34 @@ impl Metrics {
 
     /// Refreshes the scrape-time figures and renders every metric as Prometheus text.
     pub async fn render(&self, store: &Store) -> anyhow::Result<String> {
-        if let Err(e) = self.observe_runs(store).await {
-            tracing::warn!(error = %format!("{e:#}"), "metrics: reading new runs failed");
-            self.scrape_errors.with_label_values(&["runs"]).inc();
+        // Leading as the elector last decided (not the narrower trust window), so a late
+        // renewal does not reset the counters.
+        let exports_cluster = self
+            .leadership
+            .as_ref()
+            .is_none_or(|l| matches!(*l.borrow(), Leadership::Leader { .. }));
+        if exports_cluster {
+            if let Err(e) = self.observe_runs(store).await {
+                tracing::warn!(error = %format!("{e:#}"), "metrics: reading new runs failed");
+                self.scrape_errors.with_label_values(&["runs"]).inc();
+            }
+            if let Err(e) = self.refresh_database(store).await {
+                tracing::warn!(error = %format!("{e:#}"), "metrics: reading the database failed");
+                self.scrape_errors.with_label_values(&["database"]).inc();
+            }
+            if let Err(e) = self.refresh_queues(store).await {
+                tracing::debug!(error = %format!("{e:#}"), "metrics: reading queues failed");
+                self.scrape_errors.with_label_values(&["broker"]).inc();
+            }
+        } else {
+            self.drop_cluster_figures().await;
         }
-        if let Err(e) = self.refresh_database(store).await {
-            tracing::warn!(error = %format!("{e:#}"), "metrics: reading the database failed");
-            self.scrape_errors.with_label_values(&["database"]).inc();
-        }
-        if let Err(e) = self.refresh_queues(store).await {
-            tracing::debug!(error = %format!("{e:#}"), "metrics: reading queues failed");
-            self.scrape_errors.with_label_values(&["broker"]).inc();
+        match store.leader().await {
+            Ok(leader) => self.term.set(leader.term),
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "metrics: reading the lease failed");
+                self.scrape_errors.with_label_values(&["database"]).inc();
+            }
         }
         self.is_leader
             .set(i64::from(self.leadership.as_ref().is_some_and(|l| {
@@ -295,8 +354,8 @@ impl Metrics {
                 && !seen.published
             {
                 seen.published = true;
-                self.lateness
-                    .with_label_values(&["published"])
+                self.publish_offset
+                    .with_label_values::<&str>(&[])
                     .observe(seconds(at - run.scheduled_at));
             }
             if let Some(at) = run.started_at
@@ -331,6 +390,30 @@ impl Metrics {
         Ok(())
     }
 
+    /// A follower's: no samples of the cluster's figures, and a cursor that starts afresh at the
+    /// newest run once this instance leads.
+    async fn drop_cluster_figures(&self) {
+        let mut cursor = self.cursor.lock().await;
+        *cursor = RunCursor::default();
+        self.lateness.reset();
+        self.lateness.with_label_values(&["started"]);
+        self.publish_offset.reset();
+        self.publish_offset.with_label_values::<&str>(&[]);
+        for family in [&self.finished, &self.attempts, &self.retries] {
+            family.reset();
+        }
+        for family in [
+            &self.active,
+            &self.queue_depth,
+            &self.queue_consumers,
+            &self.queue_unacked,
+            &self.parking_depth,
+            &self.workers,
+        ] {
+            family.reset();
+        }
+    }
+
     async fn refresh_database(&self, store: &Store) -> anyhow::Result<()> {
         let active = store.active_run_counts().await?;
         self.active.reset();
@@ -341,7 +424,6 @@ impl Metrics {
         for (group, count) in store.workers_online().await? {
             self.workers.with_label_values(&[&group]).set(count);
         }
-        self.term.set(store.leader().await?.term);
         Ok(())
     }
 
@@ -350,31 +432,102 @@ impl Metrics {
             return Ok(());
         };
         let groups = store.groups().await?;
-        let lot = ParkingLot::connect(&broker.amqp_url, &broker.queue_prefix).await?;
+        let names: Vec<String> = groups
+            .iter()
+            .flat_map(|group| {
+                let topology = chime_worker::Topology::new(&broker.queue_prefix, group);
+                [topology.work_queue(), topology.parking_queue()]
+            })
+            .collect();
+        let figures = broker.queue_figures(&names).await?;
         self.queue_depth.reset();
         self.queue_consumers.reset();
+        self.queue_unacked.reset();
         self.parking_depth.reset();
         for group in groups {
             let topology = chime_worker::Topology::new(&broker.queue_prefix, &group);
-            if let Some((messages, consumers)) = lot.inspect(&topology.work_queue()).await {
+            if let Some(work) = figures.queues.get(&topology.work_queue()) {
                 self.queue_depth
                     .with_label_values(&[&group])
-                    .set(i64::from(messages));
+                    .set(i64::from(work.ready));
                 self.queue_consumers
                     .with_label_values(&[&group])
-                    .set(i64::from(consumers));
+                    .set(i64::from(work.consumers));
+                if let Some(unacked) = work.unacked {
+                    self.queue_unacked
+                        .with_label_values(&[&group])
+                        .set(i64::from(unacked));
+                }
             }
-            if let Some((messages, _)) = lot.inspect(&topology.parking_queue()).await {
+            if let Some(parking) = figures.queues.get(&topology.parking_queue()) {
                 self.parking_depth
                     .with_label_values(&[&group])
-                    .set(i64::from(messages));
+                    .set(i64::from(parking.ready));
             }
         }
-        lot.close().await;
         Ok(())
     }
 }
 
 fn seconds(d: chrono::TimeDelta) -> f64 {
     d.num_microseconds().map_or(0.0, |us| us as f64 / 1e6)
+}
+
+#[cfg(test)]
+mod tests {
+    //! Which instance exports what, against a real database (`#[sqlx::test]`).
+
+    use sqlx::PgPool;
+
+    use super::*;
+    use crate::config::validate_job;
+
+    fn has_sample(text: &str, prefix: &str) -> bool {
+        text.lines().any(|l| l.starts_with(prefix))
+    }
+
+    #[sqlx::test(migrations = "../migrations")]
+    async fn only_the_leader_exports_the_clusters_figures(pool: PgPool) {
+        let store = Store::from_pool(pool.clone());
+        let job = validate_job(
+            serde_json::json!({"name": "report", "group": "g1"})
+                .as_object()
+                .expect("object"),
+        )
+        .expect("job");
+        store.sync_config_jobs(&[job]).await.expect("jobs");
+        sqlx::query(
+            "INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, state, attempt)
+             VALUES ('report', 'g1', now(), 'manual', 'pending', 0)",
+        )
+        .execute(&pool)
+        .await
+        .expect("run");
+        let (leadership, watched) = watch::channel(Leadership::Follower);
+        let metrics = Metrics::new(Some(watched), None).expect("metrics");
+        let active = "chime_runs_active{job=\"report\",state=\"pending\"} 1";
+
+        let follower = metrics.render(&store).await.expect("render");
+        assert!(!has_sample(&follower, "chime_runs_active"), "{follower}");
+        assert!(has_sample(&follower, "chime_is_leader 0"), "{follower}");
+        assert!(has_sample(&follower, "chime_leader_term "), "{follower}");
+
+        leadership.send_replace(Leadership::Leader {
+            term: 1,
+            trusted_until: tokio::time::Instant::now() + Duration::from_secs(60),
+        });
+        let leader = metrics.render(&store).await.expect("render");
+        assert!(leader.contains(active), "{leader}");
+        assert!(has_sample(&leader, "chime_is_leader 1"), "{leader}");
+
+        // Deposed: the figures go, so a sum over instances counts them once.
+        leadership.send_replace(Leadership::Follower);
+        let deposed = metrics.render(&store).await.expect("render");
+        assert!(!has_sample(&deposed, "chime_runs_active"), "{deposed}");
+
+        // Without an elector (a single process), everything is exported.
+        let alone = Metrics::new(None, None).expect("metrics");
+        let text = alone.render(&store).await.expect("render");
+        assert!(text.contains(active), "{text}");
+    }
 }

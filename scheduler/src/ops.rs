@@ -20,7 +20,7 @@ use crate::auth::{self, Caller, Role};
 use crate::config::validate_job;
 use crate::job::JobSpec;
 use crate::parking::{ParkedMessage, ParkingLot};
-use crate::publish::{ControlDelivery, Publisher};
+use crate::publish::ControlDelivery;
 use crate::store::{
     AuditQuery, AuditRecord, CancelOutcome, LeaderInfo, NewAuditEntry, REPLAYABLE_STATES,
     ReplayOutcome, RunBrief, RunDetail, RunQuery, RunRecord, Store, TokenRecord, WorkerRecord,
@@ -33,14 +33,7 @@ pub use views::{
     TIMELINE_WINDOWS, TimelineBucket,
 };
 
-/// Where the broker is, for the operations that talk to it (cancel, dead letters, queues).
-#[derive(Debug, Clone)]
-pub struct Broker {
-    /// RabbitMQ URL.
-    pub amqp_url: String,
-    /// Queue and exchange name prefix.
-    pub queue_prefix: String,
-}
+pub use crate::broker::{Broker, QueueSource};
 
 /// Run states, as filters accept them (docs/runs.md).
 pub const RUN_STATES: &[&str] = &[
@@ -228,8 +221,19 @@ pub struct Overview {
 pub const OVERVIEW_WINDOWS: (Duration, Duration) =
     (Duration::from_secs(60), Duration::from_secs(7 * 24 * 3600));
 
+/// Every executor group's queues, and where the figures came from.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Queues {
+    /// `management` (RabbitMQ's management HTTP API) or `passive_declare`.
+    pub source: QueueSource,
+    /// Why the management API was not used although `management_url` is set.
+    pub management_error: Option<String>,
+    /// By group.
+    pub queues: Vec<QueueView>,
+}
+
 /// One executor group's queues.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct QueueView {
     /// Executor group.
     pub group: String,
@@ -239,6 +243,12 @@ pub struct QueueView {
     pub depth: Option<u32>,
     /// Consumers of the work queue.
     pub consumers: Option<u32>,
+    /// Messages of the work queue delivered and not yet acknowledged (management API only).
+    pub unacked: Option<u32>,
+    /// Messages published into the work queue per second (management API only).
+    pub publish_rate: Option<f64>,
+    /// Messages delivered from the work queue per second (management API only).
+    pub deliver_rate: Option<f64>,
     /// Parking-lot queue name.
     pub parking_queue: String,
     /// Messages in the parking lot.
@@ -338,6 +348,13 @@ impl Operations {
     /// The database.
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// Closes the broker connection these operations share (at shutdown).
+    pub async fn close(&self) {
+        if let Some(broker) = &self.broker {
+            broker.close().await;
+        }
     }
 
     /// The caller holding the token with this secret, if any (unrevoked).
@@ -733,21 +750,15 @@ impl Operations {
                 } => {
                     job = Some(name.clone());
                     let broker = self.broker()?;
-                    let publisher = Publisher::new(
-                        broker.amqp_url.clone(),
-                        &format!("ops-{}", std::process::id()),
-                        broker.queue_prefix.clone(),
-                    );
-                    let sent = publisher
+                    let delivery = broker
                         .publish_control(&ControlMessage::CancelRun { run_id: id })
-                        .await;
-                    publisher.close().await;
-                    let delivery = sent.map_err(|e| {
-                        OpsError::Unavailable(format!(
-                            "the cancel of run {id} is recorded, but the workers could not be \
-                             told: {e}; cancel it again when the broker is back"
-                        ))
-                    })?;
+                        .await
+                        .map_err(|e| {
+                            OpsError::Unavailable(format!(
+                                "the cancel of run {id} is recorded, but the workers could not \
+                                 be told: {e:#}; cancel it again when the broker is back"
+                            ))
+                        })?;
                     Ok(Cancelled::CancelRequested {
                         run_id: id,
                         job: name,
@@ -782,30 +793,49 @@ impl Operations {
         Ok(self.store.workers().await?)
     }
 
-    /// Each group's work queue and parking lot, from passive declares (nothing is created).
-    pub async fn queues(&self, caller: &Caller) -> OpsResult<Vec<QueueView>> {
+    /// Each group's work queue and parking lot, from the management API when configured, else
+    /// from passive declares (nothing is created either way).
+    pub async fn queues(&self, caller: &Caller) -> OpsResult<Queues> {
         self.allow(caller, "queues.list", Role::Viewer, None, None)
             .await?;
         let broker = self.broker()?;
         let groups = self.store.groups().await?;
-        let lot = self.parking_lot(broker).await?;
-        let mut views = Vec::with_capacity(groups.len());
-        for group in groups {
-            let topology = Topology::new(&broker.queue_prefix, &group);
-            let (queue, parking_queue) = (topology.work_queue(), topology.parking_queue());
-            let work = lot.inspect(&queue).await;
-            let parking = lot.inspect(&parking_queue).await;
-            views.push(QueueView {
-                group,
-                depth: work.map(|(messages, _)| messages),
-                consumers: work.map(|(_, consumers)| consumers),
-                parking_depth: parking.map(|(messages, _)| messages),
-                queue,
-                parking_queue,
-            });
-        }
-        lot.close().await;
-        Ok(views)
+        let names: Vec<String> = groups
+            .iter()
+            .flat_map(|group| {
+                let topology = Topology::new(&broker.queue_prefix, group);
+                [topology.work_queue(), topology.parking_queue()]
+            })
+            .collect();
+        let mut figures = broker
+            .queue_figures(&names)
+            .await
+            .map_err(|e| OpsError::Unavailable(format!("{e:#}")))?;
+        let views = groups
+            .into_iter()
+            .map(|group| {
+                let topology = Topology::new(&broker.queue_prefix, &group);
+                let (queue, parking_queue) = (topology.work_queue(), topology.parking_queue());
+                let work = figures.queues.remove(&queue);
+                let parking = figures.queues.remove(&parking_queue);
+                QueueView {
+                    group,
+                    depth: work.as_ref().map(|w| w.ready),
+                    consumers: work.as_ref().map(|w| w.consumers),
+                    unacked: work.as_ref().and_then(|w| w.unacked),
+                    publish_rate: work.as_ref().and_then(|w| w.publish_rate),
+                    deliver_rate: work.as_ref().and_then(|w| w.deliver_rate),
+                    parking_depth: parking.map(|p| p.ready),
+                    queue,
+                    parking_queue,
+                }
+            })
+            .collect();
+        Ok(Queues {
+            source: figures.source,
+            management_error: figures.management_error,
+            queues: views,
+        })
     }
 
     /// Runs per state and failure rate within `window`, leader, jobs and workers.
@@ -882,8 +912,10 @@ impl Operations {
 
     // ---- dead letters --------------------------------------------------------------------
 
+    /// Parking-lot operations on the broker's shared connection.
     async fn parking_lot(&self, broker: &Broker) -> OpsResult<ParkingLot> {
-        ParkingLot::connect(&broker.amqp_url, &broker.queue_prefix)
+        broker
+            .parking_lot()
             .await
             .map_err(|e| OpsError::Unavailable(format!("{e:#}")))
     }

@@ -120,10 +120,12 @@ impl ParkedPayload {
     }
 }
 
-/// A connection to the broker for parking-lot operations.
+/// A connection to the broker for parking-lot operations: its own, or the operations layer's
+/// shared one ([`crate::broker::Broker::parking_lot`]), which [`ParkingLot::close`] leaves open.
 pub struct ParkingLot {
-    connection: Connection,
+    connection: std::sync::Arc<Connection>,
     prefix: String,
+    owned: bool,
 }
 
 impl std::fmt::Debug for ParkingLot {
@@ -188,21 +190,27 @@ impl Fetched {
 impl ParkingLot {
     /// Connects to the broker at `url`; queue names use `prefix`.
     pub async fn connect(url: &str, prefix: &str) -> anyhow::Result<ParkingLot> {
-        let properties = ConnectionProperties::default().with_connection_name("chime-cli".into());
-        let connection =
-            tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(url, properties))
-                .await
-                .map_err(|_| {
-                    anyhow::anyhow!(
-                        "broker at {} did not answer within {CONNECT_TIMEOUT:?}",
-                        redact(url)
-                    )
-                })?
-                .with_context(|| format!("connecting to RabbitMQ at {}", redact(url)))?;
+        let connection = open_connection(url, "chime-cli").await?;
         Ok(ParkingLot {
+            connection: std::sync::Arc::new(connection),
+            prefix: prefix.to_owned(),
+            owned: true,
+        })
+    }
+
+    /// Parking-lot operations on a connection shared with others: each operation opens its own
+    /// channel on it, and [`ParkingLot::close`] does not close it.
+    pub fn on(connection: std::sync::Arc<Connection>, prefix: &str) -> ParkingLot {
+        ParkingLot {
             connection,
             prefix: prefix.to_owned(),
-        })
+            owned: false,
+        }
+    }
+
+    /// Whether the connection is still open (a failed operation may have broken it).
+    pub fn connected(&self) -> bool {
+        self.connection.status().connected()
     }
 
     /// The parking-lot queue of `group`.
@@ -334,10 +342,27 @@ impl ParkingLot {
             .flatten()
     }
 
-    /// Closes the connection.
+    /// Closes the connection, unless it is shared.
     pub async fn close(self) {
-        let _ = self.connection.close(200, "done".into()).await;
+        if self.owned {
+            let _ = self.connection.close(200, "done".into()).await;
+        }
     }
+}
+
+/// A connection to the broker at `url` named `name` (as the broker lists it), waiting at most
+/// 5 s.
+pub async fn open_connection(url: &str, name: &str) -> anyhow::Result<Connection> {
+    let properties = ConnectionProperties::default().with_connection_name(name.into());
+    tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(url, properties))
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "broker at {} did not answer within {CONNECT_TIMEOUT:?}",
+                redact(url)
+            )
+        })?
+        .with_context(|| format!("connecting to RabbitMQ at {}", redact(url)))
 }
 
 /// Whether the broker at `url` accepts a connection (for `/readyz`).

@@ -1,9 +1,11 @@
 //! Leader duty: delete finished runs, with their attempts and log lines, once they are older
-//! than the `retention.max_age` setting or their job's own `retention`.
+//! than the `retention.max_age` setting or their job's own `retention`; and audit log entries
+//! once they are older than `retention.audit_max_age` (default 400 days).
 //!
-//! Work is bounded: each statement deletes at most `batch_size` runs in its own short
-//! transaction (rows another transaction holds are skipped, never waited for), and a pass stops
-//! after [`MAX_BATCHES_PER_PASS`] batches, going on at the next interval. Every batch is fenced
+//! Work is bounded: each statement deletes at most `batch_size` runs (or audit entries) in its
+//! own short transaction (rows another transaction holds are skipped, never waited for), and a
+//! pass stops after [`MAX_BATCHES_PER_PASS`] batches of runs and as many of audit entries,
+//! going on at the next interval. Every batch is fenced
 //! by the leader's term like any leader write. Runs that are not finished (pending, queued,
 //! running, retrying) are never deleted, whatever their age.
 
@@ -21,6 +23,8 @@ pub const MAX_BATCHES_PER_PASS: u32 = 100;
 pub struct Pruned {
     /// Runs deleted (their attempts and log lines went with them).
     pub runs: u64,
+    /// Audit log entries deleted.
+    pub audit_entries: u64,
     /// Statements run.
     pub batches: u32,
 }
@@ -33,11 +37,12 @@ pub async fn run(store: Store, fence: Fence, settings: RetentionSettings, stop: 
             () = tokio::time::sleep(settings.interval) => {}
         }
         match prune(&store, &fence, &settings).await {
-            Ok(Some(pruned)) if pruned.runs > 0 => {
+            Ok(Some(pruned)) if pruned.runs > 0 || pruned.audit_entries > 0 => {
                 info!(
                     runs = pruned.runs,
+                    audit_entries = pruned.audit_entries,
                     batches = pruned.batches,
-                    "retention: pruned old runs"
+                    "retention: pruned old runs and audit entries"
                 );
             }
             Ok(Some(_)) => {}
@@ -47,9 +52,36 @@ pub async fn run(store: Store, fence: Fence, settings: RetentionSettings, stop: 
     }
 }
 
-/// One pass: jobs with their own retention one by one, then every other job with the default.
-/// Returns `None` if the fence no longer holds (nothing more is deleted).
+/// One pass: runs of jobs with their own retention one by one, then of every other job with the
+/// default, then the audit log. Returns `None` if the fence no longer holds (nothing more is
+/// deleted).
 pub async fn prune(
+    store: &Store,
+    fence: &Fence,
+    settings: &RetentionSettings,
+) -> anyhow::Result<Option<Pruned>> {
+    let Some(mut pruned) = prune_runs(store, fence, settings).await? else {
+        return Ok(None);
+    };
+    let batch = i64::from(settings.batch_size.max(1));
+    for _ in 0..MAX_BATCHES_PER_PASS {
+        let Some(deleted) = store
+            .prune_audit(fence, settings.audit_max_age, batch)
+            .await?
+        else {
+            return Ok(None);
+        };
+        pruned.batches += 1;
+        pruned.audit_entries += deleted;
+        if deleted < batch as u64 {
+            break;
+        }
+    }
+    Ok(Some(pruned))
+}
+
+/// The runs' part of a pass, at most [`MAX_BATCHES_PER_PASS`] batches.
+async fn prune_runs(
     store: &Store,
     fence: &Fence,
     settings: &RetentionSettings,
@@ -178,6 +210,7 @@ mod tests {
             max_age: Duration::from_secs(30 * 24 * 3600),
             interval: Duration::from_secs(60),
             batch_size: 2,
+            ..RetentionSettings::default()
         };
         let pruned = prune(&store, &fence, &settings)
             .await
@@ -214,5 +247,61 @@ mod tests {
         };
         assert_eq!(prune(&store, &stale, &settings).await.expect("prune"), None);
         assert_eq!(ids(&pool).await.len(), kept.len() + 1);
+    }
+
+    /// Inserts an audit entry written `age_days` ago.
+    async fn audit(pool: &PgPool, age_days: i32) -> i64 {
+        sqlx::query_scalar(
+            "INSERT INTO chime_audit (at, actor, role, action, outcome)
+             VALUES (now() - make_interval(days => $1), 'cli:test', 'admin', 'jobs.trigger', 'ok')
+             RETURNING id",
+        )
+        .bind(age_days)
+        .fetch_one(pool)
+        .await
+        .expect("audit entry")
+    }
+
+    async fn audit_ids(pool: &PgPool) -> Vec<i64> {
+        sqlx::query_scalar("SELECT id FROM chime_audit ORDER BY id")
+            .fetch_all(pool)
+            .await
+            .expect("ids")
+    }
+
+    #[sqlx::test(migrations = "../migrations")]
+    async fn old_audit_entries_go_in_batches_under_the_fence(pool: PgPool) {
+        let store = Store::from_pool(pool.clone());
+        let fence = leader(&store).await;
+        // Oldest first, as in production, where ids follow `at`.
+        for age in [900, 500, 450, 402, 401] {
+            audit(&pool, age).await;
+        }
+        let kept = vec![audit(&pool, 399).await, audit(&pool, 0).await];
+        let settings = RetentionSettings {
+            batch_size: 2,
+            ..RetentionSettings::default()
+        };
+        assert_eq!(settings.audit_max_age, Duration::from_secs(400 * 24 * 3600));
+
+        let pruned = prune(&store, &fence, &settings)
+            .await
+            .expect("prune")
+            .expect("fenced");
+        assert_eq!(pruned.audit_entries, 5);
+        assert_eq!(pruned.runs, 0);
+        assert!(pruned.batches >= 3, "batches of 2: {pruned:?}");
+        assert_eq!(audit_ids(&pool).await, kept);
+
+        // A second pass finds nothing; a deposed leader deletes nothing.
+        let again = prune(&store, &fence, &settings).await.expect("prune");
+        assert_eq!(again.map(|p| p.audit_entries), Some(0));
+        let old = audit(&pool, 800).await;
+        let stale = Fence {
+            holder: fence.holder.clone(),
+            term: fence.term + 1,
+        };
+        assert_eq!(prune(&store, &stale, &settings).await.expect("prune"), None);
+        assert!(audit_ids(&pool).await.contains(&old));
     }
 }

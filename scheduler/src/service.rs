@@ -88,6 +88,8 @@ pub struct OpsSettings {
     pub bind: Option<SocketAddr>,
     /// Prune old runs while leading ([`crate::retention`]).
     pub retention: Option<RetentionSettings>,
+    /// RabbitMQ's management HTTP API, for queue figures ([`crate::broker`]).
+    pub management_url: Option<String>,
 }
 
 /// [`run_with`], also serving HTTP and pruning old runs as `operations` says. Refuses to start
@@ -107,9 +109,16 @@ pub async fn run_serving(
         Elector::new(store.clone(), config.instance_id.clone(), config.lease);
     // Bind first: an instance that may not serve (exposure rule, address taken) changes nothing.
     let http = match operations.bind {
-        Some(bind) => {
-            Some(crate::api::Server::bind(bind, &store, &config, leadership.clone()).await?)
-        }
+        Some(bind) => Some(
+            crate::api::Server::bind(
+                bind,
+                &store,
+                &config,
+                operations.management_url.as_deref(),
+                leadership.clone(),
+            )
+            .await?,
+        ),
         None => None,
     };
     let jobs = loader().context("loading job files")?;

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use chime_e2e::services::free_port;
+use chime_e2e::services::{PrivateRabbit, free_port};
 use chime_e2e::{AMQP_URL, database_url, init_tracing, service_config, unique, wait_for};
 use chime_scheduler::service::{self, DutySettings, OpsSettings};
 use serde_json::{Value, json};
@@ -66,7 +66,12 @@ async fn the_api_triggers_shows_and_measures_a_run_end_to_end(pool: PgPool) {
         client: reqwest::Client::new(),
         base: instance.base.clone(),
     };
-    // The first scrape starts the run observer at the newest run.
+    // Only the leader observes runs; its first scrape starts the observer at the newest run.
+    wait_for("the instance to lead", Duration::from_secs(10), || async {
+        let text = http.metrics().await;
+        text.lines().any(|l| l == "chime_is_leader 1").then_some(())
+    })
+    .await;
     http.metrics().await;
     let worker = RecordingWorker::start(&db, AMQP_URL, &prefix, group, &["ping"]);
 
@@ -110,6 +115,8 @@ async fn the_api_triggers_shows_and_measures_a_run_end_to_end(pool: PgPool) {
     assert_eq!(run["logs"][0]["message"], "recorded");
 
     let (_, queues) = http.get("/api/queues", Some(&viewer)).await;
+    assert_eq!(queues["source"], "passive_declare", "{queues}");
+    assert_eq!(queues["management_error"], Value::Null, "{queues}");
     let queue = &queues["queues"][0];
     assert_eq!(queue["group"], group);
     assert_eq!(queue["consumers"], 1, "{queues}");
@@ -142,7 +149,7 @@ async fn the_api_triggers_shows_and_measures_a_run_end_to_end(pool: PgPool) {
 
     let text = http.metrics().await;
     for line in [
-        "chime_fire_lateness_seconds_count{stage=\"published\"} 1",
+        "chime_fire_publish_offset_seconds_count 1",
         "chime_fire_lateness_seconds_count{stage=\"started\"} 1",
         "chime_runs_finished_total{job=\"ping\",state=\"succeeded\"} 1",
         "chime_attempts_total{job=\"ping\"} 1",
@@ -183,6 +190,7 @@ async fn an_instance_bound_beyond_loopback_without_tokens_refuses_to_start(pool:
                         .expect("address"),
                 ),
                 retention: None,
+                ..OpsSettings::default()
             },
             loader,
             reload_rx,
@@ -299,4 +307,197 @@ async fn a_parked_message_is_shown_in_full_and_the_parking_lot_keeps_its_order(p
 
     instance.stop().await;
     delete_topology(&prefix, group).await;
+}
+
+/// Queue figures from the management HTTP API of a private RabbitMQ node with the plugin
+/// enabled (the shared broker runs without it), and the fall-back to passive declares when
+/// the management API is not configured or does not answer.
+#[sqlx::test(migrations = "../migrations")]
+async fn queue_figures_come_from_the_management_api_else_from_passive_declares(pool: PgPool) {
+    use chime_scheduler::auth::Caller;
+    use chime_scheduler::ops::{Broker, Operations, QueueSource};
+    use chime_scheduler::store::Store;
+    use chime_worker::Topology;
+    use futures::StreamExt as _;
+    use lapin::options::{BasicConsumeOptions, BasicPublishOptions, BasicQosOptions};
+    use lapin::types::FieldTable;
+    use lapin::{BasicProperties, Connection, ConnectionProperties};
+
+    init_tracing();
+    let store = Store::from_pool(pool.clone());
+    let (prefix, group) = (unique("mgmt"), "mgmtg");
+    store
+        .sync_config_jobs(&[job(json!({"name": "ping", "group": group}))])
+        .await
+        .expect("jobs");
+    let rabbit = tokio::task::spawn_blocking(PrivateRabbit::start_with_management)
+        .await
+        .expect("joined")
+        .expect("a private RabbitMQ node with the management plugin");
+    let management = rabbit.management_url().expect("management port");
+
+    // Three messages in the work queue; a consumer with a prefetch of 1 holds one unacked.
+    let connection = Connection::connect(&rabbit.url(), ConnectionProperties::default())
+        .await
+        .expect("connect");
+    let channel = connection.create_channel().await.expect("channel");
+    let topology = Topology::new(&prefix, group);
+    topology.declare(&channel).await.expect("topology");
+    let work = topology.work_queue();
+    for _ in 0..3 {
+        channel
+            .basic_publish(
+                "".into(),
+                work.as_str().into(),
+                BasicPublishOptions::default(),
+                b"{}",
+                BasicProperties::default().with_delivery_mode(2),
+            )
+            .await
+            .expect("publish");
+    }
+    channel
+        .basic_qos(1, BasicQosOptions::default())
+        .await
+        .expect("qos");
+    let mut consumer = channel
+        .basic_consume(
+            work.as_str().into(),
+            "holder".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("consume");
+    let _held = consumer
+        .next()
+        .await
+        .expect("a delivery")
+        .expect("delivery");
+
+    let viewer = Caller::cli();
+    let with_management = Operations::new(
+        store.clone(),
+        Some(Broker::new(rabbit.url(), &prefix).with_management_url(Some(management.as_str()))),
+    );
+    let figures = wait_for(
+        "the management API's statistics to show the held message",
+        Duration::from_secs(30),
+        || async {
+            let figures = with_management.queues(&viewer).await.expect("queues");
+            let queue = &figures.queues[0];
+            (queue.unacked == Some(1) && queue.depth == Some(2)).then_some(figures)
+        },
+    )
+    .await;
+    assert_eq!(figures.source, QueueSource::Management);
+    assert_eq!(figures.management_error, None);
+    let queue = &figures.queues[0];
+    assert_eq!(queue.group, group);
+    assert_eq!(queue.consumers, Some(1), "{figures:?}");
+    assert_eq!(queue.parking_depth, Some(0), "{figures:?}");
+    assert!(queue.publish_rate.is_some() && queue.deliver_rate.is_some());
+
+    // Without management_url: passive declares, exact ready and consumer counts, no unacked.
+    let passive_ops = Operations::new(store.clone(), Some(Broker::new(rabbit.url(), &prefix)));
+    let passive = passive_ops.queues(&viewer).await.expect("queues");
+    passive_ops.close().await;
+    assert_eq!(passive.source, QueueSource::PassiveDeclare);
+    assert_eq!(passive.management_error, None);
+    let queue = &passive.queues[0];
+    assert_eq!(
+        (queue.depth, queue.consumers, queue.unacked),
+        (Some(2), Some(1), None)
+    );
+
+    // A management API that does not answer: passive declares, and the reason says why.
+    let closed = format!("http://127.0.0.1:{}", free_port().expect("a free port"));
+    let fallback_ops = Operations::new(
+        store.clone(),
+        Some(Broker::new(rabbit.url(), &prefix).with_management_url(Some(closed.as_str()))),
+    );
+    let fallback = fallback_ops.queues(&viewer).await.expect("queues");
+    fallback_ops.close().await;
+    assert_eq!(fallback.source, QueueSource::PassiveDeclare);
+    let reason = fallback.management_error.expect("a reason");
+    assert!(
+        reason.contains("management API at http://127.0.0.1:"),
+        "{reason}"
+    );
+    assert_eq!(fallback.queues[0].depth, Some(2));
+
+    // Every operation shares one AMQP connection, which the broker lists once; after the
+    // broker closes it, the next operation opens a new one.
+    let broker = Broker::new(rabbit.url(), &prefix);
+    let ops = Operations::new(store.clone(), Some(broker.clone()));
+    for _ in 0..3 {
+        ops.queues(&viewer).await.expect("queues");
+        ops.dead_letters(&viewer, None, 10)
+            .await
+            .expect("dead letters");
+    }
+    assert_eq!(broker.connections_opened(), 1);
+    let http = reqwest::Client::new();
+    let ours = |listing: &Value| -> Vec<String> {
+        listing
+            .as_array()
+            .expect("connections")
+            .iter()
+            .filter(|c| {
+                [
+                    &c["user_provided_name"],
+                    &c["client_properties"]["connection_name"],
+                ]
+                .iter()
+                .any(|n| n.as_str() == Some(broker.connection_name()))
+            })
+            .map(|c| c["name"].as_str().expect("name").to_owned())
+            .collect()
+    };
+    let connections = || async {
+        http.get(format!("{management}/api/connections"))
+            .basic_auth("guest", Some("guest"))
+            .send()
+            .await
+            .expect("GET /api/connections")
+            .json::<Value>()
+            .await
+            .expect("JSON")
+    };
+    let listed = wait_for(
+        "the broker to list the operations' connection",
+        Duration::from_secs(30),
+        || async { Some(ours(&connections().await)).filter(|o| !o.is_empty()) },
+    )
+    .await;
+    assert_eq!(listed.len(), 1, "one shared connection: {listed:?}");
+    let mut closing = reqwest::Url::parse(&management).expect("URL");
+    closing
+        .path_segments_mut()
+        .expect("path")
+        .pop_if_empty()
+        .extend(["api", "connections", listed[0].as_str()]);
+    let closed = http
+        .delete(closing)
+        .basic_auth("guest", Some("guest"))
+        .send()
+        .await
+        .expect("DELETE the connection");
+    assert!(closed.status().is_success(), "{}", closed.status());
+    let figures = wait_for(
+        "the operations to reconnect",
+        Duration::from_secs(30),
+        || async {
+            let figures = ops.queues(&viewer).await.ok()?;
+            (broker.connections_opened() == 2).then_some(figures)
+        },
+    )
+    .await;
+    assert_eq!(figures.queues[0].depth, Some(2), "{figures:?}");
+    ops.close().await;
+
+    let _ = connection.close(200, "done".into()).await;
+    tokio::task::spawn_blocking(move || drop(rabbit))
+        .await
+        .expect("stopped");
 }

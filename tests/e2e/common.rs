@@ -260,6 +260,7 @@ impl ServingInstance {
             OpsSettings {
                 bind: Some(format!("127.0.0.1:{port}").parse().expect("address")),
                 retention: None,
+                ..OpsSettings::default()
             },
             loader,
             reload_rx,

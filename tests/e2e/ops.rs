@@ -31,10 +31,7 @@ use crate::common::{delete_topology, job};
 use crate::policies::{Leader, Spans, TestWorker};
 
 async fn cli(store: &Store, prefix: &str, output: Output, command: Command) -> (ExitCode, String) {
-    let broker = Broker {
-        amqp_url: AMQP_URL.to_owned(),
-        queue_prefix: prefix.to_owned(),
-    };
+    let broker = Broker::new(AMQP_URL, prefix);
     let mut out = Vec::new();
     let code = operate(store, Some(&broker), output, command, &mut out)
         .await

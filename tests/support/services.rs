@@ -159,11 +159,12 @@ impl Drop for PrivatePostgres {
     }
 }
 
-/// A private RabbitMQ node (`guest`/`guest` allowed from 127.0.0.1, no plugins), run as a child
-/// process and controlled with `rabbitmqctl -n NODE`.
+/// A private RabbitMQ node (`guest`/`guest` allowed from 127.0.0.1; no plugins, or only the
+/// management plugin), run as a child process and controlled with `rabbitmqctl -n NODE`.
 pub struct PrivateRabbit {
     node: String,
     port: u16,
+    management_port: Option<u16>,
     dist_port: u16,
     dir: tempfile::TempDir,
     child: Option<std::process::Child>,
@@ -173,15 +174,40 @@ impl PrivateRabbit {
     /// Starts a node named `chime-chaos-<pid>-<n>@localhost` on free ports and waits until it
     /// has booted.
     pub fn start() -> anyhow::Result<PrivateRabbit> {
+        PrivateRabbit::start_with(false)
+    }
+
+    /// [`PrivateRabbit::start`] with the management plugin enabled in the node's own
+    /// `enabled_plugins` file (the shared broker's plugins are untouched), its HTTP API on
+    /// another free port of 127.0.0.1, collecting statistics every second.
+    pub fn start_with_management() -> anyhow::Result<PrivateRabbit> {
+        PrivateRabbit::start_with(true)
+    }
+
+    fn start_with(management: bool) -> anyhow::Result<PrivateRabbit> {
         let dir = data_dir("chime-chaos-rabbit-", "rabbitmq")?;
         let port = free_port()?;
         let mut dist_port = free_port()?;
         while dist_port == port {
             dist_port = free_port()?;
         }
-        let config = format!("listeners.tcp.1 = 127.0.0.1:{port}\nloopback_users = none\n");
+        let mut management_port = None;
+        let mut config = format!("listeners.tcp.1 = 127.0.0.1:{port}\nloopback_users = none\n");
+        let mut plugins = "[].\n";
+        if management {
+            let mut http = free_port()?;
+            while http == port || http == dist_port {
+                http = free_port()?;
+            }
+            config.push_str(&format!(
+                "management.tcp.ip = 127.0.0.1\nmanagement.tcp.port = {http}\n\
+                 collect_statistics_interval = 1000\n"
+            ));
+            plugins = "[rabbitmq_management].\n";
+            management_port = Some(http);
+        }
         std::fs::write(dir.path().join("rabbitmq.conf"), config)?;
-        std::fs::write(dir.path().join("enabled_plugins"), "[].\n")?;
+        std::fs::write(dir.path().join("enabled_plugins"), plugins)?;
         if is_root() {
             run(
                 "chown",
@@ -194,6 +220,7 @@ impl PrivateRabbit {
         let mut rabbit = PrivateRabbit {
             node: format!("{}@localhost", crate::unique("chime-chaos-")),
             port,
+            management_port,
             dist_port,
             dir,
             child: None,
@@ -205,6 +232,12 @@ impl PrivateRabbit {
     /// `amqp://guest:guest@127.0.0.1:PORT/%2f`
     pub fn url(&self) -> String {
         format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
+    }
+
+    /// `http://127.0.0.1:PORT` of the management API, when the node has the plugin.
+    pub fn management_url(&self) -> Option<String> {
+        self.management_port
+            .map(|port| format!("http://127.0.0.1:{port}"))
     }
 
     /// The node name, for `rabbitmqctl -n`.

@@ -683,6 +683,7 @@ async fn metrics_export_every_name_and_observe_new_runs(pool: PgPool) {
     // Families with samples from the start (the others appear with their first labels).
     for name in [
         "chime_fire_lateness_seconds",
+        "chime_fire_publish_offset_seconds",
         "chime_publish_confirm_seconds",
         "chime_is_leader",
         "chime_leader_term",
@@ -718,15 +719,16 @@ async fn metrics_export_every_name_and_observe_new_runs(pool: PgPool) {
             .parse()
             .expect("number")
     };
-    assert_eq!(
-        sample("chime_fire_lateness_seconds_count{stage=\"published\"}"),
-        1.0
-    );
+    assert_eq!(sample("chime_fire_publish_offset_seconds_count"), 1.0);
     assert_eq!(
         sample("chime_fire_lateness_seconds_count{stage=\"started\"}"),
         1.0
     );
-    let published_sum = sample("chime_fire_lateness_seconds_sum{stage=\"published\"}");
+    assert!(
+        !text.contains("stage=\"published\""),
+        "publishing is measured by the offset:\n{text}"
+    );
+    let published_sum = sample("chime_fire_publish_offset_seconds_sum");
     assert!((1.9..2.1).contains(&published_sum), "{published_sum}");
     assert_eq!(
         sample("chime_runs_finished_total{job=\"report\",state=\"succeeded\"}"),
@@ -738,9 +740,10 @@ async fn metrics_export_every_name_and_observe_new_runs(pool: PgPool) {
         sample("chime_runs_active{job=\"report\",state=\"pending\"}"),
         1.0
     );
-    // The pending run is published later: observed once, the finished one not again.
+    // The pending run is published ahead of its instant, as the dispatcher does: observed
+    // once, as a negative offset; the finished one not again.
     sqlx::query(
-        "UPDATE chime_runs SET state = 'queued', published_at = scheduled_at + interval '5ms'
+        "UPDATE chime_runs SET state = 'queued', published_at = scheduled_at - interval '210ms'
          WHERE state = 'pending'",
     )
     .execute(&app.pool)
@@ -748,10 +751,15 @@ async fn metrics_export_every_name_and_observe_new_runs(pool: PgPool) {
     .expect("publish");
     let (_, text) = app.call(Method::GET, "/metrics", None, None).await;
     let text = text.as_str().expect("text");
-    assert!(
-        text.contains("chime_fire_lateness_seconds_count{stage=\"published\"} 2"),
-        "{text}"
-    );
+    for line in [
+        "chime_fire_publish_offset_seconds_count 2",
+        "chime_fire_publish_offset_seconds_bucket{le=\"-0.22\"} 0",
+        "chime_fire_publish_offset_seconds_bucket{le=\"-0.2\"} 1",
+        "chime_fire_publish_offset_seconds_bucket{le=\"0\"} 1",
+        "chime_fire_publish_offset_seconds_bucket{le=\"2.5\"} 2",
+    ] {
+        assert!(text.contains(line), "{line} missing:\n{text}");
+    }
     assert!(
         text.contains("chime_runs_finished_total{job=\"report\",state=\"succeeded\"} 1"),
         "{text}"
@@ -791,6 +799,7 @@ fn the_grafana_dashboard_uses_only_exported_metrics() {
     }
     for required in [
         "chime_fire_lateness_seconds_bucket",
+        "chime_fire_publish_offset_seconds_bucket",
         "chime_queue_depth",
         "chime_parking_lot_depth",
         "chime_is_leader",

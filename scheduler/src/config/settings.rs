@@ -32,6 +32,7 @@ pub const DEFAULT_QUEUE_PREFIX: &str = "chime";
 pub const SETTINGS_KEYS: &[&str] = &[
     "database_url",
     "amqp_url",
+    "management_url",
     "instance_id",
     "bind",
     "queue_prefix",
@@ -49,6 +50,7 @@ pub const SETTINGS_KEYS: &[&str] = &[
     "retention.max_age",
     "retention.interval",
     "retention.batch_size",
+    "retention.audit_max_age",
 ];
 
 /// Keys of one group's alert overrides, `alerts.groups.<group>.<key>`.
@@ -65,6 +67,9 @@ pub struct Settings {
     pub database_url: String,
     /// RabbitMQ connection URL (`amqp://` or `amqps://`).
     pub amqp_url: String,
+    /// RabbitMQ's management HTTP API (`http://host:15672`), for queue figures with unacked
+    /// counts and rates; none: passive declares only. Credentials are `amqp_url`'s.
+    pub management_url: Option<String>,
     /// This instance's name in the leader lease, worker registry and logs; `None` means
     /// `hostname-pid`, see [`Settings::resolved_instance_id`].
     pub instance_id: Option<String>,
@@ -88,15 +93,19 @@ pub struct Settings {
 }
 
 /// Retention (`[retention]`): the leader deletes finished runs (with their attempts and log
-/// lines) older than `max_age`, or than their job's own `retention`, in batches.
+/// lines) older than `max_age`, or than their job's own `retention`, and audit log entries
+/// older than `audit_max_age`, in batches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetentionSettings {
     /// Finished runs older than this are deleted (unless their job says otherwise).
     pub max_age: Duration,
     /// How often the leader prunes.
     pub interval: Duration,
-    /// Most runs deleted per statement (each batch is its own short transaction).
+    /// Most runs (or audit entries) deleted per statement (each batch is its own short
+    /// transaction).
     pub batch_size: u32,
+    /// Audit log entries older than this are deleted.
+    pub audit_max_age: Duration,
 }
 
 impl Default for RetentionSettings {
@@ -105,6 +114,7 @@ impl Default for RetentionSettings {
             max_age: Duration::from_secs(30 * 24 * 3600),
             interval: Duration::from_secs(60),
             batch_size: 1000,
+            audit_max_age: Duration::from_secs(400 * 24 * 3600),
         }
     }
 }
@@ -257,6 +267,7 @@ impl Default for Settings {
         Settings {
             database_url: DEFAULT_DATABASE_URL.to_owned(),
             amqp_url: DEFAULT_AMQP_URL.to_owned(),
+            management_url: None,
             instance_id: None,
             bind: DEFAULT_BIND
                 .parse()
@@ -277,6 +288,7 @@ impl fmt::Debug for Settings {
         f.debug_struct("Settings")
             .field("database_url", &redact_url(&self.database_url))
             .field("amqp_url", &redact_url(&self.amqp_url))
+            .field("management_url", &self.management_url)
             .field("instance_id", &self.instance_id)
             .field("bind", &self.bind)
             .field("queue_prefix", &self.queue_prefix)
@@ -463,6 +475,23 @@ fn resolve(
     if let Some(url) = url_setting(&layers, "amqp_url", &["amqp", "amqps"], &mut errors) {
         settings.amqp_url = url;
     }
+    if let Some(url) = url_setting(&layers, "management_url", &["http", "https"], &mut errors) {
+        if url.split_once("://").is_some_and(|(_, rest)| {
+            rest.split(['/', '?', '#'])
+                .next()
+                .is_some_and(|host| host.contains('@'))
+        }) {
+            if let Some((_, place)) = layers.get("management_url") {
+                errors.push(place.error(
+                    Some(format!("{:?}", redact_url(&url))),
+                    "write the URL without credentials, such as \"http://127.0.0.1:15672\": \
+                     the management API is used as amqp_url's user",
+                ));
+            }
+        } else {
+            settings.management_url = Some(url);
+        }
+    }
     if let Some((text, place)) = string(&layers, "instance_id", &mut errors) {
         if text.is_empty() || text.chars().count() > 128 || text.chars().any(char::is_whitespace) {
             errors.push(place.error(
@@ -572,6 +601,10 @@ fn resolve(
     for (key, target) in [
         ("retention.max_age", &mut settings.retention.max_age),
         ("retention.interval", &mut settings.retention.interval),
+        (
+            "retention.audit_max_age",
+            &mut settings.retention.audit_max_age,
+        ),
     ] {
         if let Some((d, place, written)) = duration(&layers, key, &mut errors) {
             if d < Duration::from_secs(1) {
@@ -903,10 +936,10 @@ fn url_setting(
     if scheme_ok {
         return Some(text);
     }
-    let example = if key == "database_url" {
-        DEFAULT_DATABASE_URL
-    } else {
-        DEFAULT_AMQP_URL
+    let example = match key {
+        "database_url" => DEFAULT_DATABASE_URL,
+        "management_url" => "http://127.0.0.1:15672",
+        _ => DEFAULT_AMQP_URL,
     };
     errors.push(place.error(
         Some(format!("{:?}", redact_url(&text))),

@@ -492,6 +492,59 @@ impl Store {
         ))
     }
 
+    /// Deletes one batch of audit entries older than `max_age`, oldest first, at most `limit`,
+    /// under the leader's fence; entries locked by someone else are skipped. Returns `None` if
+    /// the fence no longer holds, else how many entries were deleted.
+    ///
+    /// Ids follow `at` (both are assigned at insert), so the old entries are the lowest ids: the
+    /// statement walks the primary key from the oldest entry up to the first one inside the
+    /// window, whatever the table's size.
+    pub async fn prune_audit(
+        &self,
+        fence: &super::Fence,
+        max_age: std::time::Duration,
+        limit: i64,
+    ) -> anyhow::Result<Option<u64>> {
+        let row = sqlx::query(
+            "WITH lease AS (
+                 SELECT term FROM chime_leader
+                 WHERE name = 'default' AND holder = $1 AND term = $2 AND expires_at > now()
+                 FOR SHARE
+             ), bound AS (
+                 SELECT coalesce(
+                     (SELECT id FROM chime_audit
+                      WHERE at >= now() - make_interval(secs => $3)
+                      ORDER BY id LIMIT 1),
+                     (SELECT max(id) + 1 FROM chime_audit),
+                     0) AS id
+             ), victims AS (
+                 SELECT a.id FROM chime_audit a, bound b
+                 WHERE EXISTS (SELECT 1 FROM lease)
+                   AND a.id < b.id
+                   AND a.at < now() - make_interval(secs => $3)
+                 ORDER BY a.id LIMIT $4
+                 FOR UPDATE OF a SKIP LOCKED
+             ), deleted AS (
+                 DELETE FROM chime_audit a USING victims v WHERE a.id = v.id RETURNING 1
+             )
+             SELECT EXISTS (SELECT 1 FROM lease) AS leased,
+                    (SELECT count(*) FROM deleted) AS deleted",
+        )
+        .bind(&fence.holder)
+        .bind(fence.term)
+        .bind(max_age.as_secs_f64())
+        .bind(limit)
+        .fetch_one(&self.pool)
+        .await
+        .context("pruning the audit log")?;
+        if !row.get::<bool, _>("leased") {
+            return Ok(None);
+        }
+        Ok(Some(
+            u64::try_from(row.get::<i64, _>("deleted")).unwrap_or(0),
+        ))
+    }
+
     /// How many jobs there are, and how many of them are paused.
     pub async fn job_counts(&self) -> anyhow::Result<(i64, i64)> {
         let row = sqlx::query(

@@ -65,6 +65,7 @@ fn settings_file_sets_every_key_and_resolves_job_paths_against_its_directory() {
         Settings {
             database_url: "postgres://chime@db.internal:5432/chime".into(),
             amqp_url: "amqp://chime@mq.internal:5672/%2f".into(),
+            management_url: Some("http://mq.internal:15672".into()),
             instance_id: Some("scheduler-1".into()),
             bind: "0.0.0.0:9000".parse().unwrap(),
             queue_prefix: "acme".into(),
@@ -85,6 +86,7 @@ fn settings_file_sets_every_key_and_resolves_job_paths_against_its_directory() {
                 max_age: Duration::from_secs(7 * 24 * 3600),
                 interval: Duration::from_secs(30),
                 batch_size: 500,
+                audit_max_age: Duration::from_secs(730 * 24 * 3600),
             },
             alerts: AlertSettings {
                 webhook: Some("https://hooks.example.com/services/T0/B0/secret".into()),
@@ -197,7 +199,7 @@ fn unknown_keys_suggest_the_setting_meant() {
     assert_eq!(
         errors,
         [
-            r#"chime.toml: key "colour" = "blue": unknown key; remove it, or use one of the settings: database_url, amqp_url, instance_id, bind, queue_prefix, jobs, leader.lease_ttl, leader.renew_interval, planner.lookahead, rescuer.interval, rescuer.rescue_after, rescuer.retry_slack, alerts.webhook, alerts.format, alerts.min_interval, alerts.consecutive_failures, retention.max_age, retention.interval, retention.batch_size"#,
+            r#"chime.toml: key "colour" = "blue": unknown key; remove it, or use one of the settings: database_url, amqp_url, management_url, instance_id, bind, queue_prefix, jobs, leader.lease_ttl, leader.renew_interval, planner.lookahead, rescuer.interval, rescuer.rescue_after, rescuer.retry_slack, alerts.webhook, alerts.format, alerts.min_interval, alerts.consecutive_failures, retention.max_age, retention.interval, retention.batch_size, retention.audit_max_age"#,
             r#"chime.toml: key "databse_url" = "postgres://db/chime": unknown key; did you mean "database_url"?"#,
             r#"chime.toml: key "leader.renew_intreval" = "1s": unknown key; did you mean "leader.renew_interval"?"#,
             r#"chime.toml: key "lease_ttl" = "5s": unknown key; did you mean "leader.lease_ttl"?"#,
@@ -272,6 +274,7 @@ fn invalid_values_in_the_file_name_the_key() {
     let errors = toml_errors(
         r#"
         amqp_url = "http://mq:15672"
+        management_url = "http://guest:guest@mq:15672"
         instance_id = "scheduler one"
         bind = 8080
         queue_prefix = "Chime"
@@ -285,6 +288,7 @@ fn invalid_values_in_the_file_name_the_key() {
         errors,
         [
             r#"chime.toml: key "amqp_url" = "http://mq:15672": expected a URL starting with "amqp://" or "amqps://", such as "amqp://guest:guest@127.0.0.1:5672/%2f""#,
+            r#"chime.toml: key "management_url" = "http://guest:***@mq:15672": write the URL without credentials, such as "http://127.0.0.1:15672": the management API is used as amqp_url's user"#,
             r#"chime.toml: key "instance_id" = "scheduler one": expected 1 to 128 characters without spaces, such as "scheduler-1"; leave it unset for hostname-pid"#,
             r#"chime.toml: key "bind" = 8080: expected a string; quote it: "8080""#,
             r#"chime.toml: key "queue_prefix" = "Chime": invalid queue prefix: 'C' is not allowed; use 1 to 63 characters from a-z, 0-9, "_", "." and "-", starting with a letter or digit, such as "chime""#,
@@ -515,6 +519,7 @@ fn retention_mistakes_name_the_key() {
         max_age = "500ms"
         interval = "1 minute please"
         batch_size = 0
+        audit_max_age = "0s"
         "#,
         &[],
     );
@@ -523,10 +528,12 @@ fn retention_mistakes_name_the_key() {
         [
             r#"chime.toml: key "retention.max_age" = "500ms": must be at least 1s; write a duration such as "30days" or "1m""#,
             r#"chime.toml: key "retention.interval" = "1 minute please": invalid duration (expected a number at "please"); write a number with a unit, such as "3s" or "500ms""#,
+            r#"chime.toml: key "retention.audit_max_age" = "0s": must be at least 1s; write a duration such as "30days" or "1m""#,
             r#"chime.toml: key "retention.batch_size" = 0: must be at least 1; a batch of 1000 is usual"#,
         ]
     );
     let defaults = Settings::default().retention;
     assert_eq!(defaults.max_age, Duration::from_secs(30 * 24 * 3600));
     assert_eq!(defaults.batch_size, 1000);
+    assert_eq!(defaults.audit_max_age, Duration::from_secs(400 * 24 * 3600));
 }
