@@ -22,7 +22,7 @@ use chime_scheduler::store::Store;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
-use crate::common::{RecordingWorker, ServingInstance, delete_topology};
+use crate::common::{RecordingWorker, ServingInstance, TopologyGuard};
 
 /// Generous: a slow, shared two-core machine renders and polls slowly, but every wait ends as
 /// soon as its condition holds.
@@ -289,6 +289,7 @@ async fn an_operator_triggers_a_job_and_watches_its_run_finish_and_a_viewer_cann
     let db = database_url(&pool);
     let prefix = unique("dash");
     let group = "dashg";
+    let topology = TopologyGuard::new(&prefix, &[group]);
     let instance = ServingInstance::start(&pool, &prefix, group).await;
     let (base, operator, viewer) = (
         instance.base.clone(),
@@ -600,7 +601,7 @@ async fn an_operator_triggers_a_job_and_watches_its_run_finish_and_a_viewer_cann
     drop(browser);
     worker.stop().await;
     instance.stop().await;
-    delete_topology(&prefix, group).await;
+    topology.delete().await;
 }
 
 /// Logs in with `token` and waits until the page names `whoami`.
@@ -622,6 +623,7 @@ async fn an_operator_pages_runs_replays_a_dead_letter_and_cancels_a_run(pool: Pg
     let prefix = unique("dash2");
     // `idle` has a job but no worker: its runs wait in the queue.
     let (group, idle) = ("dash2g", "dash2idle");
+    let topology = TopologyGuard::new(&prefix, &[group, idle]);
     let instance = ServingInstance::start(&pool, &prefix, group).await;
     let (base, operator) = (instance.base.clone(), instance.operator.clone());
     let http = reqwest::Client::new();
@@ -849,6 +851,5 @@ async fn an_operator_pages_runs_replays_a_dead_letter_and_cancels_a_run(pool: Pg
     drop(browser);
     worker.stop().await;
     instance.stop().await;
-    delete_topology(&prefix, group).await;
-    delete_topology(&prefix, idle).await;
+    topology.delete().await;
 }
