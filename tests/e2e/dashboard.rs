@@ -2,11 +2,11 @@
 //! operator logs in with a token, triggers a job and watches its run appear and finish; a viewer
 //! sees the same pages but cannot trigger; an admin edits a schedule with its live preview; an
 //! operator sees the runs-over-time chart, filters and pages runs (older and newer), inspects
-//! and replays a dead letter, cancels a run from its page, and the audit page names both; an
-//! operator replays every dead letter of a group and an admin purges them (an operator cannot);
-//! no page logs a console error; user-supplied strings show as text, never as markup.
-//! Screenshots of every page go to
-//! `target/dashboard-screenshots/` for a person to look at.
+//! and replays a dead letter, cancels a run from its page, and the audit page names both; the
+//! overview refreshes itself in place and stops when another page opens; an operator replays
+//! every dead letter of a group and an admin purges them (an operator cannot); no page logs a
+//! console error; user-supplied strings show as text, never as markup. Screenshots of every
+//! page go to `target/dashboard-screenshots/` for a person to look at.
 //!
 //! chromedriver and chromium come from the Debian packages of those names (`.ci/run` installs
 //! them when missing). The WebDriver protocol is plain JSON over HTTP, so the test speaks it
@@ -856,11 +856,12 @@ async fn an_operator_pages_runs_replays_a_dead_letter_and_cancels_a_run(pool: Pg
     topology.delete().await;
 }
 
-/// On the dead-letters page an operator replays every parked run of a group and they run, but
-/// cannot purge; an admin purges the group's parking lot, which leaves the list empty and the
-/// runs in the database.
+/// The overview refreshes itself (a run triggered through the API shows up in its chart without
+/// a reload) and stops when another page opens; on the dead-letters page an operator replays
+/// every parked run of a group and they run, but cannot purge; an admin purges the group's
+/// parking lot, which leaves the list empty and the runs in the database.
 #[sqlx::test(migrations = "../migrations")]
-async fn dead_letters_are_replayed_in_bulk_and_purged(pool: PgPool) {
+async fn the_overview_refreshes_and_dead_letters_are_replayed_in_bulk_and_purged(pool: PgPool) {
     init_tracing();
     let db = database_url(&pool);
     let prefix = unique("dash3");
@@ -920,7 +921,53 @@ async fn dead_letters_are_replayed_in_bulk_and_purged(pool: PgPool) {
     let browser = Browser::start().await;
     login(&browser, &base, &operator, "token:alice (operator)").await;
 
+    // The overview shows the two dead runs; a run triggered through the API appears in its
+    // chart while the page stays loaded (a mark on the window survives: no reload).
+    browser.open(&base, "#/overview").await;
+    let bars = "const n = {}; \
+        for (const r of document.querySelectorAll('#timeline rect.bar')) \
+        n[r.dataset.state] = (n[r.dataset.state] || 0) + Number(r.dataset.count); return n;";
+    browser
+        .wait_eval("the dead runs in the chart", bars, |n| {
+            *n == json!({"dead": 2})
+        })
+        .await;
+    browser
+        .eval("window.notReloaded = true; return true;", json!([]))
+        .await;
+    let triggered = http
+        .post(format!("{base}/api/jobs/ping/trigger"))
+        .bearer_auth(&operator)
+        .send()
+        .await
+        .expect("trigger");
+    assert!(triggered.status().is_success(), "{}", triggered.status());
+    browser
+        .wait_eval("the triggered run in the chart", bars, |n| {
+            *n == json!({"dead": 2, "succeeded": 1})
+        })
+        .await;
+    let kept = browser
+        .eval(
+            "return window.notReloaded === true && location.hash === '#/overview';",
+            json!([]),
+        )
+        .await;
+    assert_eq!(kept, true, "the overview refreshed in place");
+
+    // Another page: from now on the overview asks the API nothing (counted below, after the
+    // replay, which takes longer than the overview's refresh period).
     browser.open(&base, "#/dead-letters").await;
+    browser
+        .eval(
+            "window.overviewCalls = 0; const fetch = window.fetch; \
+             window.fetch = (url, init) => { \
+               if (String(url).startsWith('/api/overview')) window.overviewCalls += 1; \
+               return fetch(url, init); }; \
+             return true;",
+            json!([]),
+        )
+        .await;
 
     // The operator may replay all, not purge: the button is disabled and the API refuses.
     let purge_disabled = browser
@@ -964,6 +1011,14 @@ async fn dead_letters_are_replayed_in_bulk_and_purged(pool: PgPool) {
     }
     browser.wait_text("#dl-none", |_| true).await;
     assert_eq!(listed().await, Vec::<i64>::new());
+    let calls = browser
+        .eval("return [window.overviewCalls, location.hash];", json!([]))
+        .await;
+    assert_eq!(
+        calls,
+        json!([0, "#/dead-letters"]),
+        "the overview stopped refreshing"
+    );
 
     // Two more parked runs; the admin purges them after confirming.
     let purged = vec![park_dead().await, park_dead().await];

@@ -134,6 +134,9 @@ async function overview(page) {
     timelineChart(timeline),
     el("h2", {}, "Queues"),
     queueTable(queues.queues));
+  // The overview keeps itself current; it has no state to lose, and it stops when another
+  // page opens (refreshIn checks the hash, and route() clears the timer).
+  refreshIn(5000);
 }
 
 // ---- the runs-over-time chart: SVG built here, no library ------------------------------------
