@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::common::{RecordingWorker, ServingInstance, delete_topology, job};
+use crate::common::{RecordingWorker, ServingInstance, TopologyGuard, job};
 use crate::ops::{dead_run, park};
 
 struct Http {
@@ -60,6 +60,7 @@ async fn the_api_triggers_shows_and_measures_a_run_end_to_end(pool: PgPool) {
     let db = database_url(&pool);
     let prefix = unique("api");
     let group = "apig";
+    let topology = TopologyGuard::new(&prefix, &[group]);
     let instance = ServingInstance::start(&pool, &prefix, group).await;
     let (operator, viewer) = (instance.operator.clone(), instance.viewer.clone());
     let http = Http {
@@ -167,7 +168,7 @@ async fn the_api_triggers_shows_and_measures_a_run_end_to_end(pool: PgPool) {
 
     worker.stop().await;
     instance.stop().await;
-    delete_topology(&prefix, group).await;
+    topology.delete().await;
 }
 
 #[sqlx::test(migrations = "../migrations")]
@@ -224,6 +225,7 @@ async fn a_parked_message_is_shown_in_full_and_the_parking_lot_keeps_its_order(p
     init_tracing();
     let prefix = unique("apidl");
     let group = "apidl";
+    let topology = TopologyGuard::new(&prefix, &[group]);
     let instance = ServingInstance::start(&pool, &prefix, group).await;
     let http = Http {
         client: reqwest::Client::new(),
@@ -306,7 +308,7 @@ async fn a_parked_message_is_shown_in_full_and_the_parking_lot_keeps_its_order(p
     assert_eq!(listed().await, ids, "nothing was lost");
 
     instance.stop().await;
-    delete_topology(&prefix, group).await;
+    topology.delete().await;
 }
 
 /// Queue figures from the management HTTP API of a private RabbitMQ node with the plugin

@@ -184,17 +184,15 @@ pub fn assert_consecutive(runs: &[Run], step: Duration) {
     }
 }
 
-/// Deletes a group's exchange and queues.
-pub async fn delete_topology(prefix: &str, group: &str) {
+/// Deletes a group's exchange and queues, and the prefix's control exchange.
+async fn try_delete_topology(prefix: &str, group: &str) -> Result<(), lapin::Error> {
     let connection =
         lapin::Connection::connect(chime_e2e::AMQP_URL, lapin::ConnectionProperties::default())
-            .await
-            .expect("connect to RabbitMQ");
-    let channel = connection.create_channel().await.expect("channel");
+            .await?;
+    let channel = connection.create_channel().await?;
     chime_worker::Topology::new(prefix, group)
         .delete(&channel)
-        .await
-        .expect("delete topology");
+        .await?;
     // Workers and `chime runs cancel` declare the prefix's control exchange.
     channel
         .exchange_delete(
@@ -203,9 +201,92 @@ pub async fn delete_topology(prefix: &str, group: &str) {
                 .into(),
             lapin::options::ExchangeDeleteOptions::default(),
         )
-        .await
-        .expect("delete the control exchange");
+        .await?;
     let _ = connection.close(200, "test done".into()).await;
+    Ok(())
+}
+
+/// How long dropping an undeleted [`TopologyGuard`] waits for the broker before giving up.
+const GUARD_DELETE_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Deletes the broker topology (exchange and queues of each group, and the control exchange)
+/// that a test creates under its prefix: explicitly with [`TopologyGuard::delete`] at the end
+/// of the test, or, if the test panics before that, when the guard is dropped during unwinding.
+///
+/// Create it right after the prefix, so that it is dropped after the workers and instances.
+pub struct TopologyGuard {
+    prefix: String,
+    groups: Vec<String>,
+    deleted: bool,
+}
+
+impl TopologyGuard {
+    /// Guards the topology of `groups` under `prefix`.
+    pub fn new(prefix: &str, groups: &[&str]) -> Self {
+        TopologyGuard {
+            prefix: prefix.to_owned(),
+            groups: groups.iter().map(|g| (*g).to_owned()).collect(),
+            deleted: false,
+        }
+    }
+
+    /// Deletes the topology now, and fails the test if the broker refuses.
+    pub async fn delete(mut self) {
+        for group in &self.groups {
+            try_delete_topology(&self.prefix, group)
+                .await
+                .expect("delete topology");
+        }
+        self.deleted = true;
+    }
+}
+
+impl Drop for TopologyGuard {
+    /// Deletes the topology unless [`TopologyGuard::delete`] did. This runs inside the test's
+    /// tokio runtime (which may be single-threaded and is blocked here), so the deletion runs on
+    /// a thread of its own with its own runtime; a dead broker cannot hang the test past
+    /// [`GUARD_DELETE_TIMEOUT`]. It never panics: it may run while the test is unwinding.
+    fn drop(&mut self) {
+        if self.deleted {
+            return;
+        }
+        let prefix = std::mem::take(&mut self.prefix);
+        let groups = std::mem::take(&mut self.groups);
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(e) => return eprintln!("TopologyGuard: no runtime: {e}"),
+            };
+            runtime.block_on(async {
+                let deletion = async {
+                    for group in &groups {
+                        if let Err(e) = try_delete_topology(&prefix, group).await {
+                            eprintln!("TopologyGuard: deleting {prefix}/{group}: {e}");
+                        }
+                    }
+                };
+                if tokio::time::timeout(GUARD_DELETE_TIMEOUT, deletion)
+                    .await
+                    .is_err()
+                {
+                    eprintln!("TopologyGuard: the broker did not answer; {prefix} left behind");
+                }
+            });
+            let _ = done_tx.send(());
+        });
+        // The thread's own timeout bounds it; this one guards against a runtime that never
+        // gets to it.
+        if done_rx
+            .recv_timeout(GUARD_DELETE_TIMEOUT + Duration::from_secs(5))
+            .is_ok()
+        {
+            let _ = thread.join();
+        }
+    }
 }
 
 /// A scheduler instance serving the API and dashboard on a free loopback port, with one job
@@ -290,5 +371,58 @@ impl ServingInstance {
     pub async fn stop(self) {
         self.shutdown.cancel();
         self.task.await.expect("joined").expect("clean stop");
+    }
+}
+
+/// Passively declares `queue`: its message count if it exists, the broker's refusal if not.
+async fn passive_declare(channel: &lapin::Channel, queue: &str) -> Result<u32, lapin::Error> {
+    channel
+        .queue_declare(
+            queue.into(),
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..lapin::options::QueueDeclareOptions::default()
+            },
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .map(|q| q.message_count())
+}
+
+/// A test that panics after declaring its topology leaves no queue behind: its guard deletes
+/// the topology while the panic unwinds.
+#[tokio::test]
+async fn a_test_that_panics_leaves_no_queues_behind() {
+    use futures::FutureExt as _;
+
+    let prefix = chime_e2e::unique("guard");
+    let group = "guarded";
+    let work_queue = chime_worker::Topology::new(prefix.as_str(), group).work_queue();
+    let connection =
+        lapin::Connection::connect(chime_e2e::AMQP_URL, lapin::ConnectionProperties::default())
+            .await
+            .expect("connect to RabbitMQ");
+    let outcome = std::panic::AssertUnwindSafe(async {
+        let _topology = TopologyGuard::new(&prefix, &[group]);
+        let channel = connection.create_channel().await.expect("channel");
+        chime_worker::Topology::new(prefix.as_str(), group)
+            .declare(&channel)
+            .await
+            .expect("declare the topology");
+        passive_declare(&channel, &work_queue)
+            .await
+            .expect("the work queue exists");
+        panic!("the test fails before its end");
+    })
+    .catch_unwind()
+    .await;
+    assert!(outcome.is_err(), "the body panicked");
+
+    let channel = connection.create_channel().await.expect("channel");
+    let after = passive_declare(&channel, &work_queue).await;
+    let _ = connection.close(200, "test done".into()).await;
+    match after {
+        Ok(messages) => panic!("{work_queue} is still there ({messages} messages)"),
+        Err(e) => assert!(e.to_string().contains("NOT_FOUND"), "{e}"),
     }
 }

@@ -12,7 +12,7 @@ use chime_scheduler::store::Store;
 use serde_json::json;
 use sqlx::PgPool;
 
-use crate::common::{RecordingWorker, delete_topology, job, runs};
+use crate::common::{RecordingWorker, TopologyGuard, job, runs};
 
 async fn run_cli(store: &Store, output: Output, command: Command) -> (ExitCode, String) {
     let mut out = Vec::new();
@@ -27,6 +27,7 @@ async fn trigger_pause_resume_and_inspect_runs_through_the_cli(pool: PgPool) {
     init_tracing();
     let db = database_url(&pool);
     let prefix = unique("t");
+    let topology = TopologyGuard::new(&prefix, &["ops"]);
     let store = Store::from_pool(pool.clone());
     let worker = RecordingWorker::start(&db, AMQP_URL, &prefix, "ops", &["report", "beat"]);
     let scheduler = Scheduler::start(
@@ -186,7 +187,7 @@ async fn trigger_pause_resume_and_inspect_runs_through_the_cli(pool: PgPool) {
 
     scheduler.stop().await.expect("graceful stop");
     worker.stop().await;
-    delete_topology(&prefix, "ops").await;
+    topology.delete().await;
 }
 
 #[sqlx::test(migrations = "../migrations")]
@@ -194,6 +195,7 @@ async fn reload_applies_added_changed_and_removed_jobs(pool: PgPool) {
     init_tracing();
     let db = database_url(&pool);
     let prefix = unique("t");
+    let topology = TopologyGuard::new(&prefix, &["reload"]);
     let scheduler = Scheduler::start(
         service_config(&db, AMQP_URL, "solo", &prefix),
         vec![
@@ -248,5 +250,5 @@ async fn reload_applies_added_changed_and_removed_jobs(pool: PgPool) {
             chrono::Duration::seconds(2)
         );
     }
-    delete_topology(&prefix, "reload").await;
+    topology.delete().await;
 }

@@ -2,9 +2,11 @@
 //! operator logs in with a token, triggers a job and watches its run appear and finish; a viewer
 //! sees the same pages but cannot trigger; an admin edits a schedule with its live preview; an
 //! operator sees the runs-over-time chart, filters and pages runs (older and newer), inspects
-//! and replays a dead letter, cancels a run from its page, and the audit page names both; no page logs a
-//! console error; user-supplied strings show as text, never as markup. Screenshots of every page go to
-//! `target/dashboard-screenshots/` for a person to look at.
+//! and replays a dead letter, cancels a run from its page, and the audit page names both; the
+//! overview refreshes itself in place and stops when another page opens; an operator replays
+//! every dead letter of a group and an admin purges them (an operator cannot); no page logs a
+//! console error; user-supplied strings show as text, never as markup. Screenshots of every
+//! page go to `target/dashboard-screenshots/` for a person to look at.
 //!
 //! chromedriver and chromium come from the Debian packages of those names (`.ci/run` installs
 //! them when missing). The WebDriver protocol is plain JSON over HTTP, so the test speaks it
@@ -22,7 +24,7 @@ use chime_scheduler::store::Store;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
-use crate::common::{RecordingWorker, ServingInstance, delete_topology};
+use crate::common::{RecordingWorker, ServingInstance, TopologyGuard};
 
 /// Generous: a slow, shared two-core machine renders and polls slowly, but every wait ends as
 /// soon as its condition holds.
@@ -289,6 +291,7 @@ async fn an_operator_triggers_a_job_and_watches_its_run_finish_and_a_viewer_cann
     let db = database_url(&pool);
     let prefix = unique("dash");
     let group = "dashg";
+    let topology = TopologyGuard::new(&prefix, &[group]);
     let instance = ServingInstance::start(&pool, &prefix, group).await;
     let (base, operator, viewer) = (
         instance.base.clone(),
@@ -600,7 +603,7 @@ async fn an_operator_triggers_a_job_and_watches_its_run_finish_and_a_viewer_cann
     drop(browser);
     worker.stop().await;
     instance.stop().await;
-    delete_topology(&prefix, group).await;
+    topology.delete().await;
 }
 
 /// Logs in with `token` and waits until the page names `whoami`.
@@ -622,6 +625,7 @@ async fn an_operator_pages_runs_replays_a_dead_letter_and_cancels_a_run(pool: Pg
     let prefix = unique("dash2");
     // `idle` has a job but no worker: its runs wait in the queue.
     let (group, idle) = ("dash2g", "dash2idle");
+    let topology = TopologyGuard::new(&prefix, &[group, idle]);
     let instance = ServingInstance::start(&pool, &prefix, group).await;
     let (base, operator) = (instance.base.clone(), instance.operator.clone());
     let http = reqwest::Client::new();
@@ -849,6 +853,208 @@ async fn an_operator_pages_runs_replays_a_dead_letter_and_cancels_a_run(pool: Pg
     drop(browser);
     worker.stop().await;
     instance.stop().await;
-    delete_topology(&prefix, group).await;
-    delete_topology(&prefix, idle).await;
+    topology.delete().await;
+}
+
+/// The overview refreshes itself (a run triggered through the API shows up in its chart without
+/// a reload) and stops when another page opens; on the dead-letters page an operator replays
+/// every parked run of a group and they run, but cannot purge; an admin purges the group's
+/// parking lot, which leaves the list empty and the runs in the database.
+#[sqlx::test(migrations = "../migrations")]
+async fn the_overview_refreshes_and_dead_letters_are_replayed_in_bulk_and_purged(pool: PgPool) {
+    init_tracing();
+    let db = database_url(&pool);
+    let prefix = unique("dash3");
+    let group = "dash3g";
+    let topology = TopologyGuard::new(&prefix, &[group]);
+    let instance = ServingInstance::start(&pool, &prefix, group).await;
+    let (base, operator) = (instance.base.clone(), instance.operator.clone());
+    let http = reqwest::Client::new();
+    let worker = RecordingWorker::start(&db, AMQP_URL, &prefix, group, &["ping"]);
+    let admin = Operations::new(Store::from_pool(pool.clone()), None)
+        .create_token(&Caller::cli(), "root", Role::Admin)
+        .await
+        .expect("token")
+        .secret;
+    let state = |id: i64| {
+        let pool = &pool;
+        async move {
+            sqlx::query_scalar::<_, String>("SELECT state FROM chime_runs WHERE id = $1")
+                .bind(id)
+                .fetch_one(pool)
+                .await
+                .expect("state")
+        }
+    };
+    let park_dead = || {
+        let (pool, prefix) = (&pool, &prefix);
+        async move {
+            let id = crate::ops::dead_run(pool, "ping", group, 3, "boom").await;
+            crate::ops::park(prefix, group, id, "ping", 3, "attempts exhausted").await;
+            id
+        }
+    };
+    let listed = || {
+        let (http, base, operator) = (&http, &base, &operator);
+        async move {
+            let body: Value = http
+                .get(format!("{base}/api/dead-letters"))
+                .bearer_auth(operator)
+                .send()
+                .await
+                .expect("list")
+                .json()
+                .await
+                .expect("JSON");
+            let mut ids: Vec<i64> = body["dead_letters"]
+                .as_array()
+                .expect("dead letters")
+                .iter()
+                .filter_map(|d| d["run_id"].as_i64())
+                .collect();
+            ids.sort_unstable();
+            ids
+        }
+    };
+    let replayed = vec![park_dead().await, park_dead().await];
+
+    let browser = Browser::start().await;
+    login(&browser, &base, &operator, "token:alice (operator)").await;
+
+    // The overview shows the two dead runs; a run triggered through the API appears in its
+    // chart while the page stays loaded (a mark on the window survives: no reload).
+    browser.open(&base, "#/overview").await;
+    let bars = "const n = {}; \
+        for (const r of document.querySelectorAll('#timeline rect.bar')) \
+        n[r.dataset.state] = (n[r.dataset.state] || 0) + Number(r.dataset.count); return n;";
+    browser
+        .wait_eval("the dead runs in the chart", bars, |n| {
+            *n == json!({"dead": 2})
+        })
+        .await;
+    browser
+        .eval("window.notReloaded = true; return true;", json!([]))
+        .await;
+    let triggered = http
+        .post(format!("{base}/api/jobs/ping/trigger"))
+        .bearer_auth(&operator)
+        .send()
+        .await
+        .expect("trigger");
+    assert!(triggered.status().is_success(), "{}", triggered.status());
+    browser
+        .wait_eval("the triggered run in the chart", bars, |n| {
+            *n == json!({"dead": 2, "succeeded": 1})
+        })
+        .await;
+    let kept = browser
+        .eval(
+            "return window.notReloaded === true && location.hash === '#/overview';",
+            json!([]),
+        )
+        .await;
+    assert_eq!(kept, true, "the overview refreshed in place");
+
+    // Another page: from now on the overview asks the API nothing (counted below, after the
+    // replay, which takes longer than the overview's refresh period).
+    browser.open(&base, "#/dead-letters").await;
+    browser
+        .eval(
+            "window.overviewCalls = 0; const fetch = window.fetch; \
+             window.fetch = (url, init) => { \
+               if (String(url).startsWith('/api/overview')) window.overviewCalls += 1; \
+               return fetch(url, init); }; \
+             return true;",
+            json!([]),
+        )
+        .await;
+
+    // The operator may replay all, not purge: the button is disabled and the API refuses.
+    let purge_disabled = browser
+        .eval(
+            "const b = document.getElementById('purge'); return b.disabled && b.title;",
+            json!([]),
+        )
+        .await;
+    assert_eq!(purge_disabled, json!("needs the admin role"));
+    let refused = http
+        .post(format!("{base}/api/dead-letters/purge?group={group}"))
+        .bearer_auth(&operator)
+        .send()
+        .await
+        .expect("purge");
+    assert_eq!(refused.status(), 403);
+    assert_eq!(listed().await, replayed, "nothing was purged");
+
+    browser.click("#replay-all:not([disabled])").await;
+    let question = browser
+        .wait_text("#confirm-replay-all", |t| !t.is_empty())
+        .await;
+    assert_eq!(question, format!("Confirm replay of 2 messages in {group}"));
+    browser.screenshot("dead-letters-confirm-replay").await;
+    browser.click("#confirm-replay-all").await;
+    let result = browser
+        .wait_text("#notice", |t| t.starts_with("Replayed "))
+        .await;
+    assert_eq!(
+        result,
+        format!(
+            "Replayed 2 runs of {group} (#{}, #{})",
+            replayed[0], replayed[1]
+        )
+    );
+    for id in &replayed {
+        wait_for("the replayed run to succeed", PATIENCE, || async {
+            (state(*id).await == "succeeded").then_some(())
+        })
+        .await;
+    }
+    browser.wait_text("#dl-none", |_| true).await;
+    assert_eq!(listed().await, Vec::<i64>::new());
+    let calls = browser
+        .eval("return [window.overviewCalls, location.hash];", json!([]))
+        .await;
+    assert_eq!(
+        calls,
+        json!([0, "#/dead-letters"]),
+        "the overview stopped refreshing"
+    );
+
+    // Two more parked runs; the admin purges them after confirming.
+    let purged = vec![park_dead().await, park_dead().await];
+    browser.click("#logout").await;
+    login(&browser, &base, &admin, "token:root (admin)").await;
+    browser.open(&base, "#/dead-letters").await;
+    let rows = "return [...document.querySelectorAll('#page tbody tr')]\
+                .map(r => Number(r.dataset.runId));";
+    let shown = browser.eval(rows, json!([])).await;
+    assert_eq!(shown, json!(purged));
+    browser.click("#purge:not([disabled])").await;
+    let question = browser.wait_text("#confirm-purge", |t| !t.is_empty()).await;
+    assert_eq!(question, format!("Confirm purge of 2 messages in {group}"));
+    browser.screenshot("dead-letters-confirm-purge").await;
+    browser.click("#confirm-purge").await;
+    let result = browser
+        .wait_text("#notice", |t| t.starts_with("Purged "))
+        .await;
+    assert_eq!(
+        result,
+        format!("Purged 2 messages from {prefix}.{group}.parking (the runs stay as they are)")
+    );
+    browser.wait_text("#dl-none", |_| true).await;
+    let shown = browser.eval(rows, json!([])).await;
+    assert_eq!(shown, json!([]));
+    assert_eq!(listed().await, Vec::<i64>::new());
+    for id in &purged {
+        assert_eq!(state(*id).await, "dead", "run {id} stays");
+    }
+    browser.screenshot("dead-letters-purged").await;
+
+    let errors = browser.console_errors().await;
+    assert!(errors.is_empty(), "console errors: {errors:?}");
+    browser.quit().await;
+    drop(browser);
+    worker.stop().await;
+    instance.stop().await;
+    topology.delete().await;
 }

@@ -16,7 +16,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use nix::sys::signal::Signal;
 use sqlx::PgPool;
 
-use crate::common::{assert_consecutive, delete_topology, leader, runs};
+use crate::common::{TopologyGuard, assert_consecutive, leader, runs};
 
 /// A trigger as it arrived on the work queue.
 #[derive(Debug, Clone)]
@@ -98,6 +98,7 @@ async fn a_leader_frozen_past_its_lease_writes_and_publishes_nothing_under_its_o
     init_tracing();
     let db = database_url(&pool);
     let prefix = unique("t");
+    let topology = TopologyGuard::new(&prefix, &["fence"]);
     let dir = tempfile::tempdir().expect("temporary directory");
     let jobs = dir.path().join("jobs.toml");
     let mut text = String::new();
@@ -227,5 +228,5 @@ async fn a_leader_frozen_past_its_lease_writes_and_publishes_nothing_under_its_o
             );
         }
     }
-    delete_topology(&prefix, "fence").await;
+    topology.delete().await;
 }

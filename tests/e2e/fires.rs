@@ -9,13 +9,14 @@ use chime_e2e::{
 use serde_json::json;
 use sqlx::PgPool;
 
-use crate::common::{RecordingWorker, assert_consecutive, attempts, delete_topology, job, runs};
+use crate::common::{RecordingWorker, TopologyGuard, assert_consecutive, attempts, job, runs};
 
 #[sqlx::test(migrations = "../migrations")]
 async fn every_second_job_fires_ten_times_in_ten_seconds_each_once(pool: PgPool) {
     init_tracing();
     let db = database_url(&pool);
     let prefix = unique("t");
+    let topology = TopologyGuard::new(&prefix, &["ticks"]);
     let worker = RecordingWorker::start(&db, AMQP_URL, &prefix, "ticks", &["tick"]);
     let scheduler = Scheduler::start(
         service_config(&db, AMQP_URL, "solo", &prefix),
@@ -131,7 +132,7 @@ async fn every_second_job_fires_ten_times_in_ten_seconds_each_once(pool: PgPool)
         percentile(&lateness, 50.0) < 1000.0,
         "a second late is XXL-Job's resolution, not ours: {lateness:?}"
     );
-    delete_topology(&prefix, "ticks").await;
+    topology.delete().await;
 }
 
 /// The scheduler publishes each trigger `lead` (200 ms) before its instant; the worker claims
@@ -142,6 +143,7 @@ async fn trigger_published_ahead_of_its_instant_starts_at_the_instant_not_before
     init_tracing();
     let db = database_url(&pool);
     let prefix = unique("t");
+    let topology = TopologyGuard::new(&prefix, &["early"]);
     let worker = RecordingWorker::start(&db, AMQP_URL, &prefix, "early", &["early-tick"]);
     let scheduler = Scheduler::start(
         service_config(&db, AMQP_URL, "solo", &prefix),
@@ -204,5 +206,5 @@ async fn trigger_published_ahead_of_its_instant_starts_at_the_instant_not_before
         p50 < 50.0,
         "a held trigger starts within a few ms of its instant, got {lateness:?}"
     );
-    delete_topology(&prefix, "early").await;
+    topology.delete().await;
 }

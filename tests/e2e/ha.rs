@@ -10,13 +10,14 @@ use chime_e2e::{
 use serde_json::json;
 use sqlx::PgPool;
 
-use crate::common::{RecordingWorker, assert_consecutive, delete_topology, job, leader, runs};
+use crate::common::{RecordingWorker, TopologyGuard, assert_consecutive, job, leader, runs};
 
 #[sqlx::test(migrations = "../migrations")]
 async fn three_instances_fire_each_instant_once_under_one_leader(pool: PgPool) {
     init_tracing();
     let db = database_url(&pool);
     let prefix = unique("t");
+    let topology = TopologyGuard::new(&prefix, &["ha"]);
     let jobs = vec![
         job(json!({"name": "a", "group": "ha", "every": "1s"})),
         job(json!({"name": "b", "group": "ha", "every": "1s"})),
@@ -90,7 +91,7 @@ async fn three_instances_fire_each_instant_once_under_one_leader(pool: PgPool) {
         "some run executed twice: {counts:?}"
     );
     worker.stop().await;
-    delete_topology(&prefix, "ha").await;
+    topology.delete().await;
 }
 
 #[sqlx::test(migrations = "../migrations")]
@@ -98,6 +99,7 @@ async fn graceful_stop_hands_over_within_a_second(pool: PgPool) {
     init_tracing();
     let db = database_url(&pool);
     let prefix = unique("t");
+    let topology = TopologyGuard::new(&prefix, &["handover"]);
     let jobs = vec![job(
         json!({"name": "beat", "group": "handover", "every": "1s"}),
     )];
@@ -148,7 +150,7 @@ async fn graceful_stop_hands_over_within_a_second(pool: PgPool) {
     .await;
     b.take().expect("b").stop().await.expect("graceful stop");
     assert_consecutive(&runs(&pool, "beat").await, Duration::from_secs(1));
-    delete_topology(&prefix, "handover").await;
+    topology.delete().await;
 }
 
 #[sqlx::test(migrations = "../migrations")]
@@ -158,6 +160,7 @@ async fn killed_leader_is_replaced_after_the_lease_and_missed_fires_follow_the_m
     init_tracing();
     let db = database_url(&pool);
     let prefix = unique("t");
+    let topology = TopologyGuard::new(&prefix, &["kill"]);
     let jobs = vec![
         job(
             json!({"name": "all", "group": "kill", "every": "1s", "misfire": "fire_all", "misfire_grace": "500ms"}),
@@ -238,5 +241,5 @@ async fn killed_leader_is_replaced_after_the_lease_and_missed_fires_follow_the_m
         1,
         "{once:?}"
     );
-    delete_topology(&prefix, "kill").await;
+    topology.delete().await;
 }

@@ -27,7 +27,7 @@ use lapin::{BasicProperties, Connection, ConnectionProperties};
 use serde_json::{Value, json};
 use sqlx::{PgPool, Row as _};
 
-use crate::common::{delete_topology, job};
+use crate::common::{TopologyGuard, job};
 use crate::policies::{Leader, Spans, TestWorker};
 
 async fn cli(store: &Store, prefix: &str, output: Output, command: Command) -> (ExitCode, String) {
@@ -121,6 +121,7 @@ async fn cancelling_a_queued_run_means_it_never_executes(pool: PgPool) {
     init_tracing();
     let db = database_url(&pool);
     let prefix = unique("t");
+    let topology = TopologyGuard::new(&prefix, &["cq"]);
     let store = Store::from_pool(pool.clone());
     let leader = Leader::start(
         &db,
@@ -202,7 +203,7 @@ async fn cancelling_a_queued_run_means_it_never_executes(pool: PgPool) {
     assert_eq!(state(&pool, next).await, "succeeded");
     leader.stop().await;
     worker.stop().await;
-    delete_topology(&prefix, "cq").await;
+    topology.delete().await;
     delete_control_exchange(&prefix).await;
 }
 
@@ -211,6 +212,7 @@ async fn cancelling_a_running_run_sends_a_control_message(pool: PgPool) {
     init_tracing();
     let db = database_url(&pool);
     let prefix = unique("t");
+    let topology = TopologyGuard::new(&prefix, &["cr"]);
     let store = Store::from_pool(pool.clone());
 
     // Listen on the control exchange like a worker does.
@@ -305,7 +307,7 @@ async fn cancelling_a_running_run_sends_a_control_message(pool: PgPool) {
     leader.stop().await;
     worker.stop().await;
     let _ = connection.close(200, "done".into()).await;
-    delete_topology(&prefix, "cr").await;
+    topology.delete().await;
     delete_control_exchange(&prefix).await;
 }
 
@@ -400,6 +402,7 @@ async fn dlq_lists_replays_and_purges_parked_runs(pool: PgPool) {
     init_tracing();
     let db = database_url(&pool);
     let prefix = unique("t");
+    let topology = TopologyGuard::new(&prefix, &["dl"]);
     let store = Store::from_pool(pool.clone());
     let leader = Leader::start(
         &db,
@@ -547,7 +550,7 @@ async fn dlq_lists_replays_and_purges_parked_runs(pool: PgPool) {
 
     leader.stop().await;
     worker.stop().await;
-    delete_topology(&prefix, "dl").await;
+    topology.delete().await;
 }
 
 #[sqlx::test(migrations = "../migrations")]
@@ -555,6 +558,7 @@ async fn dlq_replay_all_replays_every_parked_run_of_the_group(pool: PgPool) {
     init_tracing();
     let db = database_url(&pool);
     let prefix = unique("t");
+    let topology = TopologyGuard::new(&prefix, &["dla"]);
     let store = Store::from_pool(pool.clone());
     let leader = Leader::start(
         &db,
@@ -600,7 +604,7 @@ async fn dlq_replay_all_replays_every_parked_run_of_the_group(pool: PgPool) {
     wait_depth(&Topology::new(&prefix, "dla").parking_queue(), 1).await;
     leader.stop().await;
     worker.stop().await;
-    delete_topology(&prefix, "dla").await;
+    topology.delete().await;
 }
 
 /// Webhook bodies received, by path.
@@ -664,6 +668,7 @@ async fn alerts_post_generic_and_slack_webhooks_once_per_interval(pool: PgPool) 
     init_tracing();
     let db = database_url(&pool);
     let prefix = unique("t");
+    let topology = TopologyGuard::new(&prefix, &["reports", "chat"]);
     let (base, received) = webhook_server().await;
     let mut alerts = AlertSettings {
         webhook: Some(format!("{base}/ok/generic")),
@@ -771,8 +776,7 @@ async fn alerts_post_generic_and_slack_webhooks_once_per_interval(pool: PgPool) 
     let posts = received.lock().expect("not poisoned").len();
     assert_eq!(posts, 2, "one generic and one Slack post, nothing more");
     leader.stop().await;
-    delete_topology(&prefix, "reports").await;
-    delete_topology(&prefix, "chat").await;
+    topology.delete().await;
 }
 
 #[sqlx::test(migrations = "../migrations")]
@@ -780,6 +784,7 @@ async fn a_failing_webhook_is_recorded_and_does_not_stop_the_leader(pool: PgPool
     init_tracing();
     let db = database_url(&pool);
     let prefix = unique("t");
+    let topology = TopologyGuard::new(&prefix, &["hooks"]);
     let (base, received) = webhook_server().await;
     // A port nobody listens on (bound, then closed).
     let closed = {
@@ -848,5 +853,5 @@ async fn a_failing_webhook_is_recorded_and_does_not_stop_the_leader(pool: PgPool
     })
     .await;
     leader.stop().await;
-    delete_topology(&prefix, "hooks").await;
+    topology.delete().await;
 }

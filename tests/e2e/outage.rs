@@ -9,7 +9,7 @@ use chime_e2e::{
 use serde_json::json;
 use sqlx::PgPool;
 
-use crate::common::{RecordingWorker, assert_consecutive, delete_topology, job, runs};
+use crate::common::{RecordingWorker, TopologyGuard, assert_consecutive, job, runs};
 
 #[sqlx::test(migrations = "../migrations")]
 async fn runs_persisted_while_the_broker_is_unreachable_are_published_after_it_returns(
@@ -18,6 +18,7 @@ async fn runs_persisted_while_the_broker_is_unreachable_are_published_after_it_r
     init_tracing();
     let db = database_url(&pool);
     let prefix = unique("t");
+    let topology = TopologyGuard::new(&prefix, &["outage"]);
     // Only the scheduler goes through the proxy; the worker stays connected.
     let proxy = Proxy::start("127.0.0.1:5672").await;
     let worker = RecordingWorker::start(&db, AMQP_URL, &prefix, "outage", &["pulse"]);
@@ -106,5 +107,5 @@ async fn runs_persisted_while_the_broker_is_unreachable_are_published_after_it_r
             run.id
         );
     }
-    delete_topology(&prefix, "outage").await;
+    topology.delete().await;
 }

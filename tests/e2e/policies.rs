@@ -14,7 +14,7 @@ use serde_json::json;
 use sqlx::{PgPool, Row as _};
 use tokio::sync::mpsc;
 
-use crate::common::{delete_topology, job, runs};
+use crate::common::{TopologyGuard, job, runs};
 
 /// A scheduler instance with the given duty settings, on the test's runtime.
 pub struct Leader {
@@ -170,6 +170,7 @@ async fn forbid_records_fires_during_a_slow_run_as_skipped_with_the_reason(pool:
     init_tracing();
     let db = database_url(&pool);
     let prefix = unique("t");
+    let topology = TopologyGuard::new(&prefix, &["forbid"]);
     let spans = Spans::default();
     let worker = TestWorker::start(&db, &prefix, "forbid", |b| {
         // Not 2.5 s: the fire 3 s after a run's start is decided `lookahead` (0.5 s) before it,
@@ -242,7 +243,7 @@ async fn forbid_records_fires_during_a_slow_run_as_skipped_with_the_reason(pool:
         );
     }
     assert!(skipped >= 2);
-    delete_topology(&prefix, "forbid").await;
+    topology.delete().await;
 }
 
 #[sqlx::test(migrations = "../migrations")]
@@ -250,6 +251,7 @@ async fn queue_starts_the_next_run_right_after_the_current_one_ends(pool: PgPool
     init_tracing();
     let db = database_url(&pool);
     let prefix = unique("t");
+    let topology = TopologyGuard::new(&prefix, &["queue"]);
     let spans = Spans::default();
     let worker = TestWorker::start(&db, &prefix, "queue", |b| {
         spans.register(b, "serial", Duration::from_millis(1200))
@@ -312,7 +314,7 @@ async fn queue_starts_the_next_run_right_after_the_current_one_ends(pool: PgPool
             .all(|r| r.state != "skipped"),
         "queue never skips"
     );
-    delete_topology(&prefix, "queue").await;
+    topology.delete().await;
 }
 
 #[sqlx::test(migrations = "../migrations")]
@@ -320,6 +322,7 @@ async fn replace_cancels_the_running_run_and_starts_the_new_one(pool: PgPool) {
     init_tracing();
     let db = database_url(&pool);
     let prefix = unique("t");
+    let topology = TopologyGuard::new(&prefix, &["replace"]);
     let spans = Spans::default();
     let worker = TestWorker::start(&db, &prefix, "replace", |b| {
         spans.register(b, "latest", Duration::from_secs(60))
@@ -390,7 +393,7 @@ async fn replace_cancels_the_running_run_and_starts_the_new_one(pool: PgPool) {
     assert_eq!(attempt, "cancelled");
     leader.stop().await;
     worker.stop().await;
-    delete_topology(&prefix, "replace").await;
+    topology.delete().await;
 }
 
 #[sqlx::test(migrations = "../migrations")]
@@ -398,6 +401,7 @@ async fn allow_lets_runs_overlap(pool: PgPool) {
     init_tracing();
     let db = database_url(&pool);
     let prefix = unique("t");
+    let topology = TopologyGuard::new(&prefix, &["allow"]);
     let spans = Spans::default();
     let worker = TestWorker::start(&db, &prefix, "allow", |b| {
         spans.register(b, "overlapping", Duration::from_millis(2500))
@@ -429,7 +433,7 @@ async fn allow_lets_runs_overlap(pool: PgPool) {
     );
     leader.stop().await;
     worker.stop().await;
-    delete_topology(&prefix, "allow").await;
+    topology.delete().await;
 }
 
 #[sqlx::test(migrations = "../migrations")]
@@ -437,6 +441,7 @@ async fn rescuer_republishes_runs_of_a_lost_worker_and_stuck_retries(pool: PgPoo
     init_tracing();
     let db = database_url(&pool);
     let prefix = unique("t");
+    let topology = TopologyGuard::new(&prefix, &["rescue"]);
     // A worker that died an hour ago, holding a running run, and a run whose retry never came.
     sqlx::query(
         "INSERT INTO chime_workers (id, group_name, hostname, capacity, jobs, started_at,
@@ -550,5 +555,5 @@ async fn rescuer_republishes_runs_of_a_lost_worker_and_stuck_retries(pool: PgPoo
     let mut ran: Vec<(i64, u32)> = spans.all().iter().map(|s| (s.run_id, s.attempt)).collect();
     ran.sort_unstable();
     assert_eq!(ran, [(lost, 2), (stuck, 2)]);
-    delete_topology(&prefix, "rescue").await;
+    topology.delete().await;
 }

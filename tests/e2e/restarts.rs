@@ -18,7 +18,7 @@ use chrono::Utc;
 use serde_json::json;
 use sqlx::PgPool;
 
-use crate::common::{Run, assert_consecutive, delete_topology, job, leader, runs};
+use crate::common::{Run, TopologyGuard, assert_consecutive, job, leader, runs};
 
 /// A worker whose handlers count their executions per run and take `hold` each.
 struct CountingWorker {
@@ -101,6 +101,7 @@ async fn postgres_restart_the_leader_steps_down_resumes_under_a_new_term_and_no_
     store.migrate().await.expect("migrate");
     let pool = store.pool().clone();
     let prefix = unique("t");
+    let topology = TopologyGuard::new(&prefix, &["pgr"]);
     // Handlers take 1.5 s, so some are always running when the database goes away: their
     // outcome writes have to wait for it.
     let worker = CountingWorker::start(
@@ -223,7 +224,7 @@ async fn postgres_restart_the_leader_steps_down_resumes_under_a_new_term_and_no_
             .is_some_and(|w| w.contains("misfire policy skip"))
     }));
     pool.close().await;
-    delete_topology(&prefix, "pgr").await;
+    topology.delete().await;
 }
 
 #[sqlx::test(migrations = "../migrations")]
@@ -408,6 +409,7 @@ async fn a_postgres_outage_longer_than_rescue_after_does_not_make_live_workers_l
     store.migrate().await.expect("migrate");
     let pool = store.pool().clone();
     let prefix = unique("t");
+    let topology = TopologyGuard::new(&prefix, &["silent"]);
     // Every run is still running when the database goes away, and long after it is back.
     let worker = CountingWorker::start(
         &db,
@@ -491,7 +493,7 @@ async fn a_postgres_outage_longer_than_rescue_after_does_not_make_live_workers_l
         );
     }
     pool.close().await;
-    delete_topology(&prefix, "silent").await;
+    topology.delete().await;
 }
 
 async fn runs_state(pool: &PgPool, id: i64) -> String {

@@ -134,6 +134,9 @@ async function overview(page) {
     timelineChart(timeline),
     el("h2", {}, "Queues"),
     queueTable(queues.queues));
+  // The overview keeps itself current; it has no state to lose, and it stops when another
+  // page opens (refreshIn checks the hash, and route() clears the timer).
+  refreshIn(5000);
 }
 
 // ---- the runs-over-time chart: SVG built here, no library ------------------------------------
@@ -410,9 +413,19 @@ async function queues(page) {
   page.append(el("h1", {}, "Queues"), queueTable(queues));
 }
 
-async function deadLetters(page) {
+// The parking lots: every parked message, each replayable on its own; and, for one group (the
+// `group` in the hash, else the first with parked messages), "Replay all" (operators) and
+// "Purge" (admins; runs stay as they are). Both take a second click on a button that names
+// what will happen, so nothing bulk happens by a stray click.
+async function deadLetters(page, query) {
   const { dead_letters } = await api("GET", "/api/dead-letters");
-  page.append(el("h1", {}, "Dead letters"), table([
+  const groups = [...new Set(dead_letters.map((d) => d.group))].sort();
+  const wanted = new URLSearchParams(query).get("group");
+  const group = groups.includes(wanted) ? wanted : groups[0];
+  page.append(el("h1", {}, "Dead letters"));
+  if (group !== undefined) page.append(bulkActions(group, groups, dead_letters.filter((d) => d.group === group).length));
+  else page.append(el("p", { id: "dl-none", class: "muted" }, "No parked messages."));
+  page.append(table([
     ["group", (d) => d.group], ["run", (d) => runLink(d.run_id)],
     ["message", (d) => (d.run_id === null ? "—" : el("a", { class: "inspect", href: "#/dead-letters/" + d.run_id }, "Inspect"))],
     ["job", (d) => d.job],
@@ -422,7 +435,51 @@ async function deadLetters(page) {
       const x = await api("POST", "/api/dead-letters/" + d.run_id + "/replay");
       return "Replayed run #" + x.run_id + " as attempt " + x.attempt;
     }))],
-  ], dead_letters, (d) => ({ "data-run-id": d.run_id })));
+  ], dead_letters, (d) => ({ "data-run-id": d.run_id, "data-group": d.group })));
+}
+
+// The group picker and the two bulk buttons of the dead-letters page; `count` is how many of
+// the listed messages are in `group`.
+function bulkActions(group, groups, count) {
+  const query = "?group=" + encodeURIComponent(group);
+  const picker = el("select", { id: "dl-group", name: "group", onchange: () => {
+    location.hash = "#/dead-letters?group=" + encodeURIComponent(picker.value);
+  } }, groups.map((g) => el("option", { value: g, selected: g === group }, g)));
+  const confirm = el("span", { id: "dl-confirm" });
+  // A first click offers the confirmation; its click does `action` and shows the result.
+  const step = (id, question, action) => {
+    const ask = el("button", { type: "button", id: "confirm-" + id, class: "danger", onclick: async (event) => {
+      event.target.disabled = true;
+      try {
+        notice(await action(), false);
+      } catch (e) {
+        notice(e.message, true);
+      }
+      route();
+    } }, question);
+    const back = el("button", { type: "button", id: "cancel-" + id, onclick: () => confirm.replaceChildren() }, "Cancel");
+    return () => confirm.replaceChildren(ask, back);
+  };
+  const operator = mayOperate();
+  const admin = me && me.role === "admin";
+  const replayAll = el("button", { type: "button", id: "replay-all", disabled: !operator,
+    title: operator ? null : "needs the operator role",
+    onclick: step("replay-all", "Confirm replay of " + count + " messages in " + group, async () => {
+      const r = await api("POST", "/api/dead-letters/replay" + query);
+      const kept = r.kept.map((k) => (k.run_id === null ? "a message" : "run #" + k.run_id) + ": " + k.note);
+      return "Replayed " + r.replayed.length + " runs of " + group +
+        (r.replayed.length ? " (" + r.replayed.map((id) => "#" + id).join(", ") + ")" : "") +
+        (kept.length ? "; kept " + kept.join("; ") : "");
+    }) }, "Replay all");
+  const purge = el("button", { type: "button", id: "purge", disabled: !admin,
+    title: admin ? null : "needs the admin role",
+    onclick: step("purge", "Confirm purge of " + count + " messages in " + group, async () => {
+      const r = await api("POST", "/api/dead-letters/purge" + query);
+      return r.purged.map((p) => "Purged " + p.purged + " messages from " + p.queue).join("; ") +
+        " (the runs stay as they are)";
+    }) }, "Purge");
+  return el("div", { id: "dl-bulk", class: "filters" },
+    el("label", { for: "dl-group" }, "group "), picker, replayAll, purge, confirm);
 }
 
 // One parked message in full: what the list shows, every header, and the trigger it carries
