@@ -154,6 +154,13 @@ pub(crate) struct OutcomeRow<'a> {
     pub record: AttemptRecord<'a>,
 }
 
+/// `persistent` for the multi-row statements: false, so PostgreSQL plans each execution for
+/// its actual arrays. A prepared statement switches to a generic plan after five executions,
+/// which guesses ten rows per array and joins the locked rows in a nested loop: quadratic in
+/// the batch (512 rows: 110 ms instead of 6 ms), so the busier the worker, the slower each
+/// batch, and the longer the rows stay locked against the leader's marks.
+const CUSTOM_PLAN: bool = false;
+
 /// One delivery's claim, for [`Store::claim_many`].
 #[derive(Debug, Clone)]
 pub(crate) struct ClaimRequest {
@@ -394,6 +401,8 @@ impl Store {
             .bind(&jobs)
             .bind(&starts)
             .bind(worker_id)
+            // Planned for its arrays each time: see [`CUSTOM_PLAN`].
+            .persistent(CUSTOM_PLAN)
             .fetch_all(&self.pool)
             .await
     }
@@ -707,6 +716,7 @@ impl Store {
             .bind(&log_at)
             .bind(&log_levels)
             .bind(&log_messages)
+            .persistent(CUSTOM_PLAN)
             .fetch_all(&self.pool)
             .await?;
         let by_run: std::collections::HashMap<i64, Recorded> = found
