@@ -28,8 +28,9 @@
 //! write is fenced by the term.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -458,6 +459,14 @@ fn new_fire(spec: &JobSpec, at: DateTime<Utc>, kind: TriggerKind, skip: Option<S
 }
 
 /// Holds runs until `lead` before their instant and publishes them.
+///
+/// Its loop only holds runs, starts publishes and collects confirms: the two database writes
+/// it depends on run in tasks of their own, so a slow database never stalls publishing. The
+/// **marker** writes the marks of confirmed runs (`queued`, `published_at`) in batches; the
+/// **sweeper** reads the outbox. A run stays in the dispatcher's `held` set from the moment it
+/// is taken until a sweep that *started after its mark committed* has been handed over (the
+/// marker counts its committed marks, each sweep notes the count before its query), so a sweep
+/// that read the run still `pending` can never hand it over a second time.
 struct Dispatcher {
     ctx: Arc<LeaderContext>,
     fence: Fence,
@@ -470,16 +479,36 @@ const MARK_INTERVAL: Duration = Duration::from_millis(20);
 /// Pending runs read per outbox sweep.
 const SWEEP_LIMIT: i64 = 10_000;
 
+/// Runs whose mark committed as the marker's `seq`-th batch.
+type Marked = (u64, Vec<i64>);
+/// An outbox sweep: the marker's count of committed batches before its query, and what it read.
+type Swept = (u64, Vec<OutboxRun>);
+
 impl Dispatcher {
     async fn run(self, mut incoming: mpsc::Receiver<OutboxRun>) {
-        let mut outbox_wake = listen(&self.ctx.store, OUTBOX_CHANNEL).await;
+        let marks_done = Arc::new(AtomicU64::new(0));
+        let (published_tx, published_rx) = mpsc::unbounded_channel::<i64>();
+        let (marked_tx, mut marked_rx) = mpsc::unbounded_channel::<Marked>();
+        let (swept_tx, mut swept_rx) = mpsc::channel::<Swept>(1);
+        let marker = tokio::spawn(mark_loop(
+            self.ctx.clone(),
+            self.fence.clone(),
+            self.stop.clone(),
+            marks_done.clone(),
+            published_rx,
+            marked_tx,
+        ));
+        let sweeper = tokio::spawn(sweep_loop(
+            self.ctx.clone(),
+            self.stop.clone(),
+            marks_done,
+            swept_tx,
+        ));
         let mut waiting: BinaryHeap<Reverse<(DateTime<Utc>, i64)>> = BinaryHeap::new();
         let mut runs: HashMap<i64, OutboxRun> = HashMap::new();
         let mut held: HashSet<i64> = HashSet::new();
+        let mut marked: VecDeque<Marked> = VecDeque::new();
         let mut in_flight = FuturesUnordered::new();
-        let mut published: Vec<i64> = Vec::new();
-        let mut sweep = tokio::time::interval(self.ctx.timings.sweep_interval);
-        let mut mark = tokio::time::interval(MARK_INTERVAL);
 
         loop {
             let next_due = waiting
@@ -492,7 +521,10 @@ impl Dispatcher {
                 Some((id, result)) = in_flight.next(), if !in_flight.is_empty() => {
                     let result: anyhow::Result<()> = result;
                     match result {
-                        Ok(()) => published.push(id),
+                        Ok(()) => {
+                            // The marker only ends once the leadership ends.
+                            let _ = published_tx.send(id);
+                        }
                         Err(e) => {
                             warn!(run_id = id, error = %format!("{e:#}"), "publish failed; the run stays in the outbox");
                             held.remove(&id);
@@ -520,12 +552,23 @@ impl Dispatcher {
                         runs.insert(run.id, run);
                     }
                 }
-                _ = mark.tick(), if !published.is_empty() => {
-                    if !self.mark(&mut published, &mut held).await { break; }
-                }
-                _ = sweep.tick() => self.sweep(&mut held, &mut waiting, &mut runs).await,
-                Some(_) = outbox_wake.recv() => {
-                    self.sweep(&mut held, &mut waiting, &mut runs).await;
+                Some(batch) = marked_rx.recv() => marked.push_back(batch),
+                Some((marks_before, pending)) = swept_rx.recv() => {
+                    // Marks committed before the sweep's query: the sweep saw those runs
+                    // `queued`, so from now on a run of theirs found `pending` is a new
+                    // attempt (rescued, republished) and may be taken again.
+                    while marked.front().is_some_and(|(seq, _)| *seq <= marks_before) {
+                        for id in marked.pop_front().expect("checked").1 {
+                            held.remove(&id);
+                        }
+                    }
+                    for run in pending {
+                        if held.insert(run.id) {
+                            debug!(run_id = run.id, job = %run.job, "outbox run picked up");
+                            waiting.push(Reverse((self.release_at(&run), run.id)));
+                            runs.insert(run.id, run);
+                        }
+                    }
                 }
             }
         }
@@ -533,11 +576,14 @@ impl Dispatcher {
         // leader does not publish them again.
         while let Some((id, result)) = in_flight.next().await {
             if result.is_ok() {
-                published.push(id);
+                let _ = published_tx.send(id);
             }
         }
-        if !published.is_empty() {
-            self.mark(&mut published, &mut held).await;
+        drop(published_tx);
+        for (task, what) in [(marker, "marker"), (sweeper, "outbox sweep")] {
+            if let Err(e) = task.await {
+                error!(term = self.fence.term, task = what, error = %e, "dispatcher task ended abnormally");
+            }
         }
     }
 
@@ -559,53 +605,108 @@ impl Dispatcher {
         }
         term
     }
+}
 
-    /// Marks published runs `queued`. Returns false when the fence no longer holds.
-    async fn mark(&self, published: &mut Vec<i64>, held: &mut HashSet<i64>) -> bool {
-        let mut delay = Duration::from_millis(50);
-        loop {
-            match self.ctx.store.mark_published(&self.fence, published).await {
-                Ok(true) => {
-                    for id in published.drain(..) {
-                        held.remove(&id);
+/// The dispatcher's marker: writes the marks of confirmed runs in batches (at most every
+/// [`MARK_INTERVAL`]), counts each committed batch in `marks_done` and reports it to the
+/// dispatcher. Ends when the dispatcher drops its sender (after flushing what it got) or the
+/// fence is lost.
+async fn mark_loop(
+    ctx: Arc<LeaderContext>,
+    fence: Fence,
+    stop: CancellationToken,
+    marks_done: Arc<AtomicU64>,
+    mut published: mpsc::UnboundedReceiver<i64>,
+    marked: mpsc::UnboundedSender<Marked>,
+) {
+    let mut pending: Vec<i64> = Vec::new();
+    let mut tick = tokio::time::interval(MARK_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut open = true;
+    while open || !pending.is_empty() {
+        if open {
+            tokio::select! {
+                id = published.recv() => match id {
+                    Some(id) => {
+                        pending.push(id);
+                        continue;
                     }
-                    return true;
-                }
-                Ok(false) => {
-                    warn!(
-                        term = self.fence.term,
-                        "lease lost while marking published runs"
-                    );
-                    self.stop.cancel();
+                    None => open = false,
+                },
+                _ = tick.tick(), if !pending.is_empty() => {}
+            }
+        }
+        if pending.is_empty() {
+            continue;
+        }
+        if !mark(&ctx, &fence, &stop, &pending).await {
+            return;
+        }
+        let seq = marks_done.load(Ordering::SeqCst) + 1;
+        marks_done.store(seq, Ordering::SeqCst);
+        let _ = marked.send((seq, std::mem::take(&mut pending)));
+    }
+}
+
+/// Marks published runs `queued`, retrying while the database fails. Returns false when the
+/// fence no longer holds (the leadership stops) or on a failure while stopping.
+async fn mark(ctx: &LeaderContext, fence: &Fence, stop: &CancellationToken, ids: &[i64]) -> bool {
+    let mut delay = Duration::from_millis(50);
+    loop {
+        match ctx.store.mark_published(fence, ids).await {
+            Ok(true) => return true,
+            Ok(false) => {
+                warn!(term = fence.term, "lease lost while marking published runs");
+                stop.cancel();
+                return false;
+            }
+            Err(e) => {
+                warn!(error = %format!("{e:#}"), "marking published runs failed; retrying");
+                if stop.is_cancelled() {
                     return false;
                 }
-                Err(e) => {
-                    warn!(error = %format!("{e:#}"), "marking published runs failed; retrying");
-                    if self.stop.is_cancelled() {
-                        return false;
-                    }
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(1));
-                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(1));
             }
         }
     }
+}
 
-    async fn sweep(
-        &self,
-        held: &mut HashSet<i64>,
-        waiting: &mut BinaryHeap<Reverse<(DateTime<Utc>, i64)>>,
-        runs: &mut HashMap<i64, OutboxRun>,
-    ) {
-        let horizon = Utc::now() + self.ctx.timings.lookahead;
-        match self.ctx.store.outbox(horizon, SWEEP_LIMIT).await {
+/// The dispatcher's outbox sweep: every `sweep_interval`, and at once on `NOTIFY chime_outbox`
+/// (notifications that arrive during a sweep are served by one more sweep). Hands over the
+/// pending runs due by the horizon with the marker's count of committed batches taken before
+/// the query.
+async fn sweep_loop(
+    ctx: Arc<LeaderContext>,
+    stop: CancellationToken,
+    marks_done: Arc<AtomicU64>,
+    swept: mpsc::Sender<Swept>,
+) {
+    let mut outbox_wake = listen(&ctx.store, OUTBOX_CHANNEL).await;
+    let mut sweep = tokio::time::interval(ctx.timings.sweep_interval);
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = sweep.tick() => {}
+            Some(_) = outbox_wake.recv() => {
+                while outbox_wake.try_recv().is_ok() {}
+            }
+        }
+        let marks_before = marks_done.load(Ordering::SeqCst);
+        let horizon = Utc::now() + ctx.timings.lookahead;
+        let pending = tokio::select! {
+            () = stop.cancelled() => return,
+            pending = ctx.store.outbox(horizon, SWEEP_LIMIT) => pending,
+        };
+        match pending {
             Ok(pending) => {
-                for run in pending {
-                    if held.insert(run.id) {
-                        debug!(run_id = run.id, job = %run.job, "outbox run picked up");
-                        waiting.push(Reverse((self.release_at(&run), run.id)));
-                        runs.insert(run.id, run);
-                    }
+                let handed = tokio::select! {
+                    () = stop.cancelled() => return,
+                    handed = swept.send((marks_before, pending)) => handed,
+                };
+                if handed.is_err() {
+                    return;
                 }
             }
             Err(e) => warn!(error = %format!("{e:#}"), "outbox sweep failed"),

@@ -640,6 +640,9 @@ impl Store {
         .bind(&states)
         .bind(&reasons)
         .bind(&policies)
+        // Planned for its arrays each time (an unnamed statement): a generic plan guesses ten
+        // rows per array and joins the CTEs in nested loops, quadratic in the batch.
+        .persistent(false)
         .fetch_all(&self.pool)
         .await
         .context("inserting runs")?;
@@ -735,6 +738,8 @@ impl Store {
         .bind(&fence.holder)
         .bind(fence.term)
         .bind(ids)
+        // Planned for its array each time, as `insert_fires`.
+        .persistent(false)
         .fetch_one(&self.pool)
         .await
         .context("marking runs published")?;

@@ -22,7 +22,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::claims::Batched;
+use crate::claims;
 use crate::consumer::Link;
 use crate::context::{JobContext, JobLogger, Level, LogLine, LogSink, MAX_PENDING_BATCHES};
 use crate::delay;
@@ -30,10 +30,9 @@ use crate::handler::ErasedHandler;
 use crate::outcome::{self, Ending, Execution, Outcome, RunEnd};
 use crate::parking;
 use crate::protocol::Trigger;
+use crate::recording::Batched;
 use crate::retry::{self, Wait};
-use crate::store::{
-    AttemptRecord, Claim, ClaimRequest, Recorded, RunSnapshot, TakeOver, TakenOver,
-};
+use crate::store::{Claim, ClaimRequest, Recorded, RunSnapshot, TakeOver, TakenOver};
 use crate::worker::{Entered, InFlight, Shared, Unrecorded};
 
 /// How often a worker re-reads a run that is `running` on another worker while it waits for
@@ -372,8 +371,8 @@ async fn acquire(
             starts_at: start_at,
         };
         match shared.claims.claim(claim).await {
-            Batched::Claimed => return Some(trigger.attempt),
-            Batched::Alone { maybe_ours: m } => maybe_ours = m,
+            claims::Batched::Claimed => return Some(trigger.attempt),
+            claims::Batched::Alone { maybe_ours: m } => maybe_ours = m,
         }
     }
     loop {
@@ -686,24 +685,14 @@ async fn finish(
     run_id: i64,
     pending: Unrecorded,
 ) {
+    let recorded = record(shared, run_id, &pending).await;
     let Unrecorded {
         attempt,
         outcome,
         next_attempt_at,
-        duration,
-        lines,
+        ..
     } = &pending;
-    let record = AttemptRecord {
-        outcome,
-        next_attempt_at: *next_attempt_at,
-        duration: *duration,
-        lines,
-    };
-    match shared
-        .store
-        .record_outcome(run_id, *attempt, &shared.id, &record)
-        .await
-    {
+    match recorded {
         Ok(Recorded::Both(state)) => match (&outcome.run, state.as_str()) {
             (RunEnd::Retry { .. }, "retrying") => {
                 let due = next_attempt_at.unwrap_or_else(Utc::now);
@@ -739,6 +728,29 @@ async fn finish(
             delivery.requeue().await;
         }
     }
+}
+
+/// Writes the outcome with the others finishing together; alone (with retries) if the batch
+/// did not write it. Returns once it is durable, or with the error of the write alone.
+async fn record(
+    shared: &Shared,
+    run_id: i64,
+    pending: &Unrecorded,
+) -> Result<Recorded, sqlx::Error> {
+    let maybe_ours = match shared.outcomes.record(run_id, pending).await {
+        Batched::Recorded(recorded) => return Ok(recorded),
+        Batched::Alone { maybe_ours } => maybe_ours,
+    };
+    shared
+        .store
+        .record_outcome(
+            run_id,
+            pending.attempt,
+            &shared.id,
+            &pending.record(),
+            maybe_ours,
+        )
+        .await
 }
 
 pub(crate) fn log_recorded(recorded: Recorded, outcome: &Outcome) {

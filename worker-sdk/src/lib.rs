@@ -53,6 +53,7 @@ mod outcome;
 mod parking;
 pub mod protocol;
 mod publish;
+mod recording;
 pub mod retry;
 mod store;
 pub mod testing;

@@ -30,6 +30,7 @@ use crate::context::{JobContext, LogLine};
 use crate::delivery;
 use crate::handler::{self, Handlers};
 use crate::outcome::{JobError, Outcome};
+use crate::recording::OutcomeBatcher;
 use crate::store::{AttemptRecord, Store, WorkerRow};
 use crate::topology::{DEFAULT_PREFIX, Topology};
 
@@ -398,6 +399,10 @@ impl Worker {
             Store::new(pool.clone(), self.db_retry_budget),
             self.id.clone(),
         );
+        let outcomes = OutcomeBatcher::start(
+            Store::new(pool.clone(), self.db_retry_budget),
+            self.id.clone(),
+        );
         let shared = Arc::new(Shared {
             id: self.id,
             topology: self.topology,
@@ -409,6 +414,7 @@ impl Worker {
             ack_after: self.ack_after,
             handler_slots: Semaphore::new(usize::from(self.capacity)),
             claims,
+            outcomes,
             in_flight: Mutex::default(),
             released: Notify::new(),
             unrecorded: Mutex::default(),
@@ -634,6 +640,8 @@ pub(crate) struct Shared {
     pub(crate) handler_slots: Semaphore,
     /// Claims of deliveries arriving together, in one statement.
     pub(crate) claims: ClaimBatcher,
+    /// Outcomes of attempts finishing together, in one statement.
+    pub(crate) outcomes: OutcomeBatcher,
     in_flight: Mutex<HashMap<i64, RunSlot>>,
     /// Notified whenever a run leaves `in_flight`.
     released: Notify,
@@ -652,6 +660,7 @@ struct RunSlot {
 }
 
 /// An attempt's outcome that could not be written yet.
+#[derive(Clone)]
 pub(crate) struct Unrecorded {
     pub attempt: u32,
     pub outcome: Outcome,
@@ -659,6 +668,18 @@ pub(crate) struct Unrecorded {
     pub next_attempt_at: Option<DateTime<Utc>>,
     pub duration: Duration,
     pub lines: Vec<LogLine>,
+}
+
+impl Unrecorded {
+    /// The outcome as the store writes it.
+    pub(crate) fn record(&self) -> AttemptRecord<'_> {
+        AttemptRecord {
+            outcome: &self.outcome,
+            next_attempt_at: self.next_attempt_at,
+            duration: self.duration,
+            lines: &self.lines,
+        }
+    }
 }
 
 /// Whether a delivery may go on with its run.
@@ -778,15 +799,10 @@ impl Shared {
             let Some(pending) = self.unrecorded().remove(&run_id) else {
                 continue; // a redelivery is recording it
             };
-            let record = AttemptRecord {
-                outcome: &pending.outcome,
-                next_attempt_at: pending.next_attempt_at,
-                duration: pending.duration,
-                lines: &pending.lines,
-            };
+            // An earlier try may have committed with its reply lost.
             match self
                 .store
-                .record_outcome(run_id, pending.attempt, &self.id, &record)
+                .record_outcome(run_id, pending.attempt, &self.id, &pending.record(), true)
                 .await
             {
                 Ok(recorded) => {

@@ -842,3 +842,345 @@ async fn a_cancel_while_a_trigger_is_held_keeps_its_handler_from_starting(pool: 
     running.stop().await;
     env.cleanup().await;
 }
+
+/// Handlers that wait at a gate, so a test can finish many of them at the same moment: each
+/// reports its run id when it starts, waits for a permit (attempt 1 only), logs its fate and
+/// ends as `fate` in its params says (`ok`, `fail`, `cancel`, `retry`).
+fn gated(
+    started: mpsc::UnboundedSender<i64>,
+    gate: Arc<tokio::sync::Semaphore>,
+) -> impl Fn(JobContext, Value) -> std::pin::Pin<Box<dyn Future<Output = Result<(), JobError>> + Send>>
++ Send
++ Sync
++ 'static {
+    move |ctx: JobContext, params: Value| {
+        let (started, gate) = (started.clone(), gate.clone());
+        Box::pin(async move {
+            started.send(ctx.run_id()).unwrap();
+            if ctx.attempt() == 1 {
+                gate.acquire().await.unwrap().forget();
+            }
+            let fate = params["fate"].as_str().unwrap_or("ok").to_owned();
+            ctx.log()
+                .info(format!("fate {fate}, attempt {}", ctx.attempt()));
+            match (fate.as_str(), ctx.attempt()) {
+                ("fail", _) => Err(JobError::fail("refused")),
+                ("cancel", _) => Err(JobError::cancel("moot")),
+                ("retry", 1) => Err(JobError::retry("try again")),
+                _ => Ok(()),
+            }
+        })
+    }
+}
+
+/// Counts the rows each UPDATE statement on `chime_attempts` changes, in `test_statements`.
+async fn count_attempt_updates(pool: &PgPool) {
+    for sql in [
+        "CREATE TABLE test_statements (changed bigint NOT NULL)",
+        "CREATE FUNCTION test_count_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             INSERT INTO test_statements SELECT count(*) FROM changed;
+             RETURN NULL;
+         END $$",
+        "CREATE TRIGGER test_count_changed AFTER UPDATE ON chime_attempts
+             REFERENCING NEW TABLE AS changed
+             FOR EACH STATEMENT EXECUTE FUNCTION test_count_changed()",
+    ] {
+        sqlx::query(sql).execute(pool).await.unwrap();
+    }
+}
+
+/// Starts `runs` (submitted with the `gated` handler), then holds their rows locked while
+/// every handler finishes, so all their outcomes wait together for the batch writer; returns
+/// the open transaction (commit it to let the writes through).
+async fn finish_together(
+    env: &Env,
+    runs: &[i64],
+    started: &mut mpsc::UnboundedReceiver<i64>,
+    gate: &tokio::sync::Semaphore,
+    events: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    for _ in runs {
+        tokio::time::timeout(WAIT, started.recv())
+            .await
+            .expect("every handler starts")
+            .unwrap();
+    }
+    let mut tx = env.pool.begin().await.unwrap();
+    sqlx::query("SELECT id FROM chime_runs WHERE id = ANY($1) ORDER BY id FOR UPDATE")
+        .bind(runs)
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+    gate.add_permits(runs.len());
+    // Logged just before each outcome goes to the batch writer, in the same poll.
+    support::events_counted(
+        events,
+        |m| m == "run succeeded" || m == "run did not succeed",
+        runs.len(),
+    )
+    .await;
+    tx
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn outcomes_finishing_together_are_written_in_one_statement_each_with_its_own_fate(
+    pool: PgPool,
+) {
+    let env = Env::new(pool).await;
+    count_attempt_updates(&env.pool).await;
+    let (_capturing, mut events) = support::capture_events();
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let worker = env
+        .worker()
+        .capacity(40)
+        .handle("fate", gated(started_tx, gate.clone()))
+        .build()
+        .unwrap();
+    let worker_id = worker.id().to_owned();
+    let running = env.start(worker);
+
+    let fates = ["ok", "fail", "cancel", "retry"];
+    let mut runs = Vec::new();
+    for i in 0..36 {
+        let fate = fates[i % fates.len()];
+        runs.push((env.submit("fate", json!({ "fate": fate })).await, fate));
+    }
+    // Retried under a policy: `retrying`, then attempt 2 succeeds.
+    let retried = env.insert_run("fate", &json!({"fate": "retry"})).await;
+    let mut trigger = env.trigger(retried, "fate", json!({"fate": "retry"})).await;
+    trigger.retry = Some(support::policy(2, 100, 1.0, 100));
+    env.publish(&trigger).await;
+    // An operator asks to cancel this one while it runs: `cancelled`, not `dead`.
+    let cancelled = env.submit("fate", json!({"fate": "retry"})).await;
+    // Judged lost while it runs (the rescuer recorded its attempt `lost` and put the run back
+    // in the outbox): its late outcome is fenced out.
+    let fenced = env.submit("fate", json!({"fate": "ok"})).await;
+    let ids: Vec<i64> = runs
+        .iter()
+        .map(|(id, _)| *id)
+        .chain([retried, cancelled, fenced])
+        .collect();
+
+    let mut tx = finish_together(&env, &ids, &mut started, &gate, &mut events).await;
+    sqlx::query("UPDATE chime_runs SET cancel_requested_at = now() WHERE id = $1")
+        .bind(cancelled)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE chime_attempts SET state = 'lost', error = 'test: lost' WHERE run_id = $1")
+        .bind(fenced)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE chime_runs SET state = 'pending', worker_id = NULL WHERE id = $1")
+        .bind(fenced)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    let mut dead = 0;
+    for (run_id, fate) in &runs {
+        let (run_state, attempt_state, error) = match *fate {
+            "ok" => ("succeeded", "succeeded", None),
+            "fail" => ("failed", "failed", Some("refused")),
+            "cancel" => ("cancelled", "cancelled", Some("moot")),
+            _ => ("dead", "failed", Some("try again")),
+        };
+        dead += usize::from(run_state == "dead");
+        let run = env.run_in_state(*run_id, run_state).await;
+        assert_eq!(run.error.as_deref(), error, "run {run_id}");
+        assert_eq!(run.worker_id.as_deref(), Some(worker_id.as_str()));
+        if run_state == "dead" {
+            assert_eq!(
+                run.reason.as_deref(),
+                Some("attempts exhausted (1 of 1): try again")
+            );
+        }
+        let attempts = env.attempts(*run_id).await;
+        assert_eq!(attempts.len(), 1, "run {run_id}");
+        let a = &attempts[0];
+        assert_eq!(
+            (a.state.as_str(), a.error.as_deref()),
+            (attempt_state, error)
+        );
+        assert_eq!(a.finished_at, run.finished_at, "run {run_id}");
+        assert_eq!(
+            (a.finished_at.unwrap() - a.started_at).num_milliseconds(),
+            a.duration_ms.unwrap()
+        );
+        assert_eq!(
+            env.logs(*run_id).await,
+            [(1, "info".to_owned(), format!("fate {fate}, attempt 1"))]
+        );
+    }
+
+    let run = env.run_in_state(retried, "succeeded").await;
+    assert_eq!(run.attempt, 2);
+    let states: Vec<String> = env
+        .attempts(retried)
+        .await
+        .into_iter()
+        .map(|a| a.state)
+        .collect();
+    assert_eq!(states, ["failed", "succeeded"]);
+    assert_eq!(env.logs(retried).await.len(), 2);
+
+    let run = env.run_in_state(cancelled, "cancelled").await;
+    assert_eq!(run.reason, None);
+    assert_eq!(env.attempts(cancelled).await[0].state, "failed");
+
+    // The fenced run's outcome was discarded: the rescuer's record stands, no log line of the
+    // late attempt was stored, and its delivery was acked (nothing left in the queue below).
+    support::events_matching(
+        &mut events,
+        &[&|m: &str| m.starts_with("late outcome discarded")],
+    )
+    .await;
+    let run = env.run(fenced).await;
+    assert_eq!((run.state.as_str(), run.worker_id), ("pending", None));
+    let attempt = &env.attempts(fenced).await[0];
+    assert_eq!(
+        (attempt.state.as_str(), attempt.duration_ms),
+        ("lost", None)
+    );
+    assert!(env.logs(fenced).await.is_empty());
+
+    // Written together: the outcomes that waited for the lock went in one statement.
+    let largest: Option<i64> = sqlx::query_scalar("SELECT max(changed) FROM test_statements")
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    assert!(largest.unwrap_or(0) > 1, "largest statement: {largest:?}");
+
+    running.stop().await;
+    assert_eq!(env.queue_state(&env.topology.work_queue()).await.0, 0);
+    let mut parked = 0;
+    while env.take_parked().await.is_some() {
+        parked += 1;
+    }
+    assert_eq!(parked, dead, "each dead run's message parked once");
+    env.cleanup().await;
+}
+
+/// `(ready, unacked)` messages of `queue`, as the broker counts them.
+fn queue_counts(queue: &str) -> (u64, u64) {
+    let listing = rabbitmqctl(&[
+        "list_queues",
+        "-q",
+        "--no-table-headers",
+        "name",
+        "messages_ready",
+        "messages_unacknowledged",
+    ]);
+    let line = listing
+        .lines()
+        .find(|line| line.split('\t').next() == Some(queue))
+        .unwrap_or_else(|| panic!("queue {queue} in {listing}"));
+    let counts: Vec<u64> = line
+        .split('\t')
+        .skip(1)
+        .map(|n| n.trim().parse().unwrap())
+        .collect();
+    (counts[0], counts[1])
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_failing_batch_falls_back_to_one_write_per_run_and_acks_only_what_is_recorded(
+    pool: PgPool,
+) {
+    let env = Env::new(pool).await;
+    // The attempt of a "poisoned" run cannot be written while it is poisoned: the database
+    // refuses as it does while it restarts (a transient error, so the write is retried).
+    for sql in [
+        "CREATE TABLE test_poison (run_id bigint PRIMARY KEY)",
+        "CREATE FUNCTION test_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.state <> 'running' AND EXISTS (SELECT 1 FROM test_poison WHERE run_id = NEW.run_id) THEN
+                 RAISE EXCEPTION 'test: run % is poisoned', NEW.run_id USING ERRCODE = '57P03';
+             END IF;
+             RETURN NEW;
+         END $$",
+        "CREATE TRIGGER test_poison BEFORE UPDATE ON chime_attempts
+             FOR EACH ROW EXECUTE FUNCTION test_poison()",
+    ] {
+        sqlx::query(sql).execute(&env.pool).await.unwrap();
+    }
+    let (_capturing, mut events) = support::capture_events();
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let worker = env
+        .worker()
+        .capacity(10)
+        .db_retry_budget(Duration::from_secs(120))
+        .handle("fate", gated(started_tx, gate.clone()))
+        .build()
+        .unwrap();
+    let running = env.start(worker);
+    let mut runs = Vec::new();
+    for _ in 0..10 {
+        runs.push(env.submit("fate", json!({"fate": "ok"})).await);
+    }
+    let poisoned = runs[3];
+    sqlx::query("INSERT INTO test_poison VALUES ($1)")
+        .bind(poisoned)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+
+    let tx = finish_together(&env, &runs, &mut started, &gate, &mut events).await;
+    tx.commit().await.unwrap();
+    support::events_matching(
+        &mut events,
+        &[&|m: &str| m == "batched outcome write failed; recording one by one"],
+    )
+    .await;
+    // Every other run is recorded (the ones of the failed batch one by one) and acked; the
+    // poisoned one stays `running` and its delivery unacked while its write is retried.
+    for run_id in runs.iter().filter(|id| **id != poisoned) {
+        env.run_in_state(*run_id, "succeeded").await;
+    }
+    let queue = env.topology.work_queue();
+    let q = queue.clone();
+    wait_for("only the poisoned run's delivery to be unacked", || {
+        let q = q.clone();
+        async move {
+            let counts = tokio::task::spawn_blocking(move || queue_counts(&q))
+                .await
+                .unwrap();
+            (counts == (0, 1)).then_some(())
+        }
+    })
+    .await;
+    let run = env.run(poisoned).await;
+    assert_eq!(run.state, "running");
+    assert_eq!(env.attempts(poisoned).await[0].state, "running");
+
+    sqlx::query("DELETE FROM test_poison")
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    env.run_in_state(poisoned, "succeeded").await;
+    let attempts = env.attempts(poisoned).await;
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(attempts[0].state, "succeeded");
+    assert_eq!(
+        env.logs(poisoned).await,
+        [(1, "info".to_owned(), "fate ok, attempt 1".to_owned())]
+    );
+    let q = queue.clone();
+    wait_for("the poisoned run's delivery to be acked", || {
+        let q = q.clone();
+        async move {
+            let counts = tokio::task::spawn_blocking(move || queue_counts(&q))
+                .await
+                .unwrap();
+            (counts == (0, 0)).then_some(())
+        }
+    })
+    .await;
+    running.stop().await;
+    env.cleanup().await;
+}
