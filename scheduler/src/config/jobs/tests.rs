@@ -1116,7 +1116,7 @@ fn chunked_toml_gives_the_messages_of_the_whole_document() {
             r#"jobs.toml: job #2: field "name": missing; every job needs a unique name, such as "close-unpaid-orders""#,
             r#"jobs.toml: job "a": field "params.ratio" = NaN: JSON has no NaN or infinity; use a finite number, or quote it as a string"#,
             r#"jobs.toml: job "a": field "name" = "a": duplicate job name, first defined in job #1 of this file; job names must be unique across all job files, so rename one of them"#,
-            r#"jobs.toml: job "b": field "every" = "soon": invalid duration "soon": expected number at 0; write a number with a unit, such as "30s", "5m" or "1h""#,
+            r#"jobs.toml: job "b": field "every" = "soon": invalid duration (expected a number at "soon"); write a number with a unit, such as "30s", "5m" or "1h30m""#,
         ]
     );
     assert_eq!(Err(errors), whole_document(text));
