@@ -41,7 +41,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use chime_worker::protocol::ControlMessage;
+use chime_worker::protocol::{ControlMessage, RetryPolicy};
 
 use crate::config::{AlertSettings, RescuerSettings};
 use crate::job::{ConcurrencyPolicy, JobSpec};
@@ -142,6 +142,7 @@ pub async fn lead(
         dispatch: tx,
         generation: 0,
         schedules: HashMap::new(),
+        groups: HashSet::new(),
     };
     if let Err(e) = planner.run(&stop).await {
         if stop.is_cancelled() {
@@ -165,51 +166,94 @@ pub async fn lead(
     }
 }
 
+/// What the planner keeps of a planned job: only what planning and firing need (about 150
+/// bytes a job, against ~560 for a whole [`JobSpec`]), with the schedule and the group shared
+/// between jobs. The name is the key of [`Planner::jobs`].
 struct Planned {
-    spec: JobSpec,
     schedule: Arc<Schedule>,
+    group: Arc<str>,
+    /// `None` for `null`, the parameters of most jobs.
+    params: Option<Box<serde_json::Value>>,
+    catch_up: CatchUpPolicy,
+    concurrency: ConcurrencyPolicy,
+    timeout: Option<Duration>,
+    retry: RetryPolicy,
     generation: u64,
 }
 
+impl Planned {
+    /// Whether `other` plans and fires the same way (the generation aside).
+    fn same_plan(&self, other: &Planned) -> bool {
+        (Arc::ptr_eq(&self.schedule, &other.schedule) || self.schedule == other.schedule)
+            && self.group == other.group
+            && self.params == other.params
+            && self.catch_up == other.catch_up
+            && self.concurrency == other.concurrency
+            && self.timeout == other.timeout
+            && self.retry == other.retry
+    }
+
+    fn params(&self) -> serde_json::Value {
+        self.params
+            .as_deref()
+            .cloned()
+            .unwrap_or(serde_json::Value::Null)
+    }
+}
+
 /// A heap entry: next fire of a job; stale when the job's generation moved on.
-type Slot = Reverse<(DateTime<Utc>, String, u64)>;
+type Slot = Reverse<(DateTime<Utc>, Arc<str>, u64)>;
+
+/// Jobs read from the database per query when the planner (re)reads them all, so the rows and
+/// decoded definitions of 100,000 jobs are never in memory at once; at start the planner fires
+/// what falls due between two pages, so the first jobs fire before the last ones are read.
+const JOB_PAGE: i64 = 2_000;
 
 struct Planner {
     ctx: Arc<LeaderContext>,
     fence: Fence,
-    jobs: HashMap<String, Planned>,
+    /// Planned jobs by name; the heap's slots share the name.
+    jobs: HashMap<Arc<str>, Planned>,
     heap: BinaryHeap<Slot>,
     dispatch: mpsc::Sender<OutboxRun>,
     generation: u64,
     /// Parsed schedules by definition, while a batch of jobs is admitted.
     schedules: HashMap<String, Arc<Schedule>>,
+    /// Group names, shared by the jobs of each group (a handful of groups for many jobs).
+    groups: HashSet<Arc<str>>,
 }
 
 impl Planner {
     async fn run(&mut self, stop: &CancellationToken) -> anyhow::Result<()> {
         let mut changes = listen(&self.ctx.store, JOBS_CHANNEL).await;
-        let records = self.ctx.store.jobs().await?;
-        info!(term = self.fence.term, jobs = records.len(), "planning");
-        let now = Utc::now();
-        let mut fires = Vec::new();
-        for record in records {
-            self.admit(record, now, &mut fires);
-        }
-        self.schedules = HashMap::new();
-        self.write(fires).await?;
-
+        info!(term = self.fence.term, "planning");
+        let mut after: Option<String> = None;
+        let mut read = 0usize;
         loop {
+            let records = self.ctx.store.jobs_page(after.as_deref(), JOB_PAGE).await?;
+            let Some(last) = records.last() else { break };
+            after = Some(last.spec.name.clone());
+            read += records.len();
             let now = Utc::now();
-            let horizon = now + self.ctx.timings.lookahead;
             let mut fires = Vec::new();
-            while let Some(Reverse((at, _, _))) = self.heap.peek() {
-                if *at > horizon {
-                    break;
-                }
-                let Reverse((at, name, generation)) = self.heap.pop().expect("peeked");
-                self.fire(at, &name, generation, now, &mut fires);
+            for record in records {
+                self.admit(record, now, &mut fires);
             }
             self.write(fires).await?;
+            // The jobs planned so far fire on time while the others are read.
+            self.tick().await?;
+        }
+        self.schedules = HashMap::new();
+        self.jobs.shrink_to_fit();
+        info!(
+            term = self.fence.term,
+            jobs = read,
+            planned = self.jobs.len(),
+            "planned"
+        );
+
+        loop {
+            self.tick().await?;
 
             let wake = match self.heap.peek() {
                 Some(Reverse((at, _, _))) => {
@@ -232,30 +276,79 @@ impl Planner {
         }
     }
 
+    /// Writes the fires due by the lookahead horizon.
+    async fn tick(&mut self) -> anyhow::Result<()> {
+        let now = Utc::now();
+        let horizon = now + self.ctx.timings.lookahead;
+        let mut fires = Vec::new();
+        while let Some(Reverse((at, _, _))) = self.heap.peek() {
+            if *at > horizon {
+                break;
+            }
+            let Reverse((at, name, generation)) = self.heap.pop().expect("peeked");
+            self.fire(at, name, generation, now, &mut fires);
+        }
+        self.write(fires).await
+    }
+
     /// Takes a job into the plan: applies its misfire policy from the persisted cursor, then
     /// schedules its next fire.
     fn admit(&mut self, record: JobRecord, now: DateTime<Utc>, fires: &mut Vec<NewFire>) {
-        let name = record.spec.name.clone();
         if record.paused {
             return;
         }
-        let schedule = match self.schedule_of(&record.spec) {
+        let name: Arc<str> = Arc::from(record.spec.name.as_str());
+        let Some(planned) = self.plan(record.spec) else {
+            return;
+        };
+        self.enter(name, planned, record.cursor_at, now, fires);
+    }
+
+    /// The compact record of a job (with a new generation), or `None` for a stored job whose
+    /// schedule does not parse (logged).
+    fn plan(&mut self, spec: JobSpec) -> Option<Planned> {
+        let schedule = match self.schedule_of(&spec) {
             Ok(s) => s,
             Err(e) => {
-                error!(job = %name, error = %e, "stored job has an invalid schedule; not planned");
-                return;
+                error!(job = %spec.name, error = %e, "stored job has an invalid schedule; not planned");
+                return None;
+            }
+        };
+        let group = match self.groups.get(spec.group.as_str()) {
+            Some(group) => group.clone(),
+            None => {
+                let group: Arc<str> = Arc::from(spec.group.as_str());
+                self.groups.insert(group.clone());
+                group
             }
         };
         self.generation += 1;
         let planned = Planned {
-            spec: record.spec,
             schedule,
+            group,
+            params: (!spec.params.is_null()).then(|| Box::new(spec.params.clone())),
+            catch_up: CatchUpPolicy::from_spec(&spec),
+            concurrency: spec.concurrency,
+            timeout: spec.timeout,
+            retry: spec.retry.to_wire(),
             generation: self.generation,
         };
+        Some(planned)
+    }
+
+    /// Puts a planned job in the plan: catches up from `cursor` and pushes its next fire.
+    fn enter(
+        &mut self,
+        name: Arc<str>,
+        planned: Planned,
+        cursor: Option<DateTime<Utc>>,
+        now: DateTime<Utc>,
+        fires: &mut Vec<NewFire>,
+    ) {
         // A job never planned before starts now: nothing to catch up.
-        let cursor = record.cursor_at.unwrap_or(now);
+        let cursor = cursor.unwrap_or(now);
         let next_from = if cursor < now {
-            self.catch_up(&planned, cursor, now, fires);
+            catch_up(&name, &planned, cursor, now, fires);
             now
         } else {
             cursor
@@ -291,60 +384,32 @@ impl Planner {
     fn fire(
         &mut self,
         at: DateTime<Utc>,
-        name: &str,
+        name: Arc<str>,
         generation: u64,
         now: DateTime<Utc>,
         fires: &mut Vec<NewFire>,
     ) {
-        let Some(planned) = self.jobs.get(name) else {
+        let Some(planned) = self.jobs.get(&name) else {
             return;
         };
         if planned.generation != generation {
             return;
         }
-        let late = (now - at).to_std().unwrap_or(Duration::ZERO) > planned.spec.misfire_grace;
+        let late = (now - at).to_std().unwrap_or(Duration::ZERO) > planned.catch_up.grace;
         let next_from = if late {
             // The loop fell behind (database stall, long pause): the misfire policy decides.
             let just_before = at - chrono::Duration::nanoseconds(1);
-            self.catch_up(planned, just_before, now, fires);
+            catch_up(&name, planned, just_before, now, fires);
             now
         } else {
-            fires.push(new_fire(&planned.spec, at, TriggerKind::Schedule, None));
+            fires.push(new_fire(&name, planned, at, TriggerKind::Schedule, None));
             at
         };
         if let Some(next) = planned.schedule.next_after(next_from) {
-            self.heap.push(Reverse((next, name.to_owned(), generation)));
+            self.heap.push(Reverse((next, name, generation)));
         }
     }
 
-    fn catch_up(
-        &self,
-        planned: &Planned,
-        cursor: DateTime<Utc>,
-        now: DateTime<Utc>,
-        fires: &mut Vec<NewFire>,
-    ) {
-        let spec = &planned.spec;
-        let policy = CatchUpPolicy::from_spec(spec);
-        let mut cursor = cursor;
-        loop {
-            let outcome = misfire::catch_up(&planned.schedule, cursor, now, &policy);
-            if outcome.omitted > 0 {
-                warn!(
-                    job = %spec.name,
-                    omitted = outcome.omitted,
-                    range = ?outcome.omitted_range,
-                    "too many missed fires to record one by one; skipped without a run row"
-                );
-            }
-            push_decisions(spec, outcome.decisions, fires);
-            // Long outages are decided in pages; each page moves the cursor forward.
-            if outcome.complete || outcome.cursor <= cursor {
-                break;
-            }
-            cursor = outcome.cursor;
-        }
-    }
     /// Writes fires under the fence and hands the pending ones to the dispatcher.
     async fn write(&mut self, fires: Vec<NewFire>) -> anyhow::Result<()> {
         if fires.is_empty() {
@@ -362,10 +427,10 @@ impl Planner {
         // which orders them.
         let mut queued_jobs = HashSet::new();
         for created in created {
-            let Some(planned) = self.jobs.get(&created.job) else {
+            let Some(planned) = self.jobs.get(created.job.as_str()) else {
                 continue;
             };
-            if planned.spec.concurrency == ConcurrencyPolicy::Queue
+            if planned.concurrency == ConcurrencyPolicy::Queue
                 && (created.blocked || !queued_jobs.insert(created.job.clone()))
             {
                 debug!(run_id = created.id, job = %created.job,
@@ -374,14 +439,14 @@ impl Planner {
             }
             let run = OutboxRun {
                 id: created.id,
-                group: planned.spec.group.clone(),
+                group: planned.group.to_string(),
                 job: created.job,
                 scheduled_at: created.scheduled_at,
                 attempt: 1,
-                params: planned.spec.params.clone(),
-                timeout: planned.spec.timeout,
-                retry: Some(planned.spec.retry.to_wire()),
-                concurrency: planned.spec.concurrency,
+                params: planned.params(),
+                timeout: planned.timeout,
+                retry: Some(planned.retry),
+                concurrency: planned.concurrency,
             };
             if self.dispatch.send(run).await.is_err() {
                 anyhow::bail!("dispatcher stopped");
@@ -390,30 +455,52 @@ impl Planner {
         Ok(())
     }
 
-    /// Many jobs changed at once (a large config sync): re-read them all and re-plan those whose
-    /// definition or pause state differs from the plan; drop the ones that are gone.
+    /// Many jobs changed at once (a large config sync): re-read them all (in pages) and re-plan
+    /// those whose plan or pause state differs; drop the ones that are gone.
     async fn reload_all(&mut self) -> anyhow::Result<()> {
-        let records = self.ctx.store.jobs().await?;
-        let present: HashSet<String> = records.iter().map(|r| r.spec.name.clone()).collect();
         let before = self.jobs.len();
-        self.jobs.retain(|name, _| present.contains(name));
-        let removed = before - self.jobs.len();
+        let mut present: HashSet<Arc<str>> = HashSet::with_capacity(before);
         let now = Utc::now();
         let mut fires = Vec::new();
         let mut replanned = 0usize;
-        for record in records {
-            let unchanged = self
-                .jobs
-                .get(&record.spec.name)
-                .is_some_and(|planned| !record.paused && planned.spec == record.spec);
-            // A paused job is not in the plan; it stays out.
-            if unchanged || (record.paused && !self.jobs.contains_key(&record.spec.name)) {
-                continue;
+        let mut after: Option<String> = None;
+        loop {
+            let records = self.ctx.store.jobs_page(after.as_deref(), JOB_PAGE).await?;
+            let Some(last) = records.last() else { break };
+            after = Some(last.spec.name.clone());
+            for record in records {
+                let name: Arc<str> = match self.jobs.get_key_value(record.spec.name.as_str()) {
+                    Some((name, _)) => name.clone(),
+                    None => Arc::from(record.spec.name.as_str()),
+                };
+                present.insert(name.clone());
+                if record.paused {
+                    // A paused job is not in the plan; it stays out.
+                    if self.jobs.remove(&name).is_some() {
+                        replanned += 1;
+                    }
+                    continue;
+                }
+                let cursor = record.cursor_at;
+                let Some(planned) = self.plan(record.spec) else {
+                    self.jobs.remove(&name);
+                    continue;
+                };
+                if self
+                    .jobs
+                    .get(&name)
+                    .is_some_and(|current| current.same_plan(&planned))
+                {
+                    continue;
+                }
+                self.jobs.remove(&name);
+                replanned += 1;
+                self.enter(name, planned, cursor, now, &mut fires);
             }
-            self.jobs.remove(&record.spec.name);
-            replanned += 1;
-            self.admit(record, now, &mut fires);
         }
+        let kept = self.jobs.len();
+        self.jobs.retain(|name, _| present.contains(name));
+        let removed = kept - self.jobs.len();
         self.schedules = HashMap::new();
         info!(replanned, removed, "jobs re-planned after a bulk change");
         self.write(fires).await
@@ -433,28 +520,74 @@ impl Planner {
     }
 }
 
-fn push_decisions(spec: &JobSpec, decisions: Vec<Decision>, fires: &mut Vec<NewFire>) {
+fn catch_up(
+    name: &str,
+    planned: &Planned,
+    cursor: DateTime<Utc>,
+    now: DateTime<Utc>,
+    fires: &mut Vec<NewFire>,
+) {
+    let mut cursor = cursor;
+    loop {
+        let outcome = misfire::catch_up(&planned.schedule, cursor, now, &planned.catch_up);
+        if outcome.omitted > 0 {
+            warn!(
+                job = %name,
+                omitted = outcome.omitted,
+                range = ?outcome.omitted_range,
+                "too many missed fires to record one by one; skipped without a run row"
+            );
+        }
+        push_decisions(name, planned, outcome.decisions, fires);
+        // Long outages are decided in pages; each page moves the cursor forward.
+        if outcome.complete || outcome.cursor <= cursor {
+            break;
+        }
+        cursor = outcome.cursor;
+    }
+}
+
+fn push_decisions(
+    name: &str,
+    planned: &Planned,
+    decisions: Vec<Decision>,
+    fires: &mut Vec<NewFire>,
+) {
     for decision in decisions {
         let fire = match decision {
-            Decision::Fire { at, late: true } => new_fire(spec, at, TriggerKind::Catchup, None),
-            Decision::Fire { at, late: false } => new_fire(spec, at, TriggerKind::Schedule, None),
-            Decision::Skip { at, reason } => {
-                new_fire(spec, at, TriggerKind::Schedule, Some(reason.to_string()))
+            Decision::Fire { at, late: true } => {
+                new_fire(name, planned, at, TriggerKind::Catchup, None)
             }
+            Decision::Fire { at, late: false } => {
+                new_fire(name, planned, at, TriggerKind::Schedule, None)
+            }
+            Decision::Skip { at, reason } => new_fire(
+                name,
+                planned,
+                at,
+                TriggerKind::Schedule,
+                Some(reason.to_string()),
+            ),
         };
         fires.push(fire);
     }
 }
 
-fn new_fire(spec: &JobSpec, at: DateTime<Utc>, kind: TriggerKind, skip: Option<String>) -> NewFire {
+fn new_fire(
+    name: &str,
+    planned: &Planned,
+    at: DateTime<Utc>,
+    kind: TriggerKind,
+    skip: Option<String>,
+) -> NewFire {
     NewFire {
-        job: spec.name.clone(),
-        group: spec.group.clone(),
+        job: name.to_owned(),
+        group: planned.group.to_string(),
         scheduled_at: at,
         kind,
-        params: spec.params.clone(),
+        params: planned.params(),
         skip,
-        concurrency: spec.concurrency,
+        concurrency: planned.concurrency,
     }
 }
 

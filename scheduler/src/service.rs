@@ -122,6 +122,7 @@ pub async fn run_serving(
         None => None,
     };
     let jobs = loader().context("loading job files")?;
+    info!(jobs = jobs.len(), "job files read");
     apply(&store, &jobs).await?;
 
     let publisher = Arc::new(Publisher::new(

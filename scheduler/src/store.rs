@@ -421,8 +421,9 @@ impl Store {
     /// in which case the config wins (and is reported as changed). Of two specs with one name,
     /// the last wins.
     ///
-    /// Batched, so start-up with 100,000 jobs costs a hundred statements, not 100,000: the
-    /// new and changed jobs are written 1,000 rows per `INSERT … SELECT FROM UNNEST`,
+    /// Batched, so start-up with 100,000 jobs costs two hundred statements, not 100,000: per
+    /// 1,000 jobs one `SELECT` finds the new and changed ones (comparing the stored `jsonb`
+    /// with the new definition in the database) and one `INSERT … SELECT FROM UNNEST` writes them,
     /// the removed ones deleted in one statement, and the planner is told by one `NOTIFY` per
     /// job when at most [`NOTIFY_EACH_MAX`] changed, else by a single [`ALL_JOBS`].
     pub async fn sync_config_jobs(&self, specs: &[JobSpec]) -> anyhow::Result<JobDiff> {
@@ -431,60 +432,81 @@ impl Store {
         sqlx::query("SELECT pg_advisory_xact_lock(hashtext('chime_jobs_sync'))")
             .execute(&mut *tx)
             .await?;
-        let existing: HashMap<String, (serde_json::Value, String)> =
-            sqlx::query("SELECT name, spec, source FROM chime_jobs")
+        // Names only: stored definitions are compared with the new ones in the database, a
+        // batch at a time, so 100,000 of them are never decoded here at once.
+        let config_names: Vec<String> =
+            sqlx::query_scalar("SELECT name FROM chime_jobs WHERE source = 'config'")
                 .fetch_all(&mut *tx)
-                .await?
-                .into_iter()
-                .map(|r| (r.get("name"), (r.get("spec"), r.get("source"))))
-                .collect();
+                .await?;
         let mut last: HashMap<&str, &JobSpec> = HashMap::with_capacity(specs.len());
         for spec in specs {
             last.insert(spec.name.as_str(), spec);
         }
+        let current: Vec<&JobSpec> = specs
+            .iter()
+            .filter(|spec| std::ptr::eq(last[spec.name.as_str()], *spec))
+            .collect();
         let mut diff = JobDiff::default();
-        let mut names = Vec::new();
-        let mut groups = Vec::new();
-        let mut jsons = Vec::new();
-        let mut paused = Vec::new();
-        for spec in specs {
-            if !std::ptr::eq(last[spec.name.as_str()], spec) {
+        for batch in current.chunks(SYNC_BATCH) {
+            let names: Vec<&str> = batch.iter().map(|spec| spec.name.as_str()).collect();
+            let jsons = batch
+                .iter()
+                .map(|spec| {
+                    serde_json::to_string(spec)
+                        .with_context(|| format!("encoding job {:?}", spec.name))
+                })
+                .collect::<anyhow::Result<Vec<String>>>()?;
+            // The new jobs and those whose stored definition differs (or is an API job's).
+            let differing = sqlx::query(
+                "SELECT j.ord, c.name IS NULL AS added
+                   FROM UNNEST($1::text[], $2::text[]) WITH ORDINALITY AS j(name, spec, ord)
+                   LEFT JOIN chime_jobs c ON c.name = j.name
+                  WHERE c.name IS NULL OR c.source <> 'config' OR c.spec <> j.spec::jsonb
+                  ORDER BY j.ord",
+            )
+            .bind(&names)
+            .bind(&jsons)
+            .fetch_all(&mut *tx)
+            .await
+            .context("comparing jobs")?;
+            if differing.is_empty() {
                 continue;
             }
-            let json = serde_json::to_value(spec)
-                .with_context(|| format!("encoding job {:?}", spec.name))?;
-            match existing.get(&spec.name) {
-                Some((old, source)) if *old == json && source == "config" => continue,
-                Some(_) => diff.changed.push(spec.name.clone()),
-                None => diff.added.push(spec.name.clone()),
+            let (mut w_names, mut w_groups, mut w_jsons, mut w_paused) =
+                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            for row in differing {
+                let ord: i64 = row.get("ord");
+                let i = usize::try_from(ord - 1).context("row position")?;
+                let spec = batch[i];
+                if row.get::<bool, _>("added") {
+                    diff.added.push(spec.name.clone());
+                } else {
+                    diff.changed.push(spec.name.clone());
+                }
+                w_names.push(names[i]);
+                w_groups.push(spec.group.as_str());
+                w_jsons.push(jsons[i].as_str());
+                w_paused.push(spec.paused);
             }
-            names.push(spec.name.as_str());
-            groups.push(spec.group.as_str());
-            jsons.push(json);
-            paused.push(spec.paused);
-        }
-        for start in (0..names.len()).step_by(SYNC_BATCH) {
-            let end = (start + SYNC_BATCH).min(names.len());
             sqlx::query(
                 "INSERT INTO chime_jobs (name, group_name, spec, source, paused)
-                 SELECT j.name, j.group_name, j.spec, 'config', j.paused
-                   FROM UNNEST($1::text[], $2::text[], $3::jsonb[], $4::bool[])
+                 SELECT j.name, j.group_name, j.spec::jsonb, 'config', j.paused
+                   FROM UNNEST($1::text[], $2::text[], $3::text[], $4::bool[])
                         AS j(name, group_name, spec, paused)
                  ON CONFLICT (name) DO UPDATE SET group_name = EXCLUDED.group_name,
                      spec = EXCLUDED.spec, source = 'config', updated_at = now()",
             )
-            .bind(&names[start..end])
-            .bind(&groups[start..end])
-            .bind(&jsons[start..end])
-            .bind(&paused[start..end])
+            .bind(&w_names)
+            .bind(&w_groups)
+            .bind(&w_jsons)
+            .bind(&w_paused)
             .execute(&mut *tx)
             .await
-            .with_context(|| format!("saving {} jobs", end - start))?;
+            .with_context(|| format!("saving {} jobs", w_names.len()))?;
         }
-        let mut removed: Vec<String> = existing
-            .iter()
-            .filter(|(name, (_, source))| source == "config" && !last.contains_key(name.as_str()))
-            .map(|(name, _)| name.clone())
+        let mut removed: Vec<String> = config_names
+            .into_iter()
+            .filter(|name| !last.contains_key(name.as_str()))
             .collect();
         removed.sort_unstable();
         if !removed.is_empty() {
@@ -514,6 +536,26 @@ impl Store {
                 .fetch_all(&self.pool)
                 .await
                 .context("loading jobs")?;
+        rows.into_iter().map(job_record).collect()
+    }
+
+    /// Up to `limit` jobs in name order, those after `after` (keyset paging on the primary
+    /// key; job names are never empty): reading 100,000 jobs in pages keeps only one page of
+    /// rows and decoded definitions in memory at a time.
+    pub async fn jobs_page(
+        &self,
+        after: Option<&str>,
+        limit: i64,
+    ) -> anyhow::Result<Vec<JobRecord>> {
+        let rows = sqlx::query(
+            "SELECT spec, source, paused, cursor_at FROM chime_jobs
+             WHERE name > $1 ORDER BY name LIMIT $2",
+        )
+        .bind(after.unwrap_or(""))
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await
+        .context("loading jobs")?;
         rows.into_iter().map(job_record).collect()
     }
 

@@ -16,11 +16,13 @@ use crate::report::{Report, Row};
 use crate::sandbox::{Sandbox, Services, now_us, within, write_file};
 
 /// Log lines of the scheduler's start-up, in order.
-const PHASES: [&str; 4] = [
+const PHASES: [&str; 6] = [
+    "job files read",
     "job definitions applied",
     "scheduler started",
     "became leader",
     "planning",
+    "planned",
 ];
 
 /// Parameters of the scale scenario.
@@ -42,9 +44,9 @@ pub struct Results {
     pub registered: i64,
     /// Size of the job file.
     pub job_file_bytes: usize,
-    /// Process start → each start-up log line the scheduler wrote (best effort: `job
-    /// definitions applied`, `scheduler started` (topology declared), `became leader`,
-    /// `planning`).
+    /// Process start → each start-up log line the scheduler wrote (best effort: `job files
+    /// read`, `job definitions applied`, `scheduler started` (topology declared), `became
+    /// leader`, `planning`, `planned` (every job read and planned)).
     pub startup_phases_ms: BTreeMap<String, f64>,
     /// Process start → this instance holds the lease.
     pub startup_to_leader_ms: f64,

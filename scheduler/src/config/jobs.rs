@@ -4,6 +4,8 @@
 //! `config` parses the file into a generic value tree; each job table is then converted to JSON
 //! (the form a [`JobSpec`] is stored and sent in) and checked by [`validate_job`], which knows
 //! nothing about files, so the runtime API can give the same messages for a job sent as JSON.
+//! A TOML file is parsed one `[[jobs]]` table at a time where it splits cleanly at those header
+//! lines (a 100,000-job file's whole tree took several hundred MB), and whole otherwise.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -238,6 +240,44 @@ pub fn parse_job_file(
         .map(|jobs| jobs.into_iter().map(|job| job.spec).collect())
 }
 
+/// How far a [`Reader`] had got, to undo a file read chunk by chunk.
+struct Mark {
+    jobs: usize,
+    errors: usize,
+}
+
+/// Splits a TOML job file at its `[[jobs]]` header lines: the text before the first one (the
+/// top-level keys), then one chunk per job table. `None` when there is no such line, or when
+/// the file has multi-line strings (`"""`, `'''`), in which a header-like line could be text.
+/// Each chunk holds one job table and its sub-tables (`[jobs.retry]`, `[jobs.params]`), so,
+/// when every chunk parses and holds only that, reading the chunks one by one gives the jobs
+/// the whole document holds; [`Reader::read_toml_chunks`] checks both and otherwise reads
+/// the whole document.
+fn toml_job_chunks(text: &str) -> Option<Vec<&str>> {
+    if text.contains("\"\"\"") || text.contains("'''") {
+        return None;
+    }
+    let mut starts = Vec::new();
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        if line.trim() == "[[jobs]]" {
+            starts.push(offset);
+        }
+        offset += line.len();
+    }
+    if starts.is_empty() {
+        return None;
+    }
+    let mut chunks = Vec::with_capacity(starts.len() + 1);
+    let mut from = 0;
+    for start in starts {
+        chunks.push(&text[from..start]);
+        from = start;
+    }
+    chunks.push(&text[from..]);
+    Some(chunks)
+}
+
 /// Accumulates jobs and mistakes over several files.
 #[derive(Default)]
 struct Reader {
@@ -249,6 +289,71 @@ struct Reader {
 
 impl Reader {
     fn read(&mut self, origin: &str, text: &str, format: SourceFormat) {
+        if format == SourceFormat::Toml
+            && let Some(chunks) = toml_job_chunks(text)
+        {
+            let mark = Mark {
+                jobs: self.jobs.len(),
+                errors: self.errors.len(),
+            };
+            let mut added_names = Vec::new();
+            if self.read_toml_chunks(origin, &chunks, &mut added_names) {
+                return;
+            }
+            // Not one job per chunk after all: undo, and read the whole document.
+            self.jobs.truncate(mark.jobs);
+            self.errors.truncate(mark.errors);
+            for name in added_names {
+                self.names.remove(&name);
+            }
+        }
+        self.read_document(origin, text, format);
+    }
+
+    /// Reads a TOML job file chunk by chunk ([`toml_job_chunks`]), so only one job's value tree
+    /// is in memory at a time, not the whole document's (at 100,000 jobs the whole tree was
+    /// several hundred MB). Returns false, having perhaps recorded jobs and mistakes that the
+    /// caller then undoes, when a chunk does not parse or is not exactly one job table: the
+    /// whole document is then read as one, which gives the usual messages (a syntax error's
+    /// line is that of the file).
+    fn read_toml_chunks(
+        &mut self,
+        origin: &str,
+        chunks: &[&str],
+        added_names: &mut Vec<String>,
+    ) -> bool {
+        let Some((head, jobs)) = chunks.split_first() else {
+            return false;
+        };
+        let Ok(root) = SourceFormat::Toml.parse(origin, head) else {
+            return false;
+        };
+        if root.contains_key("jobs") {
+            return false;
+        }
+        self.unknown_keys(origin, &root);
+        drop(root);
+        for (i, chunk) in jobs.iter().enumerate() {
+            let Ok(mut root) = SourceFormat::Toml.parse(origin, chunk) else {
+                return false;
+            };
+            let item = match root.remove("jobs").map(|jobs| jobs.kind) {
+                Some(config::ValueKind::Array(mut items))
+                    if root.is_empty() && items.len() == 1 =>
+                {
+                    items.pop().expect("one item")
+                }
+                _ => return false,
+            };
+            if let Some(name) = self.read_job(origin, i + 1, &item) {
+                added_names.push(name);
+            }
+        }
+        true
+    }
+
+    /// Reads a job file's whole document at once.
+    fn read_document(&mut self, origin: &str, text: &str, format: SourceFormat) {
         let root = match format.parse(origin, text) {
             Ok(root) => root,
             Err(e) => {
@@ -256,6 +361,28 @@ impl Reader {
                 return;
             }
         };
+        self.unknown_keys(origin, &root);
+        let items = match root.get("jobs").map(|jobs| &jobs.kind) {
+            None | Some(config::ValueKind::Nil) => return,
+            Some(config::ValueKind::Array(items)) => items,
+            Some(_) => {
+                self.errors.push(ConfigError::key(
+                    origin,
+                    "jobs",
+                    Some(render_config(&root["jobs"])),
+                    "expected a list of job tables: [[jobs]] sections in TOML, \
+                     \"- name: …\" items under \"jobs:\" in YAML",
+                ));
+                return;
+            }
+        };
+        for (i, item) in items.iter().enumerate() {
+            self.read_job(origin, i + 1, item);
+        }
+    }
+
+    /// Reports the top-level keys other than `jobs`.
+    fn unknown_keys(&mut self, origin: &str, root: &config::Map<String, config::Value>) {
         let mut keys: Vec<&String> = root.keys().filter(|key| *key != "jobs").collect();
         keys.sort();
         for key in keys {
@@ -278,26 +405,10 @@ impl Reader {
                 message,
             ));
         }
-        let items = match root.get("jobs").map(|jobs| &jobs.kind) {
-            None | Some(config::ValueKind::Nil) => return,
-            Some(config::ValueKind::Array(items)) => items,
-            Some(_) => {
-                self.errors.push(ConfigError::key(
-                    origin,
-                    "jobs",
-                    Some(render_config(&root["jobs"])),
-                    "expected a list of job tables: [[jobs]] sections in TOML, \
-                     \"- name: …\" items under \"jobs:\" in YAML",
-                ));
-                return;
-            }
-        };
-        for (i, item) in items.iter().enumerate() {
-            self.read_job(origin, i + 1, item);
-        }
     }
 
-    fn read_job(&mut self, origin: &str, index: usize, item: &config::Value) {
+    /// Reads one job table. Returns the job's name when this job was the first to take it.
+    fn read_job(&mut self, origin: &str, index: usize, item: &config::Value) -> Option<String> {
         let mut not_json = Vec::new();
         let json = to_json(item, "", &mut not_json);
         let Value::Object(table) = json else {
@@ -309,7 +420,7 @@ impl Reader {
                 message: "expected a table of job fields, such as name, group and schedule"
                     .to_owned(),
             });
-            return;
+            return None;
         };
         let job = match table.get("name") {
             Some(Value::String(name)) if !name.is_empty() => JobRef::Name(name.clone()),
@@ -332,6 +443,7 @@ impl Reader {
                     .map(|e| ConfigError::in_job(origin, &job, e)),
             );
         }
+        let mut first_of_name = None;
         if let Some(Value::String(name)) = table.get("name")
             && identifier_problem(name).is_none()
         {
@@ -357,6 +469,7 @@ impl Reader {
                 }
                 None => {
                     self.names.insert(name.clone(), (origin.to_owned(), index));
+                    first_of_name = Some(name.clone());
                 }
             }
         }
@@ -368,6 +481,7 @@ impl Reader {
                 spec,
             });
         }
+        first_of_name
     }
 
     fn finish(self) -> Result<Vec<LoadedJob>, ConfigErrors> {

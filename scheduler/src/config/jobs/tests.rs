@@ -1004,3 +1004,162 @@ fn retention_is_a_duration_of_at_least_a_minute() {
     let spec = validate_job(body.as_object().unwrap()).unwrap();
     assert_eq!(spec.retention, Some(Duration::from_secs(7 * 24 * 3600)));
 }
+
+/// A TOML job file read as one document, without the chunked path.
+fn whole_document(text: &str) -> Result<Vec<JobSpec>, Vec<String>> {
+    let mut reader = Reader::default();
+    reader.read_document("jobs.toml", text, SourceFormat::Toml);
+    reader
+        .finish()
+        .map(|jobs| jobs.into_iter().map(|job| job.spec).collect())
+        .map_err(|errors| errors.lines())
+}
+
+/// A TOML job file read as `chime` reads it (chunk by chunk where possible).
+fn as_read(text: &str) -> Result<Vec<JobSpec>, Vec<String>> {
+    parse_job_file("jobs.toml", text, SourceFormat::Toml).map_err(|errors| errors.lines())
+}
+
+#[test]
+fn toml_is_split_at_job_headers() {
+    let text = "# jobs\n[[jobs]]\nname = \"a\"\n  [[jobs]]  \r\nname = \"b\"\n";
+    assert_eq!(
+        toml_job_chunks(text),
+        Some(vec![
+            "# jobs\n",
+            "[[jobs]]\nname = \"a\"\n",
+            "  [[jobs]]  \r\nname = \"b\"\n"
+        ])
+    );
+    assert_eq!(toml_job_chunks("jobs = []\n"), None);
+    assert_eq!(
+        toml_job_chunks("[[jobs]]\nname = \"a\"\ndescription = '''\n[[jobs]]\n'''\n"),
+        None
+    );
+}
+
+#[test]
+fn chunked_toml_reads_the_jobs_of_the_whole_document() {
+    let text = r#"
+        # Nightly work.
+        [[jobs]]
+        name = "close-unpaid-orders"
+        group = "orders"
+        schedule = "0 3 * * *"
+        timezone = "Europe/Berlin"
+        params = { older_than = "2d", limits = [1, 2.5, true] }
+
+        [jobs.retry]
+        max_attempts = 5
+        initial = "30s"
+
+        [[jobs]]
+        name = "send-reminders"
+        group = "mail"
+        every = "15m"
+        [jobs.params]
+        template = "reminder"
+        [[jobs.params.batches]]
+        size = 100
+        [[jobs.params.batches]]
+        size = 200
+        [jobs.alerts]
+        webhook = "https://hooks.example.com/chime"
+        format = "slack"
+
+        [[jobs]]
+        name = "manual"
+        group = "ops"
+        description = "run by hand; [[jobs]] in a string is text"
+        at = 2026-12-01T00:00:00Z
+        "#;
+    assert_eq!(toml_job_chunks(text).map(|chunks| chunks.len()), Some(4));
+    let jobs = as_read(text).unwrap_or_else(|e| panic!("{e:#?}"));
+    assert_eq!(jobs.len(), 3);
+    assert_eq!(jobs[0].retry.max_attempts, 5);
+    assert_eq!(
+        jobs[1].params,
+        serde_json::json!({"template": "reminder", "batches": [{"size": 100}, {"size": 200}]})
+    );
+    assert_eq!(Ok(jobs), whole_document(text));
+}
+
+#[test]
+fn chunked_toml_gives_the_messages_of_the_whole_document() {
+    let text = r#"
+        database_url = "postgres://localhost/chime"
+
+        [[jobs]]
+        name = "a"
+        group = "g"
+        shedule = "0 9 * * *"
+
+        [[jobs]]
+        group = "g"
+
+        [[jobs]]
+        name = "a"
+        group = "g"
+        params = { ratio = nan }
+
+        [[jobs]]
+        name = "b"
+        group = "g"
+        every = "soon"
+        "#;
+    let errors = as_read(text).unwrap_err();
+    assert_eq!(
+        errors,
+        [
+            r#"jobs.toml: key "database_url" = "postgres://localhost/chime": unknown key; a job file holds only a "jobs" list (this looks like a setting: it belongs in the settings file)"#,
+            r#"jobs.toml: job "a": field "shedule" = "0 9 * * *": unknown field; did you mean "schedule"?"#,
+            r#"jobs.toml: job #2: field "name": missing; every job needs a unique name, such as "close-unpaid-orders""#,
+            r#"jobs.toml: job "a": field "params.ratio" = NaN: JSON has no NaN or infinity; use a finite number, or quote it as a string"#,
+            r#"jobs.toml: job "a": field "name" = "a": duplicate job name, first defined in job #1 of this file; job names must be unique across all job files, so rename one of them"#,
+            r#"jobs.toml: job "b": field "every" = "soon": invalid duration (expected a number at "soon"); write a number with a unit, such as "30s", "5m" or "1h30m""#,
+        ]
+    );
+    assert_eq!(Err(errors), whole_document(text));
+}
+
+#[test]
+fn toml_syntax_error_in_a_later_job_gives_its_line_in_the_file() {
+    let text = "[[jobs]]\nname = \"a\"\ngroup = \"g\"\n\n[[jobs]]\nname = \"b\"\ngroup = \"g\n";
+    let error = toml_error(text);
+    assert!(
+        error.starts_with("jobs.toml: not valid TOML: TOML parse error at line 7, column"),
+        "{error}"
+    );
+    assert_eq!(Err(vec![error]), whole_document(text));
+}
+
+#[test]
+fn toml_that_is_not_one_job_per_chunk_is_read_whole() {
+    // A table after the last job is a top-level key, not part of the job.
+    let after = "[[jobs]]\nname = \"a\"\ngroup = \"g\"\n\n[defaults]\ngroup = \"g\"\n";
+    assert_eq!(
+        as_read(after),
+        Err(vec![
+            r#"jobs.toml: key "defaults" = {"group":"g"}: unknown key; a job file holds only a "jobs" list"#
+                .to_owned()
+        ])
+    );
+    // Jobs both as an inline list and as [[jobs]] sections: the document's own error.
+    let both =
+        "jobs = [{ name = \"a\", group = \"g\" }]\n\n[[jobs]]\nname = \"b\"\ngroup = \"g\"\n";
+    let errors = as_read(both).unwrap_err();
+    assert_eq!(errors.len(), 1);
+    assert!(
+        errors[0].starts_with("jobs.toml: not valid TOML: "),
+        "{errors:?}"
+    );
+    assert_eq!(Err(errors), whole_document(both));
+    // Two jobs under one header line with a comment: read whole, both jobs kept.
+    let commented =
+        "[[jobs]] # first\nname = \"a\"\ngroup = \"g\"\n[[jobs]]\nname = \"b\"\ngroup = \"g\"\n";
+    let jobs = as_read(commented).unwrap();
+    assert_eq!(
+        jobs.iter().map(|job| job.name.as_str()).collect::<Vec<_>>(),
+        ["a", "b"]
+    );
+}
