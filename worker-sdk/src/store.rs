@@ -62,21 +62,29 @@ SELECT (SELECT started_at FROM claimed) AS claimed_at,
 /// epoch, `$5` worker id); returns the ids claimed. The rows are locked in id order first, as
 /// the leader's mark of published runs does, so two multi-row statements never deadlock (each
 /// deadlock cost a second: PostgreSQL's `deadlock_timeout`).
-const CLAIM_MANY_SQL: &str = "WITH input AS (
+///
+/// Every row is found by its primary key, whatever the table's statistics say (see
+/// [`RECORD_MANY_SQL`] for how).
+const CLAIM_MANY_SQL: &str = "WITH input AS MATERIALIZED (
     SELECT * FROM UNNEST($1::bigint[], $2::int[], $3::text[], $4::timestamptz[])
         AS i(id, attempt, job, starts_at)
-), locked AS MATERIALIZED (
-    SELECT r.id FROM chime_runs r WHERE r.id = ANY($1) ORDER BY r.id FOR UPDATE
+), found AS MATERIALIZED (
+    SELECT i.* FROM (SELECT * FROM input ORDER BY id) i
+     CROSS JOIN LATERAL (
+         SELECT FROM chime_runs r
+          WHERE r.id = i.id AND r.job_name = i.job
+            AND r.state IN ('pending', 'queued', 'retrying')
+            AND r.cancel_requested_at IS NULL
+            AND r.attempt < i.attempt
+            FOR UPDATE
+     ) r
 ), claimed AS (
     UPDATE chime_runs r
-       SET state = 'running', attempt = i.attempt, worker_id = $5,
-           started_at = greatest(now(), i.starts_at),
+       SET state = 'running', attempt = f.attempt, worker_id = $5,
+           started_at = greatest(now(), f.starts_at),
            finished_at = NULL, error = NULL, next_attempt_at = NULL
-      FROM input i, locked l
-     WHERE r.id = i.id AND l.id = r.id AND r.job_name = i.job
-       AND r.state IN ('pending', 'queued', 'retrying')
-       AND r.cancel_requested_at IS NULL
-       AND r.attempt < i.attempt
+      FROM found f
+     WHERE r.id = ANY (ARRAY[f.id])
     RETURNING r.id, r.attempt, r.started_at
 ), attempt_rows AS (
     INSERT INTO chime_attempts (run_id, attempt, worker_id, state, started_at)
@@ -91,38 +99,59 @@ SELECT id FROM claimed";
 /// recorded attempt), one row of input per attempt (`$1` run ids, `$2` attempts, `$3` attempt
 /// states, `$4` durations in ms, `$5` errors, `$6` run states, `$7` dead reasons, `$8` next
 /// attempt instants, `$9` worker id; log lines flattened in `$10`–`$14`). The run rows are
-/// locked in id order before the attempt rows are written, as the batched claim, the leader's
-/// mark of published runs and the rescuer (runs, then attempts) lock them, so none of these
-/// statements deadlock with another. Returns, per input run, whether its attempt row was
-/// written and the run's new state (NULL when the run had moved on).
-const RECORD_MANY_SQL: &str = "WITH input AS (
+/// locked in id order, each before its attempt row, as the batched claim, the leader's mark of
+/// published runs and the rescuer (runs, then attempts) lock them, so none of these statements
+/// deadlock with another. Returns, per input run, whether its attempt row was written and the
+/// run's new state (NULL when the run had moved on).
+///
+/// **Primary-key lookups whatever the statistics.** A new database has no statistics until
+/// autovacuum analyses it (`reltuples = -1`); the planner then takes `worker_id = … AND state
+/// = 'running'` for a filter that leaves one row and joins the batch to a sequential scan of
+/// the table in a nested loop: table size × batch size, seconds per batch (docs/benchmarks.md).
+/// So the statement leaves the planner no such choice: `found` walks the batch in id order and
+/// looks each row up in a `LATERAL` subquery with `FOR UPDATE`, which PostgreSQL cannot flatten
+/// into a join (one index scan per row, and the locks taken in that order); the conditions on
+/// the rows are checked there, under the lock. The updates then join `found` with `r.id = ANY
+/// (ARRAY[f.run_id])`, a condition a hash or merge join cannot use, so the only plan that is
+/// not a scan per batch row is an index lookup per batch row.
+const RECORD_MANY_SQL: &str = "WITH input AS MATERIALIZED (
     SELECT * FROM UNNEST($1::bigint[], $2::int[], $3::text[], $4::bigint[], $5::text[],
                          $6::text[], $7::text[], $8::timestamptz[])
         AS i(run_id, attempt, attempt_state, duration_ms, error, run_state, reason, next_at)
-), locked AS MATERIALIZED (
-    SELECT r.id FROM chime_runs r WHERE r.id = ANY($1) ORDER BY r.id FOR UPDATE
+), found AS MATERIALIZED (
+    SELECT i.*, r.run_ours, r.cancel_requested, a.ours IS NOT NULL AS attempt_ours
+      FROM (SELECT * FROM input ORDER BY run_id) i
+     CROSS JOIN LATERAL (
+         SELECT r.attempt = i.attempt AND r.worker_id = $9 AND r.state = 'running' AS run_ours,
+                r.cancel_requested_at IS NOT NULL AS cancel_requested
+           FROM chime_runs r WHERE r.id = i.run_id FOR UPDATE
+     ) r
+      LEFT JOIN LATERAL (
+         SELECT true AS ours FROM chime_attempts a
+          WHERE a.run_id = i.run_id AND a.attempt = i.attempt
+            AND a.worker_id = $9 AND a.state = 'running'
+            FOR UPDATE
+     ) a ON true
 ), attempts AS (
     UPDATE chime_attempts a
-       SET state = i.attempt_state, duration_ms = i.duration_ms, error = i.error,
-           finished_at = a.started_at + i.duration_ms::float8 * interval '1 millisecond'
-      FROM locked l, input i
-     WHERE i.run_id = l.id AND a.run_id = i.run_id AND a.attempt = i.attempt
-       AND a.worker_id = $9 AND a.state = 'running'
+       SET state = f.attempt_state, duration_ms = f.duration_ms, error = f.error,
+           finished_at = a.started_at + f.duration_ms::float8 * interval '1 millisecond'
+      FROM found f
+     WHERE a.run_id = ANY (ARRAY[f.run_id]) AND a.attempt = ANY (ARRAY[f.attempt]) AND f.attempt_ours
     RETURNING a.run_id, a.finished_at
 ), runs AS (
     UPDATE chime_runs r
-       SET state = CASE WHEN i.run_state IN ('retrying', 'dead') AND r.cancel_requested_at IS NOT NULL
-                        THEN 'cancelled' ELSE i.run_state END,
-           finished_at = CASE WHEN i.run_state = 'retrying' AND r.cancel_requested_at IS NULL
+       SET state = CASE WHEN f.run_state IN ('retrying', 'dead') AND f.cancel_requested
+                        THEN 'cancelled' ELSE f.run_state END,
+           finished_at = CASE WHEN f.run_state = 'retrying' AND NOT f.cancel_requested
                               THEN NULL ELSE a.finished_at END,
-           error = i.error,
-           reason = CASE WHEN i.run_state = 'dead' AND r.cancel_requested_at IS NULL
-                         THEN i.reason ELSE r.reason END,
-           next_attempt_at = CASE WHEN i.run_state = 'retrying' AND r.cancel_requested_at IS NULL
-                                  THEN i.next_at END
-      FROM input i, attempts a
-     WHERE i.run_id = r.id AND a.run_id = r.id
-       AND r.attempt = i.attempt AND r.worker_id = $9 AND r.state = 'running'
+           error = f.error,
+           reason = CASE WHEN f.run_state = 'dead' AND NOT f.cancel_requested
+                         THEN f.reason ELSE r.reason END,
+           next_attempt_at = CASE WHEN f.run_state = 'retrying' AND NOT f.cancel_requested
+                                  THEN f.next_at END
+      FROM found f JOIN attempts a ON a.run_id = f.run_id
+     WHERE r.id = ANY (ARRAY[f.run_id]) AND f.run_ours
     RETURNING r.id, r.state
 ), logs AS (
     INSERT INTO chime_run_logs (run_id, attempt, at, level, message)
@@ -933,5 +962,121 @@ mod tests {
         assert!(!is_transient(&sqlx::Error::RowNotFound));
         assert!(!is_transient(&sqlx::Error::PoolClosed));
         assert!(!is_transient(&sqlx::Error::ColumnNotFound("x".into())));
+    }
+
+    /// The relations a plan reads with a sequential scan.
+    fn seq_scans(plan: &serde_json::Value, found: &mut Vec<String>) {
+        if plan["Node Type"] == "Seq Scan" {
+            found.push(plan["Relation Name"].as_str().unwrap_or("?").to_owned());
+        }
+        for child in plan["Plans"].as_array().into_iter().flatten() {
+            seq_scans(child, found);
+        }
+    }
+
+    /// A database as new as the benchmark's: 3,000 finished runs, 64 running on worker `w`
+    /// (with their attempts) and 64 pending, and no statistics (`#[sqlx::test]` databases are
+    /// new; autovacuum has not analysed them). Returns the running and the pending run ids.
+    async fn unanalysed_runs(pool: &PgPool) -> (Vec<i64>, Vec<i64>) {
+        sqlx::query(
+            "INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, state, attempt,
+                                     worker_id, started_at, finished_at)
+             SELECT 'job', 'g', now() - g * interval '1 ms', 'schedule', 'succeeded', 1, 'w',
+                    now(), now()
+               FROM generate_series(1, 3000) g",
+        )
+        .execute(pool)
+        .await
+        .unwrap();
+        let running: Vec<i64> = sqlx::query_scalar(
+            "INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, state, attempt,
+                                     worker_id, started_at)
+             SELECT 'job', 'g', now() + g * interval '1 ms', 'schedule', 'running', 1, 'w', now()
+               FROM generate_series(1, 64) g
+             RETURNING id",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap();
+        sqlx::query(
+            "INSERT INTO chime_attempts (run_id, attempt, worker_id, state, started_at,
+                                         finished_at, duration_ms)
+             SELECT id, 1, 'w', CASE WHEN state = 'running' THEN 'running' ELSE 'succeeded' END,
+                    now(), CASE WHEN state = 'running' THEN NULL ELSE now() END, 0
+               FROM chime_runs",
+        )
+        .execute(pool)
+        .await
+        .unwrap();
+        let pending: Vec<i64> = sqlx::query_scalar(
+            "INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, state)
+             SELECT 'job', 'g', now() + interval '1 hour' + g * interval '1 ms', 'schedule',
+                    'pending'
+               FROM generate_series(1, 64) g
+             RETURNING id",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap();
+        let analysed: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stats WHERE tablename IN ('chime_runs', 'chime_attempts')",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        assert_eq!(analysed, 0, "the test needs a database without statistics");
+        (running, pending)
+    }
+
+    /// The batched claim and outcome write look their rows up by primary key on a database
+    /// without statistics: a sequential scan of `chime_runs` or `chime_attempts` per batch (or,
+    /// as the planner chose before, per batch row) is what made 512-row batches take seconds.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn batch_statements_use_primary_key_lookups_without_statistics(pool: PgPool) {
+        let (running, pending) = unanalysed_runs(&pool).await;
+        let n = running.len();
+        let explain = |sql: &str| format!("EXPLAIN (FORMAT JSON) {sql}");
+        let no_text: Vec<Option<&str>> = vec![None; n];
+        let no_time: Vec<Option<DateTime<Utc>>> = vec![None; n];
+        let record_plan: serde_json::Value =
+            sqlx::query_scalar(sqlx::AssertSqlSafe(explain(RECORD_MANY_SQL)))
+                .bind(&running)
+                .bind(vec![1_i32; n])
+                .bind(vec!["succeeded"; n])
+                .bind(vec![3_i64; n])
+                .bind(&no_text)
+                .bind(vec!["succeeded"; n])
+                .bind(&no_text)
+                .bind(&no_time)
+                .bind("w")
+                .bind(Vec::<i64>::new())
+                .bind(Vec::<i32>::new())
+                .bind(Vec::<DateTime<Utc>>::new())
+                .bind(Vec::<&str>::new())
+                .bind(Vec::<&str>::new())
+                .persistent(CUSTOM_PLAN)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        let claim_plan: serde_json::Value =
+            sqlx::query_scalar(sqlx::AssertSqlSafe(explain(CLAIM_MANY_SQL)))
+                .bind(&pending)
+                .bind(vec![1_i32; n])
+                .bind(vec!["job"; n])
+                .bind(vec![DateTime::<Utc>::UNIX_EPOCH; n])
+                .bind("w")
+                .persistent(CUSTOM_PLAN)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        for (what, plan) in [("outcome", record_plan), ("claim", claim_plan)] {
+            let mut scanned = Vec::new();
+            seq_scans(&plan[0]["Plan"], &mut scanned);
+            scanned.retain(|table| table.starts_with("chime_"));
+            assert!(
+                scanned.is_empty(),
+                "the batched {what} statement scans {scanned:?}: {plan:#}"
+            );
+        }
     }
 }
