@@ -15,12 +15,6 @@ use clap::Parser as _;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
-/// mimalloc instead of glibc's malloc: it returns freed pages to the system (glibc kept the
-/// start-up peak of reading 100,000 jobs mapped), and at 100,000 jobs the scheduler used about
-/// a fifth less CPU per tick with it (docs/benchmarks.md, "Scale memory").
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
