@@ -334,6 +334,26 @@ impl Params {
         }
     }
 
+    /// A duration parameter ("5m", "1h"); `default` when absent.
+    fn duration(
+        &self,
+        key: &str,
+        default: std::time::Duration,
+        problems: &mut Vec<FieldProblem>,
+    ) -> std::time::Duration {
+        let Some(text) = self.text(key) else {
+            return default;
+        };
+        humantime::parse_duration(&text).unwrap_or_else(|_| {
+            problems.push(FieldProblem {
+                field: Some(key.to_owned()),
+                value: Some(format!("{text:?}")),
+                message: "not a duration; write one such as \"1h\" or \"24h\"".into(),
+            });
+            std::time::Duration::ZERO
+        })
+    }
+
     fn reject_unknown(&self, known: &[&str], problems: &mut Vec<FieldProblem>) {
         let mut keys: Vec<&String> = self.0.keys().collect();
         keys.sort();
@@ -381,20 +401,11 @@ async fn overview(
     let q = Params(q);
     let mut problems = Vec::new();
     q.reject_unknown(&["window"], &mut problems);
-    let window = match q.text("window") {
-        None => std::time::Duration::from_secs(3600),
-        Some(text) => match humantime::parse_duration(&text) {
-            Ok(window) => window,
-            Err(_) => {
-                problems.push(FieldProblem {
-                    field: Some("window".into()),
-                    value: Some(format!("{text:?}")),
-                    message: "not a duration; write one such as \"1h\" or \"24h\"".into(),
-                });
-                std::time::Duration::ZERO
-            }
-        },
-    };
+    let window = q.duration(
+        "window",
+        std::time::Duration::from_secs(3600),
+        &mut problems,
+    );
     if !problems.is_empty() {
         return Err(ApiError::invalid(problems));
     }

@@ -271,6 +271,11 @@ fn base64_decode(text: &str) -> Vec<u8> {
     out
 }
 
+/// Script: the overview chart's run counts by state, summed over its bars.
+const CHART_COUNTS: &str = "const n = {}; \
+    for (const r of document.querySelectorAll('#timeline rect.bar')) \
+    n[r.dataset.state] = (n[r.dataset.state] || 0) + Number(r.dataset.count); return n;";
+
 #[test]
 fn base64_decodes_what_webdriver_sends() {
     assert_eq!(base64_decode("iVBORw=="), b"\x89PNG");
@@ -690,11 +695,8 @@ async fn an_operator_pages_runs_replays_a_dead_letter_and_cancels_a_run(pool: Pg
 
     // The overview's chart stacks the hour's runs by state.
     browser.open(&base, "#/overview").await;
-    let bars = "const n = {}; \
-        for (const r of document.querySelectorAll('#timeline rect.bar')) \
-        n[r.dataset.state] = (n[r.dataset.state] || 0) + Number(r.dataset.count); return n;";
     browser
-        .wait_eval("the chart's bars", bars, |n| {
+        .wait_eval("the chart's bars", CHART_COUNTS, |n| {
             *n == json!({"succeeded": 5, "dead": 1})
         })
         .await;
@@ -924,11 +926,8 @@ async fn the_overview_refreshes_and_dead_letters_are_replayed_in_bulk_and_purged
     // The overview shows the two dead runs; a run triggered through the API appears in its
     // chart while the page stays loaded (a mark on the window survives: no reload).
     browser.open(&base, "#/overview").await;
-    let bars = "const n = {}; \
-        for (const r of document.querySelectorAll('#timeline rect.bar')) \
-        n[r.dataset.state] = (n[r.dataset.state] || 0) + Number(r.dataset.count); return n;";
     browser
-        .wait_eval("the dead runs in the chart", bars, |n| {
+        .wait_eval("the dead runs in the chart", CHART_COUNTS, |n| {
             *n == json!({"dead": 2})
         })
         .await;
@@ -943,7 +942,7 @@ async fn the_overview_refreshes_and_dead_letters_are_replayed_in_bulk_and_purged
         .expect("trigger");
     assert!(triggered.status().is_success(), "{}", triggered.status());
     browser
-        .wait_eval("the triggered run in the chart", bars, |n| {
+        .wait_eval("the triggered run in the chart", CHART_COUNTS, |n| {
             *n == json!({"dead": 2, "succeeded": 1})
         })
         .await;

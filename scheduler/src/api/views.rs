@@ -11,7 +11,6 @@ use axum::extract::{Path, Query, State};
 use axum::response::IntoResponse;
 
 use super::{ApiError, ApiResult, ApiState, Authed, Params, body_json, ok, run_id};
-use crate::ops::FieldProblem;
 
 pub(super) async fn preview_schedule(
     State(s): State<Arc<ApiState>>,
@@ -32,26 +31,6 @@ pub(super) async fn show_dead_letter(
     ok(s.ops.dead_letter_message(&c, run_id(&id)?).await?)
 }
 
-/// A duration query parameter ("1h", "5m"); `default` when absent.
-fn duration_param(
-    q: &Params,
-    key: &str,
-    default: Duration,
-    problems: &mut Vec<FieldProblem>,
-) -> Duration {
-    match q.text(key) {
-        None => default,
-        Some(text) => humantime::parse_duration(&text).unwrap_or_else(|_| {
-            problems.push(FieldProblem {
-                field: Some(key.into()),
-                value: Some(format!("{text:?}")),
-                message: "not a duration; write one such as \"1m\" or \"1h\"".into(),
-            });
-            Duration::ZERO
-        }),
-    }
-}
-
 pub(super) async fn run_timeline(
     State(s): State<Arc<ApiState>>,
     Authed(c): Authed,
@@ -60,8 +39,8 @@ pub(super) async fn run_timeline(
     let q = Params(q);
     let mut problems = Vec::new();
     q.reject_unknown(&["window", "bucket"], &mut problems);
-    let window = duration_param(&q, "window", Duration::from_secs(3600), &mut problems);
-    let bucket = duration_param(&q, "bucket", Duration::from_secs(60), &mut problems);
+    let window = q.duration("window", Duration::from_secs(3600), &mut problems);
+    let bucket = q.duration("bucket", Duration::from_secs(60), &mut problems);
     if !problems.is_empty() {
         return Err(ApiError::invalid(problems));
     }

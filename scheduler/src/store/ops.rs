@@ -287,65 +287,57 @@ impl Store {
 
     /// Creates a job at runtime (`source = 'api'`); false if the name is taken.
     pub async fn create_api_job(&self, spec: &JobSpec) -> anyhow::Result<bool> {
-        let mut tx = self.pool.begin().await?;
-        let created = sqlx::query(
+        let insert = sqlx::query(
             "INSERT INTO chime_jobs (name, group_name, spec, source, paused)
              VALUES ($1, $2, $3, 'api', $4) ON CONFLICT (name) DO NOTHING",
         )
         .bind(&spec.name)
         .bind(&spec.group)
         .bind(serde_json::to_value(spec)?)
-        .bind(spec.paused)
-        .execute(&mut *tx)
-        .await
-        .with_context(|| format!("creating job {:?}", spec.name))?
-        .rows_affected()
-            == 1;
-        if created {
-            notify(&mut tx, JOBS_CHANNEL, &spec.name).await?;
-        }
-        tx.commit().await?;
-        Ok(created)
+        .bind(spec.paused);
+        self.change_api_job(&spec.name, "creating", insert).await
     }
 
     /// Replaces the definition of a job created at runtime (its cursor and pause state stay);
     /// false if there is no such job created through the API.
     pub async fn update_api_job(&self, spec: &JobSpec) -> anyhow::Result<bool> {
-        let mut tx = self.pool.begin().await?;
-        let updated = sqlx::query(
+        let update = sqlx::query(
             "UPDATE chime_jobs SET group_name = $2, spec = $3, updated_at = now()
              WHERE name = $1 AND source = 'api'",
         )
         .bind(&spec.name)
         .bind(&spec.group)
-        .bind(serde_json::to_value(spec)?)
-        .execute(&mut *tx)
-        .await
-        .with_context(|| format!("updating job {:?}", spec.name))?
-        .rows_affected()
-            == 1;
-        if updated {
-            notify(&mut tx, JOBS_CHANNEL, &spec.name).await?;
-        }
-        tx.commit().await?;
-        Ok(updated)
+        .bind(serde_json::to_value(spec)?);
+        self.change_api_job(&spec.name, "updating", update).await
     }
 
     /// Deletes a job created at runtime (its runs stay); false if there is none of that name.
     pub async fn delete_api_job(&self, name: &str) -> anyhow::Result<bool> {
+        let delete =
+            sqlx::query("DELETE FROM chime_jobs WHERE name = $1 AND source = 'api'").bind(name);
+        self.change_api_job(name, "deleting", delete).await
+    }
+
+    /// Runs `statement` (a change of job `name`) and, when it changed the row, tells the
+    /// planners (`NOTIFY`) in the same transaction; whether it changed the row.
+    async fn change_api_job(
+        &self,
+        name: &str,
+        doing: &str,
+        statement: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> anyhow::Result<bool> {
         let mut tx = self.pool.begin().await?;
-        let deleted = sqlx::query("DELETE FROM chime_jobs WHERE name = $1 AND source = 'api'")
-            .bind(name)
+        let changed = statement
             .execute(&mut *tx)
             .await
-            .with_context(|| format!("deleting job {name:?}"))?
+            .with_context(|| format!("{doing} job {name:?}"))?
             .rows_affected()
             == 1;
-        if deleted {
+        if changed {
             notify(&mut tx, JOBS_CHANNEL, name).await?;
         }
         tx.commit().await?;
-        Ok(deleted)
+        Ok(changed)
     }
 
     // ---- runs and workers -----------------------------------------------------------------
