@@ -49,6 +49,7 @@ mod context;
 mod delay;
 mod delivery;
 mod handler;
+pub mod limits;
 mod outcome;
 mod parking;
 pub mod protocol;

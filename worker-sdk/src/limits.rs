@@ -1,0 +1,106 @@
+//! The documented upper bounds of every value that crosses an edge: a job definition, an API
+//! body, a trigger message. The scheduler checks job definitions against them at validation, and
+//! a worker checks a trigger against them before it acts on it, so a value that passed one edge
+//! can never overflow the arithmetic behind the other. docs/configuration.md lists them.
+
+use std::time::Duration;
+
+const DAY: u64 = 24 * 60 * 60;
+
+/// Longest retry delay: `retry.initial`, `retry.max` and a handler's `JobError::retry_after`
+/// (7 days). A retry's `x-chime-not-before` further than this (plus [`NOT_BEFORE_SLACK`]) in the
+/// future is forged or corrupt.
+pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(7 * DAY);
+
+/// How far past [`MAX_RETRY_DELAY`] a trigger's `x-chime-not-before` may lie before a worker
+/// parks it as implausible (clock skew between the hosts that wrote and read it).
+pub const NOT_BEFORE_SLACK: Duration = Duration::from_secs(60 * 60);
+
+/// Longest handler `timeout` (7 days).
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(7 * DAY);
+
+/// Most attempts a retry policy may allow (`retry.max_attempts`), the first included.
+pub const MAX_ATTEMPTS: u32 = 1_000;
+
+/// Largest `retry.multiplier`.
+pub const MAX_MULTIPLIER: f64 = 100.0;
+
+/// Longest fixed-rate period (`every`): one leap year.
+pub const MAX_EVERY: Duration = Duration::from_secs(366 * DAY);
+
+/// Longest catch-up window, misfire grace and similar look-backs (`catchup_window`,
+/// `misfire_grace`): one leap year.
+pub const MAX_LOOKBACK: Duration = Duration::from_secs(366 * DAY);
+
+/// Longest retention of finished runs and audit entries (`retention`, `retention.max_age`,
+/// `retention.audit_max_age`): 100 years.
+pub const MAX_RETENTION: Duration = Duration::from_secs(36_525 * DAY);
+
+/// Longest job, group or worker name, in bytes (PostgreSQL's identifier length).
+pub const MAX_NAME_BYTES: usize = 63;
+
+/// Largest JSON encoding of a job's or a manual trigger's `params`, in bytes.
+pub const MAX_PARAMS_BYTES: usize = 64 * 1024;
+
+/// Largest trigger message body a worker decodes, in bytes (params plus the envelope).
+pub const MAX_TRIGGER_BYTES: usize = MAX_PARAMS_BYTES + 4 * 1024;
+
+/// Longest header value a worker or the scheduler writes (a dead reason, an error), in bytes;
+/// longer values are cut at a character boundary and marked. Far below RabbitMQ's `frame_max`
+/// (128 KiB by default), so a header can never make the broker close the connection.
+pub const MAX_HEADER_VALUE_BYTES: usize = 4 * 1024;
+
+/// Cuts `value` to at most [`MAX_HEADER_VALUE_BYTES`] bytes at a character boundary, ending a cut
+/// value with `…[truncated]`.
+pub fn cap_header_value(value: &str) -> std::borrow::Cow<'_, str> {
+    cap_bytes(value, MAX_HEADER_VALUE_BYTES)
+}
+
+/// Cuts `value` to at most `max` bytes at a character boundary, ending a cut value with
+/// `…[truncated]` (the marker counts towards `max`; a `max` shorter than the marker gives the
+/// marker alone).
+pub fn cap_bytes(value: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    const MARK: &str = "…[truncated]";
+    if value.len() <= max {
+        return std::borrow::Cow::Borrowed(value);
+    }
+    let mut end = max.saturating_sub(MARK.len());
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    std::borrow::Cow::Owned(format!("{}{MARK}", &value[..end]))
+}
+
+// The retry maths multiplies delays up to `MAX_RETRY_DELAY` by at most `MAX_MULTIPLIER` and a
+// jitter factor below 2; that product must stay far inside chrono's and std's ranges.
+const _: () = assert!(
+    MAX_RETRY_DELAY.as_secs() * (MAX_MULTIPLIER as u64) * 2 < (i64::MAX as u64) / 1_000_000
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_values_pass_unchanged() {
+        assert_eq!(cap_bytes("abc", 10), "abc");
+        assert_eq!(
+            cap_header_value(&"x".repeat(MAX_HEADER_VALUE_BYTES)).len(),
+            MAX_HEADER_VALUE_BYTES
+        );
+    }
+
+    #[test]
+    fn long_values_are_cut_at_a_char_boundary_and_marked() {
+        let long = "é".repeat(MAX_HEADER_VALUE_BYTES);
+        let cut = cap_header_value(&long);
+        assert!(cut.len() <= MAX_HEADER_VALUE_BYTES, "{}", cut.len());
+        assert!(cut.ends_with("…[truncated]"));
+        assert!(cut.starts_with("éé"));
+    }
+
+    #[test]
+    fn a_tiny_cap_still_returns_valid_text() {
+        assert_eq!(cap_bytes("abcdefghijklmnopqrstuvwxyz", 3), "…[truncated]");
+    }
+}
