@@ -393,6 +393,26 @@ fn label(event: &AlertEvent) -> &'static str {
     event.kind.map_or("failed", AlertKind::as_str)
 }
 
+/// Most bytes of a failing webhook's answer that are read (its start goes into the error); the
+/// rest is never read, so a webhook streaming gigabytes costs the leader nothing.
+pub const MAX_ERROR_BODY_BYTES: usize = 4 * 1024;
+
+/// The start of `response`'s body, at most `max` bytes (fewer if the body ends or breaks), as
+/// text.
+async fn read_capped(mut response: reqwest::Response, max: usize) -> String {
+    let mut bytes = Vec::new();
+    while bytes.len() < max {
+        match tokio::time::timeout(WEBHOOK_TIMEOUT, response.chunk()).await {
+            Ok(Ok(Some(chunk))) => {
+                let room = max - bytes.len();
+                bytes.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            _ => break,
+        }
+    }
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
 /// Posts `body`; an error says what went wrong (status, timeout, connection).
 async fn post(client: &reqwest::Client, url: &str, body: &serde_json::Value) -> Result<(), String> {
     let response = client.post(url).json(body).send().await.map_err(|e| {
@@ -407,7 +427,7 @@ async fn post(client: &reqwest::Client, url: &str, body: &serde_json::Value) -> 
     if status.is_success() {
         Ok(())
     } else {
-        let text = response.text().await.unwrap_or_default();
+        let text = read_capped(response, MAX_ERROR_BODY_BYTES).await;
         let text: String = text.chars().take(200).collect();
         Err(format!("webhook answered {status}: {text}"))
     }
@@ -433,6 +453,48 @@ mod tests {
             },
         );
         s
+    }
+
+    /// Regression: a failing webhook streaming a huge answer had it read in full (1.2 GB each
+    /// took the leader from 324 MB to 2.44 GB).
+    #[tokio::test]
+    async fn a_failing_webhooks_endless_answer_is_read_only_to_the_cap() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut request = [0u8; 4096];
+            let _ = socket.read(&mut request).await;
+            socket
+                .write_all(
+                    b"HTTP/1.1 500 Internal Server Error\r\n\
+                      Content-Length: 4000000000\r\n\r\n",
+                )
+                .await
+                .unwrap();
+            let chunk = vec![b'x'; 64 * 1024];
+            let mut written = 0usize;
+            // Until the client hangs up (or 1 GiB, which would mean it never does).
+            while written < (1 << 30) {
+                if socket.write_all(&chunk).await.is_err() {
+                    break;
+                }
+                written += chunk.len();
+            }
+            written
+        });
+        let error = post(&client().unwrap(), &url, &serde_json::json!({}))
+            .await
+            .unwrap_err();
+        assert!(error.starts_with("webhook answered 500"), "{error}");
+        assert!(error.len() < 300, "{} bytes of error", error.len());
+        let written = server.await.unwrap();
+        // What the socket buffers absorbed before the hang-up, not the body.
+        assert!(
+            written < 64 << 20,
+            "{written} bytes were sent before the client hung up"
+        );
     }
 
     #[test]

@@ -56,12 +56,33 @@ pub struct ApiState {
     pub metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
-/// How `/readyz` checks the broker.
-#[derive(Debug, Clone, Default)]
+/// How `/readyz` checks the broker, and its last answer.
+#[derive(Debug, Default)]
 pub struct Readiness {
     /// RabbitMQ URL to open a connection to; none: the broker is not checked.
     pub amqp_url: Option<String>,
+    /// The last answer and when it was found. Held while a check runs, so concurrent probes
+    /// wait for that one check instead of each opening connections.
+    last: tokio::sync::Mutex<Option<(tokio::time::Instant, StatusCode, Value)>>,
 }
+
+impl Readiness {
+    /// Checks the database and the broker at `amqp_url`.
+    pub fn with_broker(amqp_url: impl Into<String>) -> Readiness {
+        Readiness {
+            amqp_url: Some(amqp_url.into()),
+            ..Readiness::default()
+        }
+    }
+}
+
+/// How long a `/readyz` answer is reused: an unauthenticated flood of probes costs one database
+/// ping and one broker connection per period, not one per request.
+pub const READY_CACHE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Largest request body the API reads (a job definition with its params fits many times over);
+/// a larger one is refused with 413 in the JSON error shape.
+pub const MAX_BODY_BYTES: usize = 1024 * 1024;
 
 /// The router: `/api/…`, `/healthz`, `/readyz`, `/metrics` and the dashboard at `/`.
 pub fn router(state: Arc<ApiState>) -> Router {
@@ -98,6 +119,8 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/metrics", get(metrics))
         .merge(crate::dashboard::router())
         .fallback(not_found)
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::map_response(json_errors))
         .with_state(state)
 }
 
@@ -147,9 +170,7 @@ impl Server {
             state: Arc::new(ApiState {
                 ops,
                 instance_id: config.instance_id.clone(),
-                readiness: Readiness {
-                    amqp_url: Some(config.amqp_url.clone()),
-                },
+                readiness: Readiness::with_broker(config.amqp_url.clone()),
                 metrics: Some(Arc::new(metrics)),
             }),
         })
@@ -700,6 +721,22 @@ async fn healthz() -> impl IntoResponse {
 }
 
 async fn readyz(State(s): State<Arc<ApiState>>) -> Response {
+    let mut last = s.readiness.last.lock().await;
+    let (status, body) = match &*last {
+        Some((at, status, body)) if at.elapsed() < READY_CACHE => (*status, body.clone()),
+        _ => {
+            let (status, body) = check_readiness(&s).await;
+            *last = Some((tokio::time::Instant::now(), status, body.clone()));
+            (status, body)
+        }
+    };
+    drop(last);
+    (status, axum::Json(body)).into_response()
+}
+
+/// One readiness check: the database answers a ping within 2 s and the broker accepts a
+/// connection.
+async fn check_readiness(s: &ApiState) -> (StatusCode, Value) {
     let database =
         match tokio::time::timeout(std::time::Duration::from_secs(2), s.ops.store().ping()).await {
             Ok(Ok(())) => Ok(()),
@@ -725,7 +762,47 @@ async fn readyz(State(s): State<Arc<ApiState>>) -> Response {
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    (status, axum::Json(body)).into_response()
+    (status, body)
+}
+
+/// Gives every error response the API's JSON shape: axum's own rejections (a body over
+/// [`MAX_BODY_BYTES`], a path or query that is not valid UTF-8 or not the expected type, a wrong
+/// method) answer in plain text, which clients of a JSON API cannot read.
+async fn json_errors(response: Response) -> Response {
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let allow = response.headers().get(header::ALLOW).cloned();
+    let text = axum::body::to_bytes(response.into_body(), 4096)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+        .unwrap_or_default();
+    let message = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => {
+            format!("the request body is larger than {MAX_BODY_BYTES} bytes; send a smaller body")
+        }
+        StatusCode::METHOD_NOT_ALLOWED => {
+            "this endpoint does not take that method; the API is described at \
+             /api/openapi.json"
+                .to_owned()
+        }
+        _ if text.is_empty() => status
+            .canonical_reason()
+            .unwrap_or("request failed")
+            .to_owned(),
+        _ => text,
+    };
+    let mut response = ApiError::new(status, message).into_response();
+    if let Some(allow) = allow {
+        response.headers_mut().insert(header::ALLOW, allow);
+    }
+    response
 }
 
 async fn metrics(State(s): State<Arc<ApiState>>) -> Response {
@@ -751,5 +828,7 @@ mod views;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_hostile;
 #[cfg(test)]
 mod tests_views;

@@ -37,6 +37,10 @@ pub struct JobSpec {
     /// JSON parameters handed to the handler.
     #[serde(default)]
     pub params: serde_json::Value,
+    /// Keys of `params` whose values are secrets, hidden from viewers and in the audit log
+    /// (besides the keys that read as credentials by convention, `crate::secrets`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secret_params: Vec<String>,
     /// Handler timeout.
     #[serde(
         default,

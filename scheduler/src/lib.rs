@@ -21,5 +21,6 @@ pub mod publish;
 pub mod rescuer;
 pub mod retention;
 pub mod schedule;
+pub mod secrets;
 pub mod service;
 pub mod store;

@@ -7,13 +7,14 @@
 //! log (`chime_audit`): done (`ok`), refused for the caller's role (`denied`), or refused for its
 //! input or state (`failed`), with who, what, which job and run, and when.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use chime_worker::Topology;
+use chime_worker::limits;
 use chime_worker::protocol::ControlMessage;
 
 use crate::auth::{self, Caller, Role};
@@ -21,6 +22,7 @@ use crate::config::validate_job;
 use crate::job::JobSpec;
 use crate::parking::{ParkedMessage, ParkingLot};
 use crate::publish::ControlDelivery;
+use crate::secrets;
 use crate::store::{
     AuditQuery, AuditRecord, CancelOutcome, LeaderInfo, NewAuditEntry, REPLAYABLE_STATES,
     ReplayOutcome, RunBrief, RunDetail, RunQuery, RunRecord, Store, TokenRecord, WorkerRecord,
@@ -34,6 +36,10 @@ pub use views::{
 };
 
 pub use crate::broker::{Broker, QueueSource};
+
+/// Longest job name an audit entry keeps: a refused request may name anything, and the audit
+/// log's index on job names cannot hold a name of kilobytes.
+const MAX_AUDITED_NAME_BYTES: usize = 256;
 
 /// Run states, as filters accept them (docs/runs.md).
 pub const RUN_STATES: &[&str] = &[
@@ -408,6 +414,16 @@ impl Operations {
         run_id: Option<i64>,
         detail: serde_json::Value,
     ) -> OpsResult<()> {
+        // A refused request may name anything; the audit log keeps a bounded prefix of it.
+        // PostgreSQL's text and jsonb cannot hold NUL, which a hostile request may carry.
+        let job = job
+            .map(|name| limits::cap_bytes(name, MAX_AUDITED_NAME_BYTES).replace('\0', "\u{FFFD}"));
+        let job = job.as_deref();
+        let declared = match job {
+            Some(name) => self.declared_secrets(name).await,
+            None => Vec::new(),
+        };
+        let detail = without_nul(secrets::redact_audit_detail(&detail, &declared));
         tracing::info!(actor = %caller.actor, role = %caller.role, action, outcome,
                        job = job.unwrap_or_default(), run_id, "operator action");
         self.store
@@ -451,6 +467,47 @@ impl Operations {
         result
     }
 
+    /// The job's declared `secret_params`; none when it does not exist or cannot be read (the
+    /// naming convention of `crate::secrets` still applies).
+    async fn declared_secrets(&self, job: &str) -> Vec<String> {
+        if job.len() > limits::MAX_NAME_BYTES {
+            return Vec::new();
+        }
+        match self.store.job(job).await {
+            Ok(Some(record)) => record.spec.secret_params,
+            _ => Vec::new(),
+        }
+    }
+
+    /// Hides sensitive params and the values they leak into errors and log lines from a caller
+    /// who may not see secrets (viewers), for runs of the jobs `runs` name.
+    async fn hide_run_secrets<'r>(
+        &self,
+        caller: &Caller,
+        runs: impl IntoIterator<Item = &'r mut RunRecord>,
+    ) -> Vec<Vec<String>> {
+        let mut declared: HashMap<String, Vec<String>> = HashMap::new();
+        let mut found = Vec::new();
+        for run in runs {
+            if sees_secrets(caller) {
+                found.push(Vec::new());
+                continue;
+            }
+            if !declared.contains_key(&run.job) {
+                let secret_params = self.declared_secrets(&run.job).await;
+                declared.insert(run.job.clone(), secret_params);
+            }
+            let names = &declared[&run.job];
+            let values = secrets::secret_values(&run.params, names);
+            run.params = secrets::redact_params(&run.params, names);
+            for text in [&mut run.error, &mut run.reason].into_iter().flatten() {
+                *text = secrets::scrub(text, &values);
+            }
+            found.push(values);
+        }
+        found
+    }
+
     fn broker(&self) -> OpsResult<&Broker> {
         self.broker.as_ref().ok_or_else(|| {
             OpsError::Unavailable("this operation needs the broker's URL and prefix".into())
@@ -469,7 +526,7 @@ impl Operations {
             .jobs()
             .await?
             .into_iter()
-            .map(|j| job_view(j, now))
+            .map(|j| shown_to(caller, job_view(j, now)))
             .collect())
     }
 
@@ -477,7 +534,7 @@ impl Operations {
     pub async fn job(&self, caller: &Caller, name: &str) -> OpsResult<JobView> {
         self.allow(caller, "jobs.show", Role::Viewer, Some(name), None)
             .await?;
-        self.existing_job(name).await
+        Ok(shown_to(caller, self.existing_job(name).await?))
     }
 
     async fn existing_job(&self, name: &str) -> OpsResult<JobView> {
@@ -712,7 +769,8 @@ impl Operations {
                 ..query
             })
             .await?;
-        let (runs, next_before) = keyset_page(runs, limit, |r| r.id);
+        let (mut runs, next_before) = keyset_page(runs, limit, |r| r.id);
+        self.hide_run_secrets(caller, runs.iter_mut()).await;
         Ok(RunsPage { runs, next_before })
     }
 
@@ -720,7 +778,23 @@ impl Operations {
     pub async fn run(&self, caller: &Caller, id: i64) -> OpsResult<RunDetail> {
         self.allow(caller, "runs.show", Role::Viewer, None, Some(id))
             .await?;
-        self.store.run(id).await?.ok_or_else(|| no_such_run(id))
+        let mut detail = self.store.run(id).await?.ok_or_else(|| no_such_run(id))?;
+        let values = self
+            .hide_run_secrets(caller, [&mut detail.run])
+            .await
+            .pop()
+            .unwrap_or_default();
+        if !values.is_empty() {
+            for attempt in &mut detail.attempts {
+                if let Some(error) = &mut attempt.error {
+                    *error = secrets::scrub(error, &values);
+                }
+            }
+            for line in &mut detail.logs {
+                line.message = secrets::scrub(&line.message, &values);
+            }
+        }
+        Ok(detail)
     }
 
     /// Cancels a run: a waiting one at once, a running one through its worker.
@@ -1152,6 +1226,42 @@ fn keyset_page<T>(mut rows: Vec<T>, limit: i64, id: impl Fn(&T) -> i64) -> (Vec<
     rows.truncate(limit as usize);
     let next_before = if more { rows.last().map(id) } else { None };
     (rows, next_before)
+}
+
+/// `value` with every NUL character in its strings and keys replaced by U+FFFD.
+fn without_nul(value: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    let clean = |text: String| {
+        if text.contains('\0') {
+            text.replace('\0', "\u{FFFD}")
+        } else {
+            text
+        }
+    };
+    match value {
+        Value::String(text) => Value::String(clean(text)),
+        Value::Array(items) => Value::Array(items.into_iter().map(without_nul).collect()),
+        Value::Object(map) => Value::Object(
+            map.into_iter()
+                .map(|(key, value)| (clean(key), without_nul(value)))
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
+/// Whether `caller` reads secrets (sensitive params, webhook URLs) in full: operators and admins,
+/// who trigger and edit jobs with them; viewers never do.
+fn sees_secrets(caller: &Caller) -> bool {
+    caller.role >= Role::Operator
+}
+
+/// What `caller` may see of a job: its secrets hidden from those who may not see them.
+fn shown_to(caller: &Caller, mut view: JobView) -> JobView {
+    if !sees_secrets(caller) {
+        view.spec = secrets::redact_spec(&view.spec);
+    }
+    view
 }
 
 fn job_view(j: crate::store::JobRecord, now: DateTime<Utc>) -> JobView {

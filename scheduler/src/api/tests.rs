@@ -28,7 +28,7 @@ pub(super) async fn app(pool: PgPool) -> App {
     app_with(pool, Readiness::default()).await
 }
 
-async fn app_with(pool: PgPool, readiness: Readiness) -> App {
+pub(super) async fn app_with(pool: PgPool, readiness: Readiness) -> App {
     let store = Store::from_pool(pool.clone());
     let ops = Operations::new(store, None);
     let metrics = Metrics::new(None, None).expect("metrics");
@@ -46,6 +46,10 @@ async fn app_with(pool: PgPool, readiness: Readiness) -> App {
 }
 
 impl App {
+    pub(super) fn router(&self) -> Router {
+        self.router.clone()
+    }
+
     pub(super) async fn token(&self, role: Role) -> String {
         self.ops
             .create_token(&Caller::cli(), &format!("{role}-token"), role)
@@ -641,9 +645,7 @@ async fn health_readiness_and_exposure(pool: PgPool) {
     drop(closed);
     let down = app_with(
         pool,
-        Readiness {
-            amqp_url: Some(format!("amqp://guest:guest@127.0.0.1:{port}/%2f")),
-        },
+        Readiness::with_broker(format!("amqp://guest:guest@127.0.0.1:{port}/%2f")),
     )
     .await;
     let (status, body) = down.call(Method::GET, "/readyz", None, None).await;

@@ -30,6 +30,7 @@ pub const JOB_FIELDS: &[&str] = &[
     "at",
     "timezone",
     "params",
+    "secret_params",
     "timeout",
     "misfire",
     "misfire_grace",
@@ -57,6 +58,8 @@ const CONCURRENCY_VALUES: &[&str] = &["allow", "forbid", "queue", "replace"];
 /// Longest job or group name: group names become part of RabbitMQ queue names (255 bytes at
 /// most) next to a prefix and a suffix, and short names read well in the dashboard.
 const MAX_IDENTIFIER_LEN: usize = 63;
+/// Most entries of `secret_params`.
+pub const MAX_SECRET_PARAMS: usize = 100;
 
 /// The syntax of a settings or job file, chosen by its extension.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -545,6 +548,7 @@ pub fn validate_job(table: &Map<String, Value>) -> Result<JobSpec, Vec<FieldErro
     }
     check.at();
     check.params();
+    check.secret_params();
     if let Some(timeout) = check.duration("timeout")
         && timeout.is_zero()
     {
@@ -624,6 +628,52 @@ impl<'a> Check<'a> {
         if let Some(value) = self.get(field) {
             self.clean.insert(field.to_owned(), value.clone());
         }
+    }
+
+    /// `secret_params`: the param keys whose values are secrets (crate::secrets), a list of at
+    /// most [`MAX_SECRET_PARAMS`] non-empty names of at most `MAX_NAME_BYTES` bytes each.
+    fn secret_params(&mut self) {
+        let Some(value) = self.get("secret_params") else {
+            return;
+        };
+        let Value::Array(keys) = value else {
+            self.fail(
+                "secret_params",
+                format!(
+                    "expected a list of param names, found {}; write it such as \
+                     secret_params = [\"db_password\"]",
+                    kind(value)
+                ),
+            );
+            return;
+        };
+        if keys.len() > MAX_SECRET_PARAMS {
+            self.fail(
+                "secret_params",
+                format!(
+                    "lists {} names; at most {MAX_SECRET_PARAMS} are allowed, name only the \
+                     params that hold secrets",
+                    keys.len()
+                ),
+            );
+            return;
+        }
+        let max = chime_worker::limits::MAX_NAME_BYTES;
+        let bad = keys
+            .iter()
+            .find(|key| key.as_str().is_none_or(|k| k.is_empty() || k.len() > max));
+        if let Some(bad) = bad {
+            self.fail(
+                "secret_params",
+                format!(
+                    "{} is not a param name; each entry is a string of 1 to {max} bytes, such \
+                     as \"db_password\"",
+                    render(bad)
+                ),
+            );
+            return;
+        }
+        self.keep("secret_params");
     }
 
     /// The `retry` table: each key checked like a job field, errors named `retry.<key>`.

@@ -770,6 +770,7 @@ fn job_fields_match_the_spec_serde_form() {
         at: Some(DateTime::parse_from_rfc3339("2026-12-01T00:00:00Z").unwrap()),
         timezone: Tz::UTC,
         params: serde_json::json!({}),
+        secret_params: vec!["token".into()],
         timeout: Some(Duration::from_secs(1)),
         misfire: MisfirePolicy::Skip,
         misfire_grace: Duration::from_secs(1),
