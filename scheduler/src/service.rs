@@ -92,6 +92,9 @@ pub struct OpsSettings {
     pub management_url: Option<String>,
 }
 
+/// Connections of the elector's own pool: one for the lease statements, one for its `LISTEN`.
+const LEASE_CONNECTIONS: u32 = 2;
+
 /// [`run_with`], also serving HTTP and pruning old runs as `operations` says. Refuses to start
 /// when it would listen beyond loopback without any API token.
 pub async fn run_serving(
@@ -105,8 +108,11 @@ pub async fn run_serving(
     Store::create_database_if_missing(&config.database_url).await?;
     let store = Store::connect(&config.database_url, 10).await?;
     store.migrate().await?;
+    // The elector renews on connections of its own: a pool busy with the leader's writes (or
+    // waiting for them) never delays a renewal.
+    let lease_store = Store::connect(&config.database_url, LEASE_CONNECTIONS).await?;
     let (elector, leadership) =
-        Elector::new(store.clone(), config.instance_id.clone(), config.lease);
+        Elector::new(lease_store, config.instance_id.clone(), config.lease);
     // Bind first: an instance that may not serve (exposure rule, address taken) changes nothing.
     let http = match operations.bind {
         Some(bind) => Some(

@@ -2,8 +2,9 @@
 //!
 //! Functions return domain types, never rows. Every write the leader makes is *fenced*: it
 //! lands only while the caller's `(holder, term)` still holds an unexpired lease, checked by the
-//! database in the same statement (`FOR SHARE` on the lease row, so a takeover cannot commit in
-//! between). Times come from the database clock (`now()`), never from this process.
+//! database in the same statement (`FOR KEY SHARE` on the lease row, so a takeover, which
+//! changes the key `(name, term)`, cannot commit in between, while a renewal, which changes only
+//! `expires_at`, never waits for the leader's own writes). Times come from the database clock (`now()`), never from this process.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -20,6 +21,9 @@ mod failures;
 mod ops;
 mod overdue;
 mod timeline;
+
+#[cfg(test)]
+mod tests_lease;
 pub use failures::{
     AlertEvent, AlertKind, AlertRecord, CancelOutcome, ClaimedAlert, IntervalColumn,
     REPLAYABLE_STATES, ReplayOutcome, Rescued, RunBrief,
@@ -41,7 +45,7 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 const MARK_PUBLISHED_SQL: &str = "WITH lease AS (
     SELECT term FROM chime_leader
     WHERE name = 'default' AND holder = $1 AND term = $2 AND expires_at > now()
-    FOR SHARE
+    FOR KEY SHARE
 ), locked AS MATERIALIZED (
     SELECT k.id FROM (SELECT id FROM unnest($3::bigint[]) AS u(id) ORDER BY id) k
      CROSS JOIN LATERAL (SELECT FROM chime_runs r WHERE r.id = k.id FOR UPDATE) r
@@ -650,7 +654,7 @@ impl Store {
             "WITH lease AS (
                  SELECT term FROM chime_leader
                  WHERE name = 'default' AND holder = $1 AND term = $2 AND expires_at > now()
-                 FOR SHARE
+                 FOR KEY SHARE
              ), fires AS (
                  SELECT * FROM unnest($3::text[], $4::text[], $5::timestamptz[], $6::text[],
                                       $7::jsonb[], $8::text[], $9::text[], $10::text[])

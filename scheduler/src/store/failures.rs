@@ -225,7 +225,7 @@ fn lost_since_sql(interval: Option<&IntervalColumn>) -> String {
 const LEASE_CTE: &str = "lease AS (
      SELECT term FROM chime_leader
      WHERE name = 'default' AND holder = $1 AND term = $2 AND expires_at > now()
-     FOR SHARE
+     FOR KEY SHARE
  )";
 
 impl Store {

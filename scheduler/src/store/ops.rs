@@ -444,7 +444,7 @@ impl Store {
             "WITH lease AS (
                  SELECT term FROM chime_leader
                  WHERE name = 'default' AND holder = $1 AND term = $2 AND expires_at > now()
-                 FOR SHARE
+                 FOR KEY SHARE
              ), bound AS (
                  SELECT coalesce(
                      (SELECT r.id FROM chime_runs r
@@ -501,7 +501,7 @@ impl Store {
             "WITH lease AS (
                  SELECT term FROM chime_leader
                  WHERE name = 'default' AND holder = $1 AND term = $2 AND expires_at > now()
-                 FOR SHARE
+                 FOR KEY SHARE
              ), bound AS (
                  SELECT coalesce(
                      (SELECT id FROM chime_audit

@@ -72,7 +72,7 @@ impl Store {
             "WITH lease AS (
                  SELECT term FROM chime_leader
                  WHERE name = 'default' AND holder = $1 AND term = $2 AND expires_at > now()
-                 FOR SHARE
+                 FOR KEY SHARE
              ), s AS (
                  SELECT * FROM unnest($3::bigint[], $4::text[]) AS s(id, reason)
              ), upd AS (
