@@ -16,10 +16,12 @@ use sqlx::{PgPool, Row as _};
 
 use crate::job::{ConcurrencyPolicy, JobSpec};
 
+mod dead_letters;
 mod failures;
 mod ops;
 mod overdue;
 mod timeline;
+pub use dead_letters::{DeadLetterContent, DeadLetterRecord, NewDeadLetter};
 pub use failures::{
     AlertEvent, AlertKind, AlertRecord, CancelOutcome, ClaimedAlert, IntervalColumn,
     REPLAYABLE_STATES, ReplayOutcome, Rescued, RunBrief,
