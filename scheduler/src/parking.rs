@@ -20,7 +20,8 @@
 //! stored once. Every stored text is cut to `limits::MAX_HEADER_VALUE_BYTES` (NUL characters,
 //! which PostgreSQL text cannot hold, become U+FFFD), the body to `limits::MAX_TRIGGER_BYTES`.
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use chime_worker::Topology;
@@ -48,6 +49,9 @@ pub const DRAIN_BATCH: usize = 500;
 pub const DRAIN_BATCH_BYTES: usize = 4 * 1024 * 1024;
 /// Most batches one pass takes from one queue before going on to the next group.
 pub const DRAIN_BATCHES_PER_PASS: usize = 20;
+/// How long the drain leaves a group alone after finding its parking-lot queue missing (a
+/// passive declare of a missing queue closes the channel, which the client logs as an error).
+pub const MISSING_RECHECK: Duration = Duration::from_secs(30);
 /// How deep header tables and arrays are kept; deeper values are stored as a marker.
 const MAX_HEADER_DEPTH: usize = 8;
 /// The header the broker adds on every redelivery: not part of a message's fingerprint.
@@ -214,6 +218,7 @@ pub async fn run(
     stop: CancellationToken,
 ) {
     let mut connection: Option<Connection> = None;
+    let mut missing = MissingQueues::default();
     loop {
         tokio::select! {
             () = stop.cancelled() => break,
@@ -231,7 +236,7 @@ pub async fn run(
         let Some(link) = connection.as_ref() else {
             continue;
         };
-        match drain(&store, &fence, link, &prefix, &stop).await {
+        match drain(&store, &fence, link, &prefix, &mut missing, &stop).await {
             Ok(Some(0)) => {}
             Ok(Some(drained)) => info!(drained, "drained parked messages into the database"),
             Ok(None) => break,
@@ -245,6 +250,11 @@ pub async fn run(
     }
 }
 
+/// Groups whose parking-lot queue a pass found missing, each with the instant after which a
+/// pass looks again ([`MISSING_RECHECK`]); at most one entry per group that has a job.
+#[derive(Debug, Default)]
+pub struct MissingQueues(HashMap<String, Instant>);
+
 /// One pass over every group that has a job: returns how many messages were stored, or `None`
 /// if the fence no longer holds or `stop` was cancelled.
 pub async fn drain(
@@ -252,13 +262,23 @@ pub async fn drain(
     fence: &Fence,
     connection: &Connection,
     prefix: &str,
+    missing: &mut MissingQueues,
     stop: &CancellationToken,
 ) -> anyhow::Result<Option<u64>> {
     let mut drained = 0;
+    let now = Instant::now();
+    missing.0.retain(|_, recheck| *recheck > now);
     for group in store.groups().await? {
+        if missing.0.contains_key(&group) {
+            continue;
+        }
         let queue = Topology::new(prefix, &group).parking_queue();
         for _ in 0..DRAIN_BATCHES_PER_PASS {
             match drain_batch(store, fence, connection, &group, &queue, stop).await? {
+                Batch::Missing => {
+                    missing.0.insert(group.clone(), now + MISSING_RECHECK);
+                    break;
+                }
                 Batch::Stored { taken, stored } => {
                     drained += stored;
                     if taken < DRAIN_BATCH {
@@ -281,6 +301,8 @@ enum Batch {
     Full { stored: u64 },
     /// The fence no longer holds or `stop` was cancelled; nothing was acknowledged.
     Stopped,
+    /// The queue does not exist.
+    Missing,
 }
 
 /// Takes one batch from `queue` (if it exists), stores it, then acknowledges it.
@@ -309,10 +331,7 @@ async fn drain_batch(
         )
         .await
     else {
-        return Ok(Batch::Stored {
-            taken: 0,
-            stored: 0,
-        });
+        return Ok(Batch::Missing);
     };
     if declared.message_count() == 0 {
         let _ = channel.close(200, "done".into()).await;

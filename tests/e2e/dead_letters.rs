@@ -297,9 +297,11 @@ async fn reads_leave_every_parked_message_as_it_was_and_a_redelivery_is_listed_o
         term,
     };
     let stop = CancellationToken::new();
-    let drained = chime_scheduler::parking::drain(&store, &fence, &connection, &prefix, &stop)
-        .await
-        .expect("drain");
+    let mut missing = chime_scheduler::parking::MissingQueues::default();
+    let drained =
+        chime_scheduler::parking::drain(&store, &fence, &connection, &prefix, &mut missing, &stop)
+            .await
+            .expect("drain");
     assert_eq!(drained, Some(3));
     assert_eq!(depth(&connection, &parking).await, 0, "drained");
     let expected: Vec<Option<i64>> = ids.iter().copied().map(Some).collect();
@@ -313,10 +315,11 @@ async fn reads_leave_every_parked_message_as_it_was_and_a_redelivery_is_listed_o
             .dead_letter_message(&Caller::cli(), id)
             .await
             .expect("in full");
-        assert_eq!(
-            stored.message.headers.get("x-delivery-count"),
-            None,
-            "run {id}: its first delivery was the drain's"
+        // RabbitMQ 3.10 sets 0 on a first delivery; each return would have added one.
+        let count = stored.message.headers.get("x-delivery-count");
+        assert!(
+            count.is_none() || count == Some(&json!(0)),
+            "run {id}: its first delivery was the drain's: {count:?}"
         );
     }
     for _ in 0..5 {
@@ -330,9 +333,10 @@ async fn reads_leave_every_parked_message_as_it_was_and_a_redelivery_is_listed_o
 
     // The first message again, as the broker redelivers it: listed once.
     park_fixed(&connection, &prefix, group, ids[0], true).await;
-    let drained = chime_scheduler::parking::drain(&store, &fence, &connection, &prefix, &stop)
-        .await
-        .expect("drain");
+    let drained =
+        chime_scheduler::parking::drain(&store, &fence, &connection, &prefix, &mut missing, &stop)
+            .await
+            .expect("drain");
     assert_eq!(drained, Some(0), "the copy was not stored again");
     assert_eq!(depth(&connection, &parking).await, 0, "the copy was taken");
     assert_eq!(listed(&ops, group).await, expected);
