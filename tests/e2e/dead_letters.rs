@@ -1,6 +1,7 @@
 //! Reading dead letters never changes the broker: a viewer's read of an unknown group creates
 //! no queue or exchange, reads leave every parked message's delivery count and the queue's
-//! depth as they were, pages are capped, and a message drained twice is listed once.
+//! depth as they were, pages are capped, a message drained twice is listed once, and a drain
+//! that may not store acknowledges nothing.
 
 use std::time::Duration;
 
@@ -339,6 +340,35 @@ async fn reads_leave_every_parked_message_as_it_was_and_a_redelivery_is_listed_o
             .expect("drain");
     assert_eq!(drained, Some(0), "the copy was not stored again");
     assert_eq!(depth(&connection, &parking).await, 0, "the copy was taken");
+    assert_eq!(listed(&ops, group).await, expected);
+
+    // A drain that may not store (its fence is stale: another leader took over) acknowledges
+    // nothing: the message waits in the queue for the next leader.
+    let late = dead_run(&pool, "fixed", group, 2, "d").await;
+    park_fixed(&connection, &prefix, group, late, false).await;
+    let stale = Fence {
+        holder: "drainer".into(),
+        term: term - 1,
+    };
+    let drained =
+        chime_scheduler::parking::drain(&store, &stale, &connection, &prefix, &mut missing, &stop)
+            .await
+            .expect("drain");
+    assert_eq!(drained, None, "the stale leader stopped");
+    wait_for(
+        "the message back in the queue",
+        Duration::from_secs(10),
+        || async { (depth(&connection, &parking).await == 1).then_some(()) },
+    )
+    .await;
+    assert_eq!(listed(&ops, group).await, expected);
+    let drained =
+        chime_scheduler::parking::drain(&store, &fence, &connection, &prefix, &mut missing, &stop)
+            .await
+            .expect("drain");
+    assert_eq!(drained, Some(1));
+    let mut expected = expected;
+    expected.push(Some(late));
     assert_eq!(listed(&ops, group).await, expected);
 
     // A replay after the drain: the run is pending again, its dead letter gone.
