@@ -581,7 +581,7 @@ async fn list_dead_letters(
 ) -> ApiResult<impl IntoResponse> {
     let q = Params(q);
     let mut problems = Vec::new();
-    q.reject_unknown(&["group", "limit"], &mut problems);
+    q.reject_unknown(&["group", "after", "limit"], &mut problems);
     let limit = q.number("limit", &mut problems).unwrap_or(100);
     if !(1..=MAX_PAGE).contains(&limit) {
         problems.push(FieldProblem {
@@ -590,14 +590,15 @@ async fn list_dead_letters(
             message: format!("use a number from 1 to {MAX_PAGE}"),
         });
     }
+    let after = q.number("after", &mut problems);
     if !problems.is_empty() {
         return Err(ApiError::invalid(problems));
     }
-    let letters = s
+    let page = s
         .ops
-        .dead_letters(&c, q.text("group"), limit as usize)
+        .dead_letters(&c, q.text("group"), after, limit as usize)
         .await?;
-    ok(json!({"dead_letters": letters}))
+    ok(page)
 }
 
 async fn replay(

@@ -125,14 +125,19 @@ impl From<RoleArg> for Role {
 /// `chime dlq …`
 #[derive(Debug, Subcommand)]
 pub enum DlqCommand {
-    /// List parked messages (they stay in the parking lot).
+    /// List parked messages, oldest first, as the leader drained them into the database
+    /// (reading changes nothing).
     List {
-        /// Only this executor group's parking lot (default: every group that has a job).
+        /// Only this executor group's dead letters (default: every group).
         #[arg(long)]
         group: Option<String>,
-        /// At most this many messages.
+        /// At most this many messages (at most 1000).
         #[arg(long, default_value_t = 100)]
         limit: usize,
+        /// Only those drained after this dead letter id (the `id` of the last row of the
+        /// previous page, as `--output json` shows it).
+        #[arg(long)]
+        after: Option<i64>,
     },
     /// Run a parked run again as a new attempt, and remove its message from the parking lot.
     #[command(group(ArgGroup::new("which").required(true).args(["id", "all"])))]
@@ -146,7 +151,8 @@ pub enum DlqCommand {
         #[arg(long, conflicts_with = "id")]
         group: Option<String>,
     },
-    /// Empty the parking lot (messages are deleted; their runs stay as they are).
+    /// Empty the parking lot: delete the dead letters and the messages not drained yet (their
+    /// runs stay as they are).
     Purge {
         /// Only this executor group's parking lot (default: every group that has a job).
         #[arg(long)]
@@ -564,8 +570,15 @@ async fn dlq(
     out: &mut dyn Write,
 ) -> OpsResult<()> {
     match command {
-        DlqCommand::List { group, limit } => {
-            let rows = ops.dead_letters(caller, group, limit).await?;
+        DlqCommand::List {
+            group,
+            limit,
+            after,
+        } => {
+            let rows = ops
+                .dead_letters(caller, group, after, limit)
+                .await?
+                .dead_letters;
             render(output, out, &rows, |t| {
                 t.set_header([
                     "RUN",
@@ -793,7 +806,8 @@ mod tests {
             parse(&["dlq", "list"]),
             Ok(Command::Dlq(DlqCommand::List {
                 group: None,
-                limit: 100
+                limit: 100,
+                after: None
             }))
         ));
         assert!(matches!(

@@ -20,12 +20,13 @@ use chime_worker::protocol::ControlMessage;
 use crate::auth::{self, Caller, Role};
 use crate::config::validate_job;
 use crate::job::JobSpec;
-use crate::parking::{ParkedMessage, ParkingLot};
+use crate::parking::ParkingLot;
 use crate::publish::ControlDelivery;
 use crate::secrets;
 use crate::store::{
-    AuditQuery, AuditRecord, CancelOutcome, LeaderInfo, NewAuditEntry, REPLAYABLE_STATES,
-    ReplayOutcome, RunBrief, RunDetail, RunQuery, RunRecord, Store, TokenRecord, WorkerRecord,
+    AuditQuery, AuditRecord, CancelOutcome, DeadLetterRecord, LeaderInfo, NewAuditEntry,
+    REPLAYABLE_STATES, ReplayOutcome, RunBrief, RunDetail, RunQuery, RunRecord, Store, TokenRecord,
+    WorkerRecord,
 };
 
 mod views;
@@ -57,8 +58,8 @@ pub const RUN_STATES: &[&str] = &[
 /// Largest page of runs or audit entries.
 pub const MAX_PAGE: i64 = 1000;
 
-/// Most messages one dead-letter replay reads from a parking lot.
-const REPLAY_SCAN: usize = 10_000;
+/// Most dead letters of one group one bulk replay goes through (in pages of [`MAX_PAGE`]).
+const REPLAY_SCAN: i64 = 10_000;
 
 /// One mistake in a request: the field, the value as given, what is wrong and how to fix it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -264,6 +265,8 @@ pub struct QueueView {
 /// A parked message with what the database knows of its run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DeadLetter {
+    /// Its id: the order in which the leader drained it (pass as `after` for the next page).
+    pub id: i64,
     /// Executor group.
     pub group: String,
     /// Run id, when the message has one.
@@ -284,6 +287,15 @@ pub struct DeadLetter {
     pub run_state: Option<String>,
 }
 
+/// A page of dead letters, oldest first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeadLetterPage {
+    /// The dead letters.
+    pub dead_letters: Vec<DeadLetter>,
+    /// Pass as `after` to get the next page; none on the last page.
+    pub next_after: Option<i64>,
+}
+
 /// A replayed run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Replayed {
@@ -293,8 +305,8 @@ pub struct Replayed {
     pub job: String,
     /// The attempt it will be published as.
     pub attempt: i32,
-    /// Parked messages of the run removed from the parking lot.
-    pub removed_messages: usize,
+    /// Dead letters of the run removed.
+    pub removed_messages: u64,
 }
 
 /// A message a bulk replay left in the parking lot.
@@ -324,8 +336,8 @@ pub struct Purged {
     pub group: String,
     /// Queue.
     pub queue: String,
-    /// Messages deleted.
-    pub purged: u32,
+    /// Messages deleted: dead letters drained into the database and messages still in the queue.
+    pub purged: u64,
 }
 
 /// A new API token: the secret is shown this once and never stored.
@@ -1001,45 +1013,43 @@ impl Operations {
         })
     }
 
-    /// Parked messages (they stay in the parking lot), of `group` or of every group that has a
-    /// job, at most `limit`.
+    /// A page of dead letters (of `group`, or of every group) drained after `after`, oldest
+    /// first, at most `limit` (capped at [`MAX_PAGE`]). Reads the database only: the broker is
+    /// not asked anything, so a read changes no queue and creates none.
     pub async fn dead_letters(
         &self,
         caller: &Caller,
         group: Option<String>,
+        after: Option<i64>,
         limit: usize,
-    ) -> OpsResult<Vec<DeadLetter>> {
+    ) -> OpsResult<DeadLetterPage> {
         self.allow(caller, "dlq.list", Role::Viewer, None, None)
             .await?;
-        let broker = self.broker()?;
-        let groups = self.groups_or(group).await?;
-        let lot = self.parking_lot(broker).await?;
-        let result = async {
-            let mut rows = Vec::new();
-            for group in groups {
-                if rows.len() >= limit {
-                    break;
-                }
-                let messages = lot.browse(&group, limit - rows.len()).await?;
-                let ids: Vec<i64> = messages.iter().filter_map(|m| m.run_id).collect();
-                let runs = self.store.run_briefs(&ids).await?;
-                for message in messages {
-                    let run = runs.iter().find(|r| Some(r.id) == message.run_id);
-                    rows.push(dead_letter(message, run));
-                }
-            }
-            Ok(rows)
-        }
-        .await;
-        lot.close().await;
-        result
+        let limit = i64::try_from(limit).unwrap_or(MAX_PAGE).clamp(1, MAX_PAGE);
+        let records = self
+            .store
+            .dead_letters(group.as_deref(), after, limit + 1)
+            .await?;
+        let (records, next_after) = keyset_page(records, limit, |r| r.id);
+        let ids: Vec<i64> = records.iter().filter_map(|r| r.run_id).collect();
+        let runs = self.store.run_briefs(&ids).await?;
+        let dead_letters = records
+            .into_iter()
+            .map(|record| {
+                let run = runs.iter().find(|r| Some(r.id) == record.run_id);
+                dead_letter(record, run)
+            })
+            .collect();
+        Ok(DeadLetterPage {
+            dead_letters,
+            next_after,
+        })
     }
 
-    /// Runs a parked run again as a new attempt and removes its messages from the parking lot.
+    /// Runs a parked run again as a new attempt and removes its dead letters.
     pub async fn replay(&self, caller: &Caller, id: i64) -> OpsResult<Replayed> {
         self.allow(caller, "dlq.replay", Role::Operator, None, Some(id))
             .await?;
-        let broker = self.broker()?;
         let run = self.store.run_briefs(&[id]).await?.into_iter().next();
         let job = run.as_ref().map(|r| r.job.clone());
         let result = async {
@@ -1049,10 +1059,7 @@ impl Operations {
                      /api/dead-letters"
                 )));
             };
-            let lot = self.parking_lot(broker).await?;
-            let result = replay_one(&self.store, &lot, &run.group, id, &caller.actor).await;
-            lot.close().await;
-            result
+            replay_one(&self.store, &run.group, id, &caller.actor).await
         }
         .await;
         self.record(
@@ -1066,7 +1073,7 @@ impl Operations {
         .await
     }
 
-    /// Replays every parked message of `group` (or every group) that has a replayable run.
+    /// Replays every dead letter of `group` (or every group) that has a replayable run.
     pub async fn replay_all(
         &self,
         caller: &Caller,
@@ -1074,21 +1081,14 @@ impl Operations {
     ) -> OpsResult<ReplayedAll> {
         self.allow(caller, "dlq.replay_all", Role::Operator, None, None)
             .await?;
-        let broker = self.broker()?;
         let detail = serde_json::json!({"group": group});
         let result = async {
             let groups = self.groups_or(group).await?;
-            let lot = self.parking_lot(broker).await?;
             let mut all = ReplayedAll::default();
-            let mut result = Ok(());
             for group in groups {
-                result = replay_group(&self.store, &lot, &group, &caller.actor, &mut all).await;
-                if result.is_err() {
-                    break;
-                }
+                replay_group(&self.store, &group, &caller.actor, &mut all).await?;
             }
-            lot.close().await;
-            result.map(|()| all)
+            Ok(all)
         }
         .await;
         let result = self
@@ -1108,7 +1108,9 @@ impl Operations {
         Ok(result)
     }
 
-    /// Empties the parking lot of `group` (or of every group); the runs stay as they are.
+    /// Deletes the dead letters of `group` (or of every group), and empties its parking-lot
+    /// queue of messages not drained yet (a queue that does not exist is not created); the
+    /// runs stay as they are.
     pub async fn purge(&self, caller: &Caller, group: Option<String>) -> OpsResult<Vec<Purged>> {
         self.allow(caller, "dlq.purge", Role::Admin, None, None)
             .await?;
@@ -1120,14 +1122,22 @@ impl Operations {
             let mut purged = Vec::new();
             let mut result = Ok(());
             for group in groups {
-                match lot.purge(&group).await {
-                    Ok(count) => purged.push(Purged {
-                        queue: lot.queue(&group),
-                        group,
-                        purged: count,
-                    }),
+                // The queue first: what the leader drains meanwhile is in the table below.
+                let in_queue = match lot.purge(&group).await {
+                    Ok(count) => u64::from(count),
                     Err(e) => {
                         result = Err(OpsError::Unavailable(format!("{e:#}")));
+                        break;
+                    }
+                };
+                match self.store.purge_dead_letters(&group).await {
+                    Ok(stored) => purged.push(Purged {
+                        queue: lot.queue(&group),
+                        group,
+                        purged: stored + in_queue,
+                    }),
+                    Err(e) => {
+                        result = Err(e.into());
                         break;
                     }
                 }
@@ -1320,55 +1330,30 @@ fn no_such_run(id: i64) -> OpsError {
     ))
 }
 
-fn dead_letter(message: ParkedMessage, run: Option<&RunBrief>) -> DeadLetter {
+fn dead_letter(record: DeadLetterRecord, run: Option<&RunBrief>) -> DeadLetter {
     DeadLetter {
-        job: message.job.or_else(|| run.map(|r| r.job.clone())),
-        error: message
+        id: record.id,
+        job: record.job.or_else(|| run.map(|r| r.job.clone())),
+        error: record
             .error
             .or_else(|| run.and_then(|r| r.error.clone().or_else(|| r.reason.clone()))),
-        parked_at: message.parked_at.or_else(|| {
+        parked_at: record.parked_at.or_else(|| {
             run.filter(|r| r.state == "dead")
                 .and_then(|r| r.finished_at)
         }),
         run_state: run.map(|r| r.state.clone()),
-        group: message.group,
-        run_id: message.run_id,
-        attempt: message.attempt,
-        reason: message.reason,
-        parked_by: message.parked_by,
+        group: record.group,
+        run_id: record.run_id,
+        attempt: record.attempt.and_then(|a| u32::try_from(a).ok()),
+        reason: record.reason,
+        parked_by: record.parked_by,
     }
 }
 
-/// Replays run `id` (of `group`): the run goes back to the outbox, its parked messages are removed.
-async fn replay_one(
-    store: &Store,
-    lot: &ParkingLot,
-    group: &str,
-    id: i64,
-    by: &str,
-) -> OpsResult<Replayed> {
-    let fetched = lot
-        .fetch(group, REPLAY_SCAN)
-        .await
-        .map_err(|e| OpsError::Unavailable(format!("{e:#}")))?;
-    let outcome = match store.replay_run(id, by).await {
-        Ok(outcome) => outcome,
-        Err(e) => {
-            fetched.release().await?;
-            return Err(e.into());
-        }
-    };
-    let mut removed = 0;
-    if matches!(outcome, ReplayOutcome::Replayed { .. }) {
-        for (index, message) in fetched.messages.iter().enumerate() {
-            if message.run_id == Some(id) {
-                fetched.remove(index).await?;
-                removed += 1;
-            }
-        }
-    }
-    fetched.release().await?;
-    match outcome {
+/// Replays run `id` (of `group`): the run goes back to the outbox (the leader publishes it as
+/// the next attempt, with confirms), its dead letters are deleted.
+async fn replay_one(store: &Store, group: &str, id: i64, by: &str) -> OpsResult<Replayed> {
+    match store.replay_run(id, by).await? {
         ReplayOutcome::NotFound => Err(no_such_run(id)),
         ReplayOutcome::NotReplayable { state } => Err(OpsError::Conflict(format!(
             "run {id} is {state}; only runs that are {} can be replayed",
@@ -1380,62 +1365,60 @@ async fn replay_one(
             run_id: id,
             job,
             attempt: next_attempt,
-            removed_messages: removed,
+            removed_messages: store.delete_dead_letters_of_run(group, id).await?,
         }),
     }
 }
 
-/// Replays every parked message of `group` that has a replayable run; keeps the others.
+/// Replays every dead letter of `group` that has a replayable run (at most [`REPLAY_SCAN`] of
+/// them per call, read in pages); keeps the others.
 async fn replay_group(
     store: &Store,
-    lot: &ParkingLot,
     group: &str,
     by: &str,
     all: &mut ReplayedAll,
 ) -> OpsResult<()> {
-    let fetched = lot
-        .fetch(group, REPLAY_SCAN)
-        .await
-        .map_err(|e| OpsError::Unavailable(format!("{e:#}")))?;
     let mut done = HashSet::new();
-    for (index, message) in fetched.messages.iter().enumerate() {
-        let keep = |run_id, note| Kept {
-            group: group.to_owned(),
-            run_id,
-            note,
+    let (mut after, mut read) = (None, 0);
+    while read < REPLAY_SCAN {
+        let page = store.dead_letters(Some(group), after, MAX_PAGE).await?;
+        let Some(last) = page.last() else {
+            break;
         };
-        let Some(id) = message.run_id else {
-            all.kept.push(keep(
-                None,
-                format!("a message of group {group} without a run id"),
-            ));
-            continue;
-        };
-        if done.contains(&id) {
-            // Another copy of a run replayed just now.
-            fetched.remove(index).await?;
-            continue;
-        }
-        match store.replay_run(id, by).await {
-            Ok(ReplayOutcome::Replayed { .. }) => {
-                fetched.remove(index).await?;
-                done.insert(id);
-                all.replayed.push(id);
+        after = Some(last.id);
+        read += page.len() as i64;
+        for letter in page {
+            let keep = |run_id, note| Kept {
+                group: group.to_owned(),
+                run_id,
+                note,
+            };
+            let Some(id) = letter.run_id else {
+                all.kept.push(keep(
+                    None,
+                    format!("a message of group {group} without a run id"),
+                ));
+                continue;
+            };
+            if !done.insert(id) {
+                // Another copy of a run replayed (or kept) just now.
+                continue;
             }
-            Ok(ReplayOutcome::NotFound) => {
-                all.kept
-                    .push(keep(Some(id), format!("run {id}: no such run")));
-            }
-            Ok(ReplayOutcome::NotReplayable { state }) => {
-                all.kept
-                    .push(keep(Some(id), format!("run {id}: it is {state}")));
-            }
-            Err(e) => {
-                fetched.release().await?;
-                return Err(e.into());
+            match store.replay_run(id, by).await? {
+                ReplayOutcome::Replayed { .. } => {
+                    store.delete_dead_letters_of_run(group, id).await?;
+                    all.replayed.push(id);
+                }
+                ReplayOutcome::NotFound => {
+                    all.kept
+                        .push(keep(Some(id), format!("run {id}: no such run")));
+                }
+                ReplayOutcome::NotReplayable { state } => {
+                    all.kept
+                        .push(keep(Some(id), format!("run {id}: it is {state}")));
+                }
             }
         }
     }
-    fetched.release().await?;
     Ok(())
 }

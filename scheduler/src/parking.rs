@@ -1,42 +1,69 @@
-//! The parking lot from the operator's side (`chime dlq …`): browse the groups' parking-lot
-//! queues without removing anything, take chosen messages out (replay), and purge.
+//! The parking lot from the operator's side (`chime dlq …`): the leader's drain of every
+//! group's parking-lot queue into PostgreSQL, what a drained message says, and purging a queue.
 //!
-//! With [`crate::publish`], the only scheduler module that speaks AMQP. Browsing is `basic.get`
-//! with manual acknowledgement: every message fetched stays unacknowledged on this module's
-//! channel until the session ends, then all are returned at once (`basic.nack`, multiple,
-//! requeue). RabbitMQ puts returned messages at the back of a parking-lot queue (a quorum queue;
-//! seen on 3.10: reading the first of three and returning it makes it the last). So reading
-//! reads the whole queue, up to [`SCAN`] messages, before returning any: then every message goes
-//! back in the order it was read, and the queue keeps its order. Only a parking lot longer than
-//! [`SCAN`] is rotated by a read.
+//! With [`crate::publish`], the only scheduler module that speaks AMQP.
+//!
+//! **Why drain.** A quorum queue cannot be read without changing it: `basic.get` and a return
+//! (`basic.nack` with requeue, or closing the channel) count as a delivery and raise the
+//! message's `x-delivery-count`; RabbitMQ 3.10 cannot mark a queue's delivery limit unlimited,
+//! and a queue's arguments cannot change once declared. So the leader takes each message out of
+//! the parking-lot queues once ([`run`], every [`DRAIN_PERIOD`]) and stores it in
+//! `chime_dead_letters`; every read (list, show, dashboard) reads that table and never touches
+//! the broker.
+//!
+//! **Invariants.** A pass drains only the groups that have a job, and only queues that exist
+//! (a passive declare first; nothing is declared). A batch is at most [`DRAIN_BATCH`] messages
+//! and [`DRAIN_BATCH_BYTES`] stored bytes, fetched with manual acknowledgement, stored in one
+//! fenced statement, and acknowledged only after that statement committed: a message that could
+//! not be stored stays unacknowledged (the insert is retried) and returns to its queue when the
+//! channel closes. A crash between commit and ack delivers it again; its fingerprint keeps it
+//! stored once. Every stored text is cut to `limits::MAX_HEADER_VALUE_BYTES` (NUL characters,
+//! which PostgreSQL text cannot hold, become U+FFFD), the body to `limits::MAX_TRIGGER_BYTES`.
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use chime_worker::Topology;
+use chime_worker::limits::{self, MAX_HEADER_VALUE_BYTES, MAX_TRIGGER_BYTES};
 use chime_worker::protocol::{HEADER_ATTEMPT, HEADER_DEAD_BY, HEADER_DEAD_REASON, Trigger};
 use chrono::{DateTime, Utc};
-use lapin::options::{
-    BasicAckOptions, BasicGetOptions, BasicNackOptions, QueueDeclareOptions, QueuePurgeOptions,
-};
+use lapin::options::{BasicAckOptions, BasicGetOptions, QueueDeclareOptions, QueuePurgeOptions};
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Channel, Connection, ConnectionProperties};
+use lapin::{Connection, ConnectionProperties};
 use serde::Serialize;
+use sha2::{Digest as _, Sha256};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
 
-use crate::store::redact;
-
-/// Most messages one read of a parking lot takes (and returns): a browse, a peek or a replay.
-pub const SCAN: usize = 10_000;
+use crate::store::{DeadLetterContent, Fence, NewDeadLetter, Store, redact};
 
 /// How long to wait for the broker to accept a connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How often the leader drains the parking-lot queues.
+pub const DRAIN_PERIOD: Duration = Duration::from_secs(1);
+/// Most messages one batch takes from a queue (and one statement stores).
+pub const DRAIN_BATCH: usize = 500;
+/// Most stored bytes (headers and bodies, after cutting) one batch holds.
+pub const DRAIN_BATCH_BYTES: usize = 4 * 1024 * 1024;
+/// Most batches one pass takes from one queue before going on to the next group.
+pub const DRAIN_BATCHES_PER_PASS: usize = 20;
+/// How long the drain leaves a group alone after finding its parking-lot queue missing (a
+/// passive declare of a missing queue closes the channel, which the client logs as an error).
+pub const MISSING_RECHECK: Duration = Duration::from_secs(30);
+/// How deep header tables and arrays are kept; deeper values are stored as a marker.
+const MAX_HEADER_DEPTH: usize = 8;
+/// The header the broker adds on every redelivery: not part of a message's fingerprint.
+const DELIVERY_COUNT: &str = "x-delivery-count";
 
 /// Header a worker may set with the instant (Unix milliseconds) it parked a message.
 pub const HEADER_PARKED_AT: &str = "x-chime-parked-at";
 /// Header with the last error of the run, if the worker that parked it set one.
 pub const HEADER_ERROR: &str = "x-chime-error";
 
-/// One message in a parking-lot queue, as its headers and body describe it.
+/// One parked message, as its headers and body describe it; every text is cut to
+/// `limits::MAX_HEADER_VALUE_BYTES` and holds no NUL.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ParkedMessage {
     /// Executor group whose parking lot holds it.
@@ -55,7 +82,7 @@ pub struct ParkedMessage {
     /// Last error: `x-chime-error` if set (the run's recorded error is filled in by the caller).
     pub error: Option<String>,
     /// When it was parked: `x-chime-parked-at`, else the time of the latest `x-death` entry
-    /// (the caller may fall back to the run's finish time).
+    /// (the caller may fall back to the run's finish time); only instants PostgreSQL can hold.
     pub parked_at: Option<DateTime<Utc>>,
 }
 
@@ -63,7 +90,9 @@ impl ParkedMessage {
     /// Reads a delivery's headers and body.
     pub fn from_delivery(group: &str, delivery: &lapin::message::Delivery) -> ParkedMessage {
         let headers = delivery.properties.headers().clone().unwrap_or_default();
-        let trigger = Trigger::from_body(&delivery.data).ok();
+        let trigger = (delivery.data.len() <= MAX_TRIGGER_BYTES)
+            .then(|| Trigger::from_body(&delivery.data).ok())
+            .flatten();
         let run_id = delivery
             .properties
             .message_id()
@@ -74,7 +103,7 @@ impl ParkedMessage {
         ParkedMessage {
             group: group.to_owned(),
             run_id,
-            job: trigger.as_ref().map(|t| t.job.clone()),
+            job: trigger.as_ref().map(|t| stored_text(&t.job)),
             attempt: header_u32(&headers, HEADER_ATTEMPT).or(trigger.as_ref().map(|t| t.attempt)),
             reason: header_text(&headers, HEADER_DEAD_REASON)
                 .or_else(|| death.as_ref().and_then(|d| header_text(d, "reason"))),
@@ -94,34 +123,289 @@ pub struct ParkedPayload {
     /// The `content-type` property.
     pub content_type: Option<String>,
     /// Every header (`x-chime-dead-reason`, `x-chime-attempt`, RabbitMQ's `x-death`, …) as JSON:
-    /// strings as strings, numbers as numbers, tables as objects, byte arrays as their bytes.
+    /// strings as strings, numbers as numbers, tables as objects, byte arrays as their bytes;
+    /// each string cut to `limits::MAX_HEADER_VALUE_BYTES`.
     pub headers: serde_json::Map<String, serde_json::Value>,
     /// The body: the trigger as JSON when it parses, else the body as (lossy UTF-8) text.
     pub body: serde_json::Value,
     /// Whether `body` is the parsed JSON body (false: the raw text).
     pub body_is_json: bool,
+    /// Whether the body was longer than `limits::MAX_TRIGGER_BYTES` and was cut when drained.
+    pub body_truncated: bool,
 }
 
 impl ParkedPayload {
-    /// Reads a delivery's properties, headers and body.
-    pub fn from_delivery(delivery: &lapin::message::Delivery) -> ParkedPayload {
-        let properties = &delivery.properties;
-        let headers = properties.headers().clone().unwrap_or_default();
-        let parsed = serde_json::from_slice::<serde_json::Value>(&delivery.data).ok();
+    /// A stored dead letter's properties, headers and body.
+    pub fn from_stored(stored: &DeadLetterContent) -> ParkedPayload {
+        let parsed = (!stored.body_truncated)
+            .then(|| serde_json::from_slice::<serde_json::Value>(&stored.body).ok())
+            .flatten();
         ParkedPayload {
-            message_id: properties.message_id().as_ref().map(|id| id.to_string()),
-            content_type: properties.content_type().as_ref().map(|t| t.to_string()),
-            headers: table_json(&headers),
+            message_id: stored.message_id.clone(),
+            content_type: stored.content_type.clone(),
+            headers: match &stored.headers {
+                serde_json::Value::Object(map) => map.clone(),
+                _ => serde_json::Map::new(),
+            },
             body_is_json: parsed.is_some(),
             body: parsed.unwrap_or_else(|| {
-                serde_json::Value::String(String::from_utf8_lossy(&delivery.data).into_owned())
+                serde_json::Value::String(String::from_utf8_lossy(&stored.body).into_owned())
             }),
+            body_truncated: stored.body_truncated,
         }
     }
 }
 
-/// A connection to the broker for parking-lot operations: its own, or the operations layer's
-/// shared one ([`crate::broker::Broker::parking_lot`]), which [`ParkingLot::close`] leaves open.
+/// What the drain stores of a delivery from `group`'s parking lot: its fields (cut to their
+/// bounds), its headers, its body (cut) and its fingerprint.
+pub fn dead_letter(group: &str, delivery: &lapin::message::Delivery) -> NewDeadLetter {
+    let properties = &delivery.properties;
+    let message = ParkedMessage::from_delivery(group, delivery);
+    let headers = table_json(&properties.headers().clone().unwrap_or_default(), 0);
+    let message_id = properties
+        .message_id()
+        .as_ref()
+        .map(|id| stored_text(id.as_str()));
+    let content_type = properties
+        .content_type()
+        .as_ref()
+        .map(|t| stored_text(t.as_str()));
+    let mut fingerprint = Sha256::new();
+    // Length-prefixed parts, so no two messages share a fingerprint by shifting bytes around.
+    let mut part = |bytes: &[u8]| {
+        fingerprint.update((bytes.len() as u64).to_be_bytes());
+        fingerprint.update(bytes);
+    };
+    part(message_id.as_deref().unwrap_or("\0none").as_bytes());
+    part(content_type.as_deref().unwrap_or("\0none").as_bytes());
+    let mut stable = headers.clone();
+    stable.remove(DELIVERY_COUNT);
+    part(serde_json::Value::Object(stable).to_string().as_bytes());
+    part(&delivery.data);
+    let body_truncated = delivery.data.len() > MAX_TRIGGER_BYTES;
+    NewDeadLetter {
+        group: group.to_owned(),
+        run_id: message.run_id,
+        job: message.job,
+        attempt: message.attempt.and_then(|a| i32::try_from(a).ok()),
+        reason: message.reason,
+        parked_by: message.parked_by,
+        error: message.error,
+        parked_at: message.parked_at,
+        message_id,
+        content_type,
+        headers: serde_json::Value::Object(headers),
+        body: delivery.data[..delivery.data.len().min(MAX_TRIGGER_BYTES)].to_vec(),
+        body_truncated,
+        fingerprint: fingerprint.finalize().to_vec(),
+    }
+}
+
+/// Bytes a stored dead letter takes, roughly (for the batch bound).
+fn stored_size(letter: &NewDeadLetter) -> usize {
+    letter.body.len() + letter.headers.to_string().len() + 512
+}
+
+/// Drains the parking-lot queues of every group that has a job into `chime_dead_letters`,
+/// every [`DRAIN_PERIOD`], while `stop` is not cancelled and the fence holds. Opens its own
+/// connection to the broker (named `name`), and a new one after it broke.
+pub async fn run(
+    store: Store,
+    fence: Fence,
+    amqp_url: String,
+    prefix: String,
+    name: String,
+    stop: CancellationToken,
+) {
+    let mut connection: Option<Connection> = None;
+    let mut missing = MissingQueues::default();
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => break,
+            () = tokio::time::sleep(DRAIN_PERIOD) => {}
+        }
+        if !connection.as_ref().is_some_and(|c| c.status().connected()) {
+            connection = match open_connection(&amqp_url, &name).await {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    debug!(error = %format!("{e:#}"), "drain: broker unreachable; next pass tries again");
+                    continue;
+                }
+            };
+        }
+        let Some(link) = connection.as_ref() else {
+            continue;
+        };
+        match drain(&store, &fence, link, &prefix, &mut missing, &stop).await {
+            Ok(Some(0)) => {}
+            Ok(Some(drained)) => info!(drained, "drained parked messages into the database"),
+            Ok(None) => break,
+            Err(e) => {
+                warn!(error = %format!("{e:#}"), "draining the parking lots failed; trying again")
+            }
+        }
+    }
+    if let Some(connection) = connection {
+        let _ = connection.close(200, "done".into()).await;
+    }
+}
+
+/// Groups whose parking-lot queue a pass found missing, each with the instant after which a
+/// pass looks again ([`MISSING_RECHECK`]); at most one entry per group that has a job.
+#[derive(Debug, Default)]
+pub struct MissingQueues(HashMap<String, Instant>);
+
+/// One pass over every group that has a job: returns how many messages were stored, or `None`
+/// if the fence no longer holds or `stop` was cancelled.
+pub async fn drain(
+    store: &Store,
+    fence: &Fence,
+    connection: &Connection,
+    prefix: &str,
+    missing: &mut MissingQueues,
+    stop: &CancellationToken,
+) -> anyhow::Result<Option<u64>> {
+    let mut drained = 0;
+    let now = Instant::now();
+    missing.0.retain(|_, recheck| *recheck > now);
+    for group in store.groups().await? {
+        if missing.0.contains_key(&group) {
+            continue;
+        }
+        let queue = Topology::new(prefix, &group).parking_queue();
+        for _ in 0..DRAIN_BATCHES_PER_PASS {
+            match drain_batch(store, fence, connection, &group, &queue, stop).await? {
+                Batch::Missing => {
+                    missing.0.insert(group.clone(), now + MISSING_RECHECK);
+                    break;
+                }
+                Batch::Stored { taken, stored } => {
+                    drained += stored;
+                    if taken < DRAIN_BATCH {
+                        break;
+                    }
+                }
+                Batch::Full { stored } => drained += stored,
+                Batch::Stopped => return Ok(None),
+            }
+        }
+    }
+    Ok(Some(drained))
+}
+
+/// What one batch did.
+enum Batch {
+    /// Took `taken` messages and stored `stored` new ones (the others were stored before).
+    Stored { taken: usize, stored: u64 },
+    /// Stopped at the byte bound; more may wait.
+    Full { stored: u64 },
+    /// The fence no longer holds or `stop` was cancelled; nothing was acknowledged.
+    Stopped,
+    /// The queue does not exist.
+    Missing,
+}
+
+/// Takes one batch from `queue` (if it exists), stores it, then acknowledges it.
+async fn drain_batch(
+    store: &Store,
+    fence: &Fence,
+    connection: &Connection,
+    group: &str,
+    queue: &str,
+    stop: &CancellationToken,
+) -> anyhow::Result<Batch> {
+    let channel = connection
+        .create_channel()
+        .await
+        .context("opening a channel to drain the parking lots")?;
+    // A missing queue (its workers never ran, no instance declared it yet): nothing to drain,
+    // and nothing is created. The broker closes the channel.
+    let Ok(declared) = channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+    else {
+        return Ok(Batch::Missing);
+    };
+    if declared.message_count() == 0 {
+        let _ = channel.close(200, "done".into()).await;
+        return Ok(Batch::Stored {
+            taken: 0,
+            stored: 0,
+        });
+    }
+    let mut letters = Vec::new();
+    let (mut bytes, mut last_tag) = (0, None);
+    while letters.len() < DRAIN_BATCH && bytes < DRAIN_BATCH_BYTES {
+        let got = channel
+            .basic_get(queue.into(), BasicGetOptions { no_ack: false })
+            .await
+            .with_context(|| format!("reading the parking lot {queue}"));
+        let message = match got {
+            Ok(Some(message)) => message,
+            Ok(None) => break,
+            Err(e) => {
+                // Closing the channel returns what this batch took.
+                let _ = channel.close(200, "read failed".into()).await;
+                return Err(e);
+            }
+        };
+        let letter = dead_letter(group, &message.delivery);
+        bytes += stored_size(&letter);
+        letters.push(letter);
+        last_tag = Some(message.delivery.delivery_tag);
+    }
+    let Some(last_tag) = last_tag else {
+        let _ = channel.close(200, "done".into()).await;
+        return Ok(Batch::Stored {
+            taken: 0,
+            stored: 0,
+        });
+    };
+    // Stored before acknowledged: while the database refuses, the messages stay taken (not
+    // returned, which would count as a delivery) and the insert is tried again.
+    let stored = loop {
+        match store.insert_dead_letters(fence, &letters).await {
+            Ok(Some(stored)) => break stored,
+            Ok(None) => {
+                let _ = channel.close(200, "lease lost".into()).await;
+                return Ok(Batch::Stopped);
+            }
+            Err(e) => {
+                warn!(group, queue, messages = letters.len(), error = %format!("{e:#}"),
+                      "could not store drained dead letters; they stay in the queue, trying again");
+                tokio::select! {
+                    () = stop.cancelled() => {
+                        let _ = channel.close(200, "stopping".into()).await;
+                        return Ok(Batch::Stopped);
+                    }
+                    () = tokio::time::sleep(DRAIN_PERIOD) => {}
+                }
+            }
+        }
+    };
+    channel
+        .basic_ack(last_tag, BasicAckOptions { multiple: true })
+        .await
+        .with_context(|| format!("acknowledging drained messages of {queue}"))?;
+    let _ = channel.close(200, "done".into()).await;
+    let taken = letters.len();
+    Ok(if bytes >= DRAIN_BATCH_BYTES {
+        Batch::Full { stored }
+    } else {
+        Batch::Stored { taken, stored }
+    })
+}
+
+/// A connection to the broker for purging parking-lot queues and reading their depth: its own,
+/// or the operations layer's shared one ([`crate::broker::Broker::parking_lot`]), which
+/// [`ParkingLot::close`] leaves open. Nothing here declares a queue.
 pub struct ParkingLot {
     connection: std::sync::Arc<Connection>,
     prefix: String,
@@ -133,57 +417,6 @@ impl std::fmt::Debug for ParkingLot {
         f.debug_struct("ParkingLot")
             .field("prefix", &self.prefix)
             .finish_non_exhaustive()
-    }
-}
-
-/// Messages fetched from one parking-lot queue and held (unacknowledged) until
-/// [`Fetched::release`]; [`Fetched::remove`] takes one out for good.
-pub struct Fetched {
-    channel: Channel,
-    tags: Vec<u64>,
-    /// The messages, in the order fetched.
-    pub messages: Vec<ParkedMessage>,
-    /// Each message in full (same order as `messages`).
-    pub payloads: Vec<ParkedPayload>,
-    /// Messages left in the queue beyond the ones fetched.
-    pub remaining: u32,
-}
-
-impl std::fmt::Debug for Fetched {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Fetched")
-            .field("messages", &self.messages)
-            .field("remaining", &self.remaining)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Fetched {
-    /// Removes the `index`th fetched message from the queue (acknowledges it).
-    pub async fn remove(&self, index: usize) -> anyhow::Result<()> {
-        self.channel
-            .basic_ack(self.tags[index], BasicAckOptions::default())
-            .await
-            .context("removing a message from the parking lot")
-    }
-
-    /// Returns every message not removed to the queue and closes the session.
-    pub async fn release(self) -> anyhow::Result<()> {
-        if !self.tags.is_empty() {
-            self.channel
-                .basic_nack(
-                    0,
-                    BasicNackOptions {
-                        multiple: true,
-                        requeue: true,
-                    },
-                )
-                .await
-                .context("returning browsed messages to the parking lot")?;
-        }
-        // Closing also returns anything still unacknowledged.
-        let _ = self.channel.close(200, "done".into()).await;
-        Ok(())
     }
 }
 
@@ -218,96 +451,18 @@ impl ParkingLot {
         Topology::new(&self.prefix, group).parking_queue()
     }
 
-    /// A channel on which `group`'s topology is declared (idempotent), so a group whose workers
-    /// never ran still has its (empty) parking lot instead of a channel error.
-    async fn channel(&self, group: &str) -> anyhow::Result<Channel> {
+    /// Empties `group`'s parking-lot queue of the messages not drained yet; returns how many
+    /// were removed (0 if the queue does not exist: it is not created).
+    pub async fn purge(&self, group: &str) -> anyhow::Result<u32> {
+        let queue = self.queue(group);
+        if self.inspect(&queue).await.is_none() {
+            return Ok(0);
+        }
         let channel = self
             .connection
             .create_channel()
             .await
             .context("opening a channel")?;
-        Topology::new(&self.prefix, group)
-            .declare(&channel)
-            .await
-            .with_context(|| format!("declaring the queues of group {group:?}"))?;
-        Ok(channel)
-    }
-
-    /// Fetches up to `limit` messages of `group`'s parking lot and holds them; the caller must
-    /// [`Fetched::release`] them.
-    pub async fn fetch(&self, group: &str, limit: usize) -> anyhow::Result<Fetched> {
-        let channel = self.channel(group).await?;
-        let queue = self.queue(group);
-        let mut fetched = Fetched {
-            channel,
-            tags: Vec::new(),
-            messages: Vec::new(),
-            payloads: Vec::new(),
-            remaining: 0,
-        };
-        while fetched.messages.len() < limit {
-            let got = fetched
-                .channel
-                .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: false })
-                .await
-                .with_context(|| format!("reading the parking lot {queue}"));
-            let got = match got {
-                Ok(got) => got,
-                Err(e) => {
-                    let _ = fetched.release().await;
-                    return Err(e);
-                }
-            };
-            let Some(message) = got else {
-                fetched.remaining = 0;
-                break;
-            };
-            fetched.remaining = message.message_count;
-            fetched.tags.push(message.delivery.delivery_tag);
-            fetched
-                .messages
-                .push(ParkedMessage::from_delivery(group, &message.delivery));
-            fetched
-                .payloads
-                .push(ParkedPayload::from_delivery(&message.delivery));
-        }
-        Ok(fetched)
-    }
-
-    /// The first `limit` messages of `group`'s parking lot, without removing any. It reads the
-    /// whole queue (up to [`SCAN`] messages), so that returning them keeps the queue's order.
-    pub async fn browse(&self, group: &str, limit: usize) -> anyhow::Result<Vec<ParkedMessage>> {
-        let fetched = self.fetch(group, SCAN.max(limit)).await?;
-        let mut messages = fetched.messages.clone();
-        messages.truncate(limit);
-        fetched.release().await?;
-        Ok(messages)
-    }
-
-    /// The first message of run `run_id` in `group`'s parking lot, in full, and its position
-    /// (0 = the head), reading at most `scan` messages; nothing is removed. Every message read
-    /// is returned at once, in the order read, so when the whole queue fits in `scan` the
-    /// queue keeps its order.
-    pub async fn peek(
-        &self,
-        group: &str,
-        run_id: i64,
-        scan: usize,
-    ) -> anyhow::Result<Option<(usize, ParkedMessage, ParkedPayload)>> {
-        let fetched = self.fetch(group, scan).await?;
-        let found = fetched
-            .messages
-            .iter()
-            .position(|m| m.run_id == Some(run_id))
-            .map(|i| (i, fetched.messages[i].clone(), fetched.payloads[i].clone()));
-        fetched.release().await?;
-        Ok(found)
-    }
-
-    /// Empties `group`'s parking lot; returns how many messages were removed.
-    pub async fn purge(&self, group: &str) -> anyhow::Result<u32> {
-        let channel = self.channel(group).await?;
-        let queue = self.queue(group);
         let count = channel
             .queue_purge(queue.as_str().into(), QueuePurgeOptions::default())
             .await
@@ -387,18 +542,25 @@ fn latest_death(headers: &FieldTable) -> Option<FieldTable> {
     }
 }
 
-/// A header table as a JSON object.
-fn table_json(table: &FieldTable) -> serde_json::Map<String, serde_json::Value> {
+/// A header table as a JSON object, each text cut to its bound and free of NUL.
+fn table_json(table: &FieldTable, depth: usize) -> serde_json::Map<String, serde_json::Value> {
     table
         .inner()
         .iter()
-        .map(|(key, value)| (key.as_str().to_owned(), amqp_json(value)))
+        .map(|(key, value)| (stored_text(key.as_str()), amqp_json(value, depth + 1)))
         .collect()
 }
 
-/// An AMQP field value as JSON.
-fn amqp_json(value: &AMQPValue) -> serde_json::Value {
+/// An AMQP field value as JSON: texts cut to `limits::MAX_HEADER_VALUE_BYTES` (NUL becomes
+/// U+FFFD, which PostgreSQL can store), byte arrays to as many bytes, tables and arrays nested
+/// deeper than [`MAX_HEADER_DEPTH`] replaced by a marker.
+fn amqp_json(value: &AMQPValue, depth: usize) -> serde_json::Value {
     use serde_json::Value;
+    if depth > MAX_HEADER_DEPTH
+        && matches!(value, AMQPValue::FieldArray(_) | AMQPValue::FieldTable(_))
+    {
+        return Value::String("…[nested too deep]".into());
+    }
     match value {
         AMQPValue::Boolean(b) => Value::Bool(*b),
         AMQPValue::ShortShortInt(n) => (*n).into(),
@@ -413,22 +575,47 @@ fn amqp_json(value: &AMQPValue) -> serde_json::Value {
             serde_json::Number::from_f64(f64::from(*x)).map_or(Value::Null, Value::Number)
         }
         AMQPValue::Double(x) => serde_json::Number::from_f64(*x).map_or(Value::Null, Value::Number),
-        AMQPValue::DecimalValue(d) => (f64::from(d.value) / 10f64.powi(i32::from(d.scale))).into(),
-        AMQPValue::ShortString(s) => s.as_str().into(),
-        AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned().into(),
-        AMQPValue::FieldArray(items) => {
-            Value::Array(items.as_slice().iter().map(amqp_json).collect())
+        AMQPValue::DecimalValue(d) => {
+            serde_json::Number::from_f64(f64::from(d.value) / 10f64.powi(i32::from(d.scale)))
+                .map_or(Value::Null, Value::Number)
         }
-        AMQPValue::FieldTable(table) => Value::Object(table_json(table)),
-        AMQPValue::ByteArray(bytes) => bytes.as_slice().to_vec().into(),
+        AMQPValue::ShortString(s) => stored_text(s.as_str()).into(),
+        AMQPValue::LongString(s) => stored_text(&String::from_utf8_lossy(s.as_bytes())).into(),
+        AMQPValue::FieldArray(items) => Value::Array(
+            items
+                .as_slice()
+                .iter()
+                .map(|item| amqp_json(item, depth + 1))
+                .collect(),
+        ),
+        AMQPValue::FieldTable(table) => Value::Object(table_json(table, depth)),
+        AMQPValue::ByteArray(bytes) => {
+            let bytes = bytes.as_slice();
+            bytes[..bytes.len().min(MAX_HEADER_VALUE_BYTES)]
+                .to_vec()
+                .into()
+        }
         AMQPValue::Void => Value::Null,
+    }
+}
+
+/// `text` as the database stores it: at most `limits::MAX_HEADER_VALUE_BYTES` (cut at a
+/// character boundary and marked), NUL replaced by U+FFFD.
+fn stored_text(text: &str) -> String {
+    let capped = limits::cap_header_value(text);
+    if capped.contains('\0') {
+        // U+FFFD is three bytes: cut again so the bound holds.
+        let replaced = capped.replace('\0', "\u{FFFD}");
+        limits::cap_header_value(&replaced).into_owned()
+    } else {
+        capped.into_owned()
     }
 }
 
 fn header_text(headers: &FieldTable, name: &str) -> Option<String> {
     match headers.inner().get(name)? {
-        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
-        AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
+        AMQPValue::LongString(s) => Some(stored_text(&String::from_utf8_lossy(s.as_bytes()))),
+        AMQPValue::ShortString(s) => Some(stored_text(s.as_str())),
         _ => None,
     }
 }
@@ -452,13 +639,21 @@ fn header_u32(headers: &FieldTable, name: &str) -> Option<u32> {
     header_i64(headers, name).and_then(|n| u32::try_from(n).ok())
 }
 
+/// Latest instant a parked-at header may name: the end of year 9999, well inside PostgreSQL's
+/// range (a forged far-off instant would make the insert fail).
+const LATEST_MILLIS: i64 = 253_402_300_799_999;
+
 fn header_millis(headers: &FieldTable, name: &str) -> Option<DateTime<Utc>> {
-    header_i64(headers, name).and_then(DateTime::from_timestamp_millis)
+    header_i64(headers, name)
+        .filter(|ms| (0..=LATEST_MILLIS).contains(ms))
+        .and_then(DateTime::from_timestamp_millis)
 }
 
-/// An AMQP timestamp (seconds).
+/// An AMQP timestamp (seconds), within the same range.
 fn header_time(headers: &FieldTable, name: &str) -> Option<DateTime<Utc>> {
-    header_i64(headers, name).and_then(|s| DateTime::from_timestamp(s, 0))
+    header_i64(headers, name)
+        .filter(|s| (0..=LATEST_MILLIS / 1000).contains(s))
+        .and_then(|s| DateTime::from_timestamp(s, 0))
 }
 
 #[cfg(test)]
@@ -477,6 +672,28 @@ mod tests {
         );
         d.properties = properties;
         d
+    }
+
+    fn stored(letter: NewDeadLetter) -> ParkedPayload {
+        ParkedPayload::from_stored(&DeadLetterContent {
+            record: crate::store::DeadLetterRecord {
+                id: 1,
+                group: letter.group,
+                run_id: letter.run_id,
+                job: letter.job,
+                attempt: letter.attempt,
+                reason: letter.reason,
+                parked_by: letter.parked_by,
+                error: letter.error,
+                parked_at: letter.parked_at,
+            },
+            position: 0,
+            message_id: letter.message_id,
+            content_type: letter.content_type,
+            headers: letter.headers,
+            body: letter.body,
+            body_truncated: letter.body_truncated,
+        })
     }
 
     #[test]
@@ -517,7 +734,7 @@ mod tests {
                 );
                 h
             });
-        let p = ParkedPayload::from_delivery(&delivery(properties, b"not json"));
+        let p = stored(dead_letter("g", &delivery(properties, b"not json")));
         assert_eq!(p.message_id.as_deref(), Some("42"));
         assert_eq!(
             serde_json::Value::Object(p.headers),
@@ -563,13 +780,76 @@ mod tests {
         entries.push(AMQPValue::FieldTable(death));
         let mut headers = FieldTable::default();
         headers.insert("x-death".into(), AMQPValue::FieldArray(entries));
-        let p = ParkedPayload::from_delivery(&delivery(
-            BasicProperties::default().with_headers(headers),
-            &trigger.to_body(),
+        let p = stored(dead_letter(
+            "g",
+            &delivery(
+                BasicProperties::default().with_headers(headers),
+                &trigger.to_body(),
+            ),
         ));
         assert!(p.body_is_json);
         assert_eq!(p.body["run_id"], 7);
         assert_eq!(p.body["job"], "nightly");
         assert_eq!(p.headers["x-death"], serde_json::json!([{"count": 1}]));
+    }
+
+    /// Whatever a message carries, what the drain stores is bounded and storable: long texts
+    /// cut, NUL replaced, deep nesting cut off, far-off instants dropped, a huge body cut and
+    /// flagged; and a redelivery (the broker's delivery count added) has the same fingerprint.
+    #[test]
+    fn a_hostile_message_is_stored_bounded_and_fingerprinted_without_its_delivery_count() {
+        let long = "x".repeat(MAX_HEADER_VALUE_BYTES * 3);
+        let mut nested = AMQPValue::LongString("bottom".into());
+        for _ in 0..1_000 {
+            let mut items = FieldArray::default();
+            items.push(nested);
+            nested = AMQPValue::FieldArray(items);
+        }
+        let mut headers = FieldTable::default();
+        headers.insert(
+            HEADER_DEAD_REASON.into(),
+            AMQPValue::LongString(long.as_str().into()),
+        );
+        headers.insert(
+            HEADER_ERROR.into(),
+            AMQPValue::LongString("nul\0here".into()),
+        );
+        headers.insert(HEADER_PARKED_AT.into(), AMQPValue::LongLongInt(i64::MIN));
+        headers.insert("deep".into(), nested);
+        headers.insert(
+            "bytes".into(),
+            AMQPValue::ByteArray(vec![7u8; MAX_HEADER_VALUE_BYTES * 2].into()),
+        );
+        let body = vec![b'{'; MAX_TRIGGER_BYTES + 10];
+        let properties = BasicProperties::default()
+            .with_message_id("not\0a number".into())
+            .with_headers(headers.clone());
+        let letter = dead_letter("g", &delivery(properties.clone(), &body));
+        assert!(letter.reason.as_ref().unwrap().len() <= MAX_HEADER_VALUE_BYTES);
+        assert!(letter.reason.as_ref().unwrap().ends_with("…[truncated]"));
+        assert_eq!(letter.error.as_deref(), Some("nul\u{FFFD}here"));
+        assert_eq!(letter.message_id.as_deref(), Some("not\u{FFFD}a number"));
+        assert_eq!((letter.run_id, letter.parked_at), (None, None));
+        assert_eq!(letter.body.len(), MAX_TRIGGER_BYTES);
+        assert!(letter.body_truncated);
+        let text = letter.headers.to_string();
+        assert!(!text.contains("bottom") && text.contains("nested too deep"));
+        assert!(!text.contains("\\u0000"), "{}", &text[..200]);
+        assert_eq!(
+            letter.headers["bytes"].as_array().unwrap().len(),
+            MAX_HEADER_VALUE_BYTES
+        );
+        assert!(stored_size(&letter) < 64 * 1024 + MAX_TRIGGER_BYTES);
+        let shown = stored(letter.clone());
+        assert!(shown.body_truncated && !shown.body_is_json);
+
+        headers.insert(DELIVERY_COUNT.into(), AMQPValue::LongLongInt(1));
+        let again = dead_letter(
+            "g",
+            &delivery(properties.clone().with_headers(headers), &body),
+        );
+        assert_eq!(again.fingerprint, letter.fingerprint);
+        let other = dead_letter("g", &delivery(properties, b"{}"));
+        assert_ne!(other.fingerprint, letter.fingerprint);
     }
 }

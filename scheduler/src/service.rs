@@ -169,6 +169,30 @@ pub async fn run_serving(
             },
         ))
     });
+    // The drain of the parking-lot queues into `chime_dead_letters`, on its own connection.
+    let drain = {
+        let store = store.clone();
+        let instance = config.instance_id.clone();
+        let (amqp_url, prefix) = (config.amqp_url.clone(), config.queue_prefix.clone());
+        tokio::spawn(while_leading(
+            leadership.clone(),
+            duties_stop.clone(),
+            move |term, _, stop| {
+                let fence = Fence {
+                    holder: instance.clone(),
+                    term,
+                };
+                crate::parking::run(
+                    store.clone(),
+                    fence,
+                    amqp_url.clone(),
+                    prefix.clone(),
+                    format!("chime-drain-{instance}"),
+                    stop,
+                )
+            },
+        ))
+    };
     let duties = tokio::spawn(while_leading(
         leadership,
         duties_stop.clone(),
@@ -216,6 +240,7 @@ pub async fn run_serving(
     info!(instance = %config.instance_id, "scheduler stopping");
     duties_stop.cancel();
     let _ = duties.await;
+    let _ = drain.await;
     if let Some(retention) = retention {
         let _ = retention.await;
     }

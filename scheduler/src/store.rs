@@ -17,13 +17,15 @@ use sqlx::{PgPool, Row as _};
 
 use crate::job::{ConcurrencyPolicy, JobSpec};
 
+mod dead_letters;
 mod failures;
 mod ops;
 mod overdue;
 mod timeline;
-
 #[cfg(test)]
 mod tests_lease;
+
+pub use dead_letters::{DeadLetterContent, DeadLetterRecord, NewDeadLetter};
 pub use failures::{
     AlertEvent, AlertKind, AlertRecord, CancelOutcome, ClaimedAlert, IntervalColumn,
     REPLAYABLE_STATES, ReplayOutcome, Rescued, RunBrief,

@@ -1,6 +1,6 @@
 //! The operations surface over real HTTP: a scheduler serving its API, health probes and
-//! `/metrics` on a port, a worker, and tokens with different roles; a parked message read in
-//! full without disturbing the parking lot.
+//! `/metrics` on a port, a worker, and tokens with different roles; a parked message, drained
+//! into the database by the leader, read in full.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -218,8 +218,8 @@ async fn an_instance_bound_beyond_loopback_without_tokens_refuses_to_start(pool:
     assert_eq!(jobs, 0, "nothing was synced either");
 }
 
-/// The dead-letter viewer's endpoint: one parked message in full (headers, trigger), read
-/// without taking it out, and without changing the parking lot's order.
+/// The dead-letter viewer's endpoint: one parked message in full (headers, trigger), as the
+/// leader drained it, read as often as asked without changing the list or its order.
 #[sqlx::test(migrations = "../migrations")]
 async fn a_parked_message_is_shown_in_full_and_the_parking_lot_keeps_its_order(pool: PgPool) {
     init_tracing();
@@ -252,6 +252,7 @@ async fn a_parked_message_is_shown_in_full_and_the_parking_lot_keeps_its_order(p
             .map(|d| d["run_id"].as_i64().expect("run id"))
             .collect::<Vec<_>>()
     };
+    crate::ops::wait_drained(&pool, group, ids.len()).await;
     assert_eq!(listed().await, ids);
 
     // The middle one, in full; a viewer may look.
@@ -434,7 +435,7 @@ async fn queue_figures_come_from_the_management_api_else_from_passive_declares(p
     let ops = Operations::new(store.clone(), Some(broker.clone()));
     for _ in 0..3 {
         ops.queues(&viewer).await.expect("queues");
-        ops.dead_letters(&viewer, None, 10)
+        ops.dead_letters(&viewer, None, None, 10)
             .await
             .expect("dead letters");
     }

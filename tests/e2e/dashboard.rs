@@ -689,6 +689,7 @@ async fn an_operator_pages_runs_replays_a_dead_letter_and_cancels_a_run(pool: Pg
     let reason = "attempts exhausted <img id=injected src=x onerror=document.title='owned'>";
     let dead = crate::ops::dead_run(&pool, "ping", group, 3, "boom").await;
     crate::ops::park(&prefix, group, dead, "ping", 3, reason).await;
+    crate::ops::wait_drained(&pool, group, 1).await;
 
     let browser = Browser::start().await;
     login(&browser, &base, &operator, "token:alice (operator)").await;
@@ -919,6 +920,7 @@ async fn the_overview_refreshes_and_dead_letters_are_replayed_in_bulk_and_purged
         }
     };
     let replayed = vec![park_dead().await, park_dead().await];
+    crate::ops::wait_drained(&pool, group, 2).await;
 
     let browser = Browser::start().await;
     login(&browser, &base, &operator, "token:alice (operator)").await;
@@ -1021,6 +1023,7 @@ async fn the_overview_refreshes_and_dead_letters_are_replayed_in_bulk_and_purged
 
     // Two more parked runs; the admin purges them after confirming.
     let purged = vec![park_dead().await, park_dead().await];
+    crate::ops::wait_drained(&pool, group, 2).await;
     browser.click("#logout").await;
     login(&browser, &base, &admin, "token:root (admin)").await;
     browser.open(&base, "#/dead-letters").await;

@@ -8,6 +8,7 @@ mod chaos;
 mod common;
 mod control;
 mod dashboard;
+mod dead_letters;
 mod failures;
 mod fencing;
 mod fires;

@@ -374,6 +374,28 @@ pub(crate) async fn park(
     let _ = connection.close(200, "done".into()).await;
 }
 
+/// Waits until the leader has drained `count` dead letters of `group` into the database.
+pub(crate) async fn wait_drained(pool: &PgPool, group: &str, count: usize) {
+    let ops = chime_scheduler::ops::Operations::new(Store::from_pool(pool.clone()), None);
+    wait_for(
+        &format!("{count} dead letters of {group} drained"),
+        Duration::from_secs(10),
+        || async {
+            let page = ops
+                .dead_letters(
+                    &chime_scheduler::auth::Caller::cli(),
+                    Some(group.into()),
+                    None,
+                    1000,
+                )
+                .await
+                .expect("list");
+            (page.dead_letters.len() == count).then_some(())
+        },
+    )
+    .await;
+}
+
 /// A run that died after `attempt` attempts.
 pub(crate) async fn dead_run(
     pool: &PgPool,
@@ -419,6 +441,9 @@ async fn dlq_lists_replays_and_purges_parked_runs(pool: PgPool) {
     park(&prefix, "dl", replayed, "fragile", 3, "attempts exhausted").await;
     park(&prefix, "dl", other, "fragile", 1, "failed, no retry").await;
     let parking = Topology::new(&prefix, "dl").parking_queue();
+    // The leader drains the parking lot into the database; the queue is left empty.
+    wait_drained(&pool, "dl", 2).await;
+    wait_depth(&parking, 0).await;
 
     // list: both, with what the headers and the database say; nothing is removed.
     for _ in 0..2 {
@@ -429,6 +454,7 @@ async fn dlq_lists_replays_and_purges_parked_runs(pool: PgPool) {
             Command::Dlq(DlqCommand::List {
                 group: None,
                 limit: 100,
+                after: None,
             }),
         )
         .await;
@@ -447,7 +473,6 @@ async fn dlq_lists_replays_and_purges_parked_runs(pool: PgPool) {
         assert_eq!(row["parked_by"], "w-test");
         assert_eq!(row["run_state"], "dead");
         assert!(row["parked_at"].is_string(), "{row}");
-        wait_depth(&parking, 2).await;
     }
     let (_, table) = cli(
         &store,
@@ -456,6 +481,7 @@ async fn dlq_lists_replays_and_purges_parked_runs(pool: PgPool) {
         Command::Dlq(DlqCommand::List {
             group: Some("dl".into()),
             limit: 1,
+            after: None,
         }),
     )
     .await;
@@ -502,7 +528,6 @@ async fn dlq_lists_replays_and_purges_parked_runs(pool: PgPool) {
     assert_eq!(row.get::<Option<String>, _>("error"), None);
     let ran: Vec<(i64, u32)> = spans.all().iter().map(|s| (s.run_id, s.attempt)).collect();
     assert_eq!(ran, [(replayed, 4)]);
-    wait_depth(&parking, 1).await;
     let (_, out) = cli(
         &store,
         &prefix,
@@ -510,6 +535,7 @@ async fn dlq_lists_replays_and_purges_parked_runs(pool: PgPool) {
         Command::Dlq(DlqCommand::List {
             group: Some("dl".into()),
             limit: 100,
+            after: None,
         }),
     )
     .await;
@@ -542,6 +568,7 @@ async fn dlq_lists_replays_and_purges_parked_runs(pool: PgPool) {
     assert_eq!(code, ExitCode::SUCCESS);
     assert_eq!(out, format!("purged 1 messages from {parking}\n"));
     wait_depth(&parking, 0).await;
+    wait_drained(&pool, "dl", 0).await;
     assert_eq!(
         state(&pool, other).await,
         "dead",
@@ -571,6 +598,7 @@ async fn dlq_replay_all_replays_every_parked_run_of_the_group(pool: PgPool) {
     park(&prefix, "dla", a, "batch", 2, "attempts exhausted").await;
     park(&prefix, "dla", b, "batch", 2, "attempts exhausted").await;
     park(&prefix, "dla", 999_999, "batch", 1, "unknown run").await;
+    wait_drained(&pool, "dla", 3).await;
     let spans = Spans::default();
     let worker = TestWorker::start(&db, &prefix, "dla", |w| {
         spans.register(w, "batch", Duration::from_millis(1))
@@ -601,7 +629,7 @@ async fn dlq_replay_all_replays_every_parked_run_of_the_group(pool: PgPool) {
         (state(&pool, a).await == "succeeded" && state(&pool, b).await == "succeeded").then_some(())
     })
     .await;
-    wait_depth(&Topology::new(&prefix, "dla").parking_queue(), 1).await;
+    wait_drained(&pool, "dla", 1).await;
     leader.stop().await;
     worker.stop().await;
     topology.delete().await;

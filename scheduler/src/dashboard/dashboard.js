@@ -483,7 +483,8 @@ function bulkActions(group, groups, count) {
 }
 
 // One parked message in full: what the list shows, every header, and the trigger it carries
-// (pretty-printed, as text). Reading it leaves it parked, in place. Replaying opens the run.
+// (pretty-printed, as text), as the leader drained it into the database: reading it asks the
+// broker nothing. Replaying opens the run.
 async function deadLetter(page, id) {
   let d;
   try {

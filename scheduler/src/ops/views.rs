@@ -13,8 +13,10 @@ use super::{
     DeadLetter, FieldProblem, Operations, OpsError, OpsResult, RUN_STATES, UPCOMING, dead_letter,
     no_such_run, validated,
 };
+use chime_worker::Topology;
+
 use crate::auth::{Caller, Role};
-use crate::parking::{ParkedPayload, SCAN};
+use crate::parking::ParkedPayload;
 
 /// The job-definition fields a schedule preview takes.
 pub const PREVIEW_FIELDS: &[&str] = &["schedule", "every", "at", "timezone"];
@@ -108,17 +110,17 @@ pub struct DeadLetterMessage {
     /// What the list shows of it.
     #[serde(flatten)]
     pub letter: DeadLetter,
-    /// The parking-lot queue holding it.
+    /// The parking-lot queue it was drained from.
     pub queue: String,
-    /// Its place in that queue when read (0 = the head).
+    /// Its place among its group's dead letters (0 = drained first).
     pub position: usize,
     /// Its properties, headers and body.
     pub message: ParkedPayload,
 }
 
 impl Operations {
-    /// The parked message of run `id` in full: headers and trigger body. It stays parked, and
-    /// the parking lot keeps its order (see [`crate::parking::ParkingLot::peek`]).
+    /// The first dead letter of run `id` in full: headers and trigger body, as drained into
+    /// the database. Reads the database only; nothing changes.
     pub async fn dead_letter_message(
         &self,
         caller: &Caller,
@@ -126,27 +128,31 @@ impl Operations {
     ) -> OpsResult<DeadLetterMessage> {
         self.allow(caller, "dlq.show", Role::Viewer, None, Some(id))
             .await?;
-        let broker = self.broker()?;
         let Some(run) = self.store.run_briefs(&[id]).await?.into_iter().next() else {
             return Err(no_such_run(id));
         };
-        let lot = self.parking_lot(broker).await?;
-        let queue = lot.queue(&run.group);
-        let found = lot.peek(&run.group, id, SCAN).await;
-        lot.close().await;
-        let Some((position, message, payload)) =
-            found.map_err(|e| OpsError::Unavailable(format!("{e:#}")))?
-        else {
+        let prefix = self.broker.as_ref().map(|b| b.queue_prefix.as_str());
+        let queue = Topology::new(
+            prefix.unwrap_or(crate::config::DEFAULT_QUEUE_PREFIX),
+            &run.group,
+        )
+        .parking_queue();
+        let Some(stored) = self.store.dead_letter_of_run(id).await? else {
             return Err(OpsError::NotFound(format!(
                 "run {id} has no message in the parking lot {queue}: it was replayed or purged, \
-                 or never parked; GET /api/dead-letters lists the parked runs"
+                 or never parked (or is not drained yet: the leader drains the parking lots \
+                 every second); GET /api/dead-letters lists the parked runs"
             )));
         };
         Ok(DeadLetterMessage {
-            letter: dead_letter(message, Some(&run)),
-            queue,
-            position,
-            message: payload,
+            message: ParkedPayload::from_stored(&stored),
+            queue: Topology::new(
+                prefix.unwrap_or(crate::config::DEFAULT_QUEUE_PREFIX),
+                &stored.record.group,
+            )
+            .parking_queue(),
+            position: usize::try_from(stored.position).unwrap_or(usize::MAX),
+            letter: dead_letter(stored.record, Some(&run)),
         })
     }
 }
