@@ -520,6 +520,28 @@ impl Operations {
         found
     }
 
+    /// For a caller who may not see secrets, the secret values of each of the runs `ids` (their
+    /// sensitive params), to scrub from texts about them; nothing for operators and admins.
+    pub(crate) async fn run_secret_texts(
+        &self,
+        caller: &Caller,
+        ids: &[i64],
+    ) -> OpsResult<HashMap<i64, Vec<String>>> {
+        let mut found = HashMap::new();
+        if sees_secrets(caller) || ids.is_empty() {
+            return Ok(found);
+        }
+        let mut declared: HashMap<String, Vec<String>> = HashMap::new();
+        for (id, job, params) in self.store.run_params(ids).await? {
+            if !declared.contains_key(&job) {
+                let names = self.declared_secrets(&job).await;
+                declared.insert(job.clone(), names);
+            }
+            found.insert(id, secrets::secret_values(&params, &declared[&job]));
+        }
+        Ok(found)
+    }
+
     fn broker(&self) -> OpsResult<&Broker> {
         self.broker.as_ref().ok_or_else(|| {
             OpsError::Unavailable("this operation needs the broker's URL and prefix".into())
@@ -1033,11 +1055,16 @@ impl Operations {
         let (records, next_after) = keyset_page(records, limit, |r| r.id);
         let ids: Vec<i64> = records.iter().filter_map(|r| r.run_id).collect();
         let runs = self.store.run_briefs(&ids).await?;
+        let secrets = self.run_secret_texts(caller, &ids).await?;
         let dead_letters = records
             .into_iter()
             .map(|record| {
                 let run = runs.iter().find(|r| Some(r.id) == record.run_id);
-                dead_letter(record, run)
+                let mut letter = dead_letter(record, run);
+                if let Some(values) = letter.run_id.and_then(|id| secrets.get(&id)) {
+                    scrub_letter(&mut letter, values);
+                }
+                letter
             })
             .collect();
         Ok(DeadLetterPage {
@@ -1238,6 +1265,13 @@ fn keyset_page<T>(mut rows: Vec<T>, limit: i64, id: impl Fn(&T) -> i64) -> (Vec<
     (rows, next_before)
 }
 
+/// `letter`'s texts without `values`.
+pub(crate) fn scrub_letter(letter: &mut DeadLetter, values: &[String]) {
+    for text in [&mut letter.error, &mut letter.reason].into_iter().flatten() {
+        *text = secrets::scrub(text, values);
+    }
+}
+
 /// `value` with every NUL character in its strings and keys replaced by U+FFFD.
 fn without_nul(value: serde_json::Value) -> serde_json::Value {
     use serde_json::Value;
@@ -1262,7 +1296,7 @@ fn without_nul(value: serde_json::Value) -> serde_json::Value {
 
 /// Whether `caller` reads secrets (sensitive params, webhook URLs) in full: operators and admins,
 /// who trigger and edit jobs with them; viewers never do.
-fn sees_secrets(caller: &Caller) -> bool {
+pub(crate) fn sees_secrets(caller: &Caller) -> bool {
     caller.role >= Role::Operator
 }
 

@@ -398,3 +398,51 @@ async fn every_rejection_answers_in_the_json_error_shape(pool: PgPool) {
     .await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
 }
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_viewer_reads_dead_letters_without_their_secrets(pool: PgPool) {
+    let app = app(pool).await;
+    app.config_jobs(&[corpus_job()]).await;
+    let viewer = app.token(Role::Viewer).await;
+    let admin = app.token(Role::Admin).await;
+    let run_id: i64 = sqlx::query_scalar(
+        "INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, params, state, error)
+         VALUES ('corpus-job', 'g1', now(), 'manual', $1, 'dead',
+                 'login refused for password hunter22')
+         RETURNING id",
+    )
+    .bind(json!({"batch": 1, "db_password": SECRET}))
+    .fetch_one(&app.pool)
+    .await
+    .expect("run");
+    let trigger = json!({
+        "v": 1, "run_id": run_id, "job": "corpus-job", "group": "g1", "attempt": 3,
+        "scheduled_at": "2026-12-01T00:00:00Z",
+        "params": {"batch": 1, "db_password": SECRET},
+    });
+    sqlx::query(
+        "INSERT INTO chime_dead_letters (group_name, run_id, job_name, attempt, reason, error,
+                                         headers, body, fingerprint)
+         VALUES ('g1', $1, 'corpus-job', 3, 'retries exhausted', $2, $3, $4, '\\x01')",
+    )
+    .bind(run_id)
+    .bind(format!("login refused for password {SECRET}"))
+    .bind(json!({"x-chime-error": format!("login refused for password {SECRET}")}))
+    .bind(trigger.to_string().into_bytes())
+    .execute(&app.pool)
+    .await
+    .expect("dead letter");
+
+    for path in [
+        "/api/dead-letters?group=g1".to_owned(),
+        format!("/api/dead-letters/{run_id}"),
+    ] {
+        let (status, seen) = app.call(Method::GET, &path, Some(&viewer), None).await;
+        assert_eq!(status, StatusCode::OK, "{path}: {seen}");
+        let text = seen.to_string();
+        assert!(!text.contains(SECRET), "a viewer sees the password at {path}: {text}");
+        assert!(text.contains("login refused for password"), "{text}");
+        let (_, full) = app.call(Method::GET, &path, Some(&admin), None).await;
+        assert!(full.to_string().contains(SECRET), "an admin reads {path} in full");
+    }
+}

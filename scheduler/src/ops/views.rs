@@ -17,6 +17,7 @@ use chime_worker::Topology;
 
 use crate::auth::{Caller, Role};
 use crate::parking::ParkedPayload;
+use crate::secrets;
 
 /// The job-definition fields a schedule preview takes.
 pub const PREVIEW_FIELDS: &[&str] = &["schedule", "every", "at", "timezone"];
@@ -144,15 +145,39 @@ impl Operations {
                  every second); GET /api/dead-letters lists the parked runs"
             )));
         };
+        let mut message = ParkedPayload::from_stored(&stored);
+        let queue = Topology::new(
+            prefix.unwrap_or(crate::config::DEFAULT_QUEUE_PREFIX),
+            &stored.record.group,
+        )
+        .parking_queue();
+        let mut letter = dead_letter(stored.record, Some(&run));
+        if !super::sees_secrets(caller) {
+            let declared = self.declared_secrets(&run.job).await;
+            let mut values = self
+                .run_secret_texts(caller, &[id])
+                .await?
+                .remove(&id)
+                .unwrap_or_default();
+            if let Some(params) = message.body.get_mut("params") {
+                values.extend(secrets::secret_values(params, &declared));
+                *params = secrets::redact_params(params, &declared);
+            }
+            super::scrub_letter(&mut letter, &values);
+            for header in message.headers.values_mut() {
+                if let serde_json::Value::String(text) = header {
+                    *text = secrets::scrub(text, &values);
+                }
+            }
+            if let serde_json::Value::String(text) = &mut message.body {
+                *text = secrets::scrub(text, &values);
+            }
+        }
         Ok(DeadLetterMessage {
-            message: ParkedPayload::from_stored(&stored),
-            queue: Topology::new(
-                prefix.unwrap_or(crate::config::DEFAULT_QUEUE_PREFIX),
-                &stored.record.group,
-            )
-            .parking_queue(),
+            message,
+            queue,
             position: usize::try_from(stored.position).unwrap_or(usize::MAX),
-            letter: dead_letter(stored.record, Some(&run)),
+            letter,
         })
     }
 }

@@ -148,6 +148,22 @@ pub struct ObservedRun {
 }
 
 impl Store {
+    /// The job and params of each of the runs `ids` (those that exist), for hiding their secrets.
+    pub async fn run_params(
+        &self,
+        ids: &[i64],
+    ) -> anyhow::Result<Vec<(i64, String, serde_json::Value)>> {
+        let rows = sqlx::query("SELECT id, job_name, params FROM chime_runs WHERE id = ANY($1)")
+            .bind(ids)
+            .fetch_all(&self.pool)
+            .await
+            .context("loading the params of runs")?;
+        Ok(rows
+            .into_iter()
+            .map(|r| (r.get("id"), r.get("job_name"), r.get("params")))
+            .collect())
+    }
+
     // ---- API tokens -----------------------------------------------------------------------
 
     /// Stores a new token's hash; `None` if the name is taken.
