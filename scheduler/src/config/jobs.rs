@@ -740,7 +740,7 @@ pub(super) fn limit_text(limit: Duration) -> String {
     // humantime's year is 365.25 days.
     const YEAR: u64 = 31_557_600;
     let secs = limit.as_secs();
-    let whole = |unit: u64| limit.subsec_nanos() == 0 && secs > 0 && secs % unit == 0;
+    let whole = |unit: u64| limit.subsec_nanos() == 0 && secs > 0 && secs.is_multiple_of(unit);
     let plural = |n: u64| if n == 1 { "" } else { "s" };
     if whole(YEAR) {
         format!("{}year{}", secs / YEAR, plural(secs / YEAR))
