@@ -11,6 +11,8 @@
 #[cfg(test)]
 mod corpus;
 #[cfg(test)]
+mod entries;
+#[cfg(test)]
 mod extremes;
 mod jobs;
 mod settings;
