@@ -8,6 +8,12 @@
 //! reference for every key and for this error format; tests assert the exact lines, so treat a
 //! change of wording as a change of interface.
 
+#[cfg(test)]
+mod corpus;
+#[cfg(test)]
+mod entries;
+#[cfg(test)]
+mod extremes;
 mod jobs;
 mod settings;
 mod suggest;
@@ -16,6 +22,7 @@ use std::fmt;
 
 pub use jobs::{
     JOB_FIELDS, SourceFormat, expand_job_patterns, load_job_files, parse_job_file, validate_job,
+    validate_params,
 };
 pub(crate) use jobs::{LoadedJob, load_located_jobs};
 pub use settings::{

@@ -132,13 +132,22 @@ impl Default for RetrySpec {
 }
 
 impl RetrySpec {
-    /// The policy as it travels in the trigger message.
+    /// The policy as it travels in the trigger message, inside the documented limits
+    /// (`chime_worker::limits`) whatever the spec says: validation keeps new definitions inside
+    /// them, and this clamps a definition stored before they were checked, so no trigger
+    /// carries a value a worker would refuse.
     pub fn to_wire(&self) -> chime_worker::protocol::RetryPolicy {
-        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        use chime_worker::limits::{MAX_ATTEMPTS, MAX_MULTIPLIER, MAX_RETRY_DELAY};
+        let ms = |d: Duration| u64::try_from(d.min(MAX_RETRY_DELAY).as_millis()).unwrap_or(0);
+        let multiplier = if self.multiplier.is_finite() {
+            self.multiplier.clamp(1.0, MAX_MULTIPLIER)
+        } else {
+            1.0
+        };
         chime_worker::protocol::RetryPolicy {
-            max_attempts: self.max_attempts,
+            max_attempts: self.max_attempts.clamp(1, MAX_ATTEMPTS),
             initial_ms: ms(self.initial),
-            multiplier: self.multiplier,
+            multiplier,
             max_ms: ms(self.max),
             jitter: self.jitter,
         }
@@ -302,5 +311,42 @@ mod opt_duration {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
         super::humantime_serde_compat::deserialize(d).map(Some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chime_worker::limits::{MAX_ATTEMPTS, MAX_MULTIPLIER, MAX_RETRY_DELAY};
+
+    /// A definition stored before the limits were checked still sends a policy inside them.
+    #[test]
+    fn a_stored_out_of_range_retry_policy_goes_on_the_wire_clamped() {
+        let stored = RetrySpec {
+            max_attempts: 3_000_000_000,
+            initial: Duration::from_secs(300_000 * 366 * 24 * 3600),
+            multiplier: f64::INFINITY,
+            max: Duration::MAX,
+            jitter: true,
+        };
+        let wire = stored.to_wire();
+        assert_eq!(wire.max_attempts, MAX_ATTEMPTS);
+        assert_eq!(wire.initial_ms, MAX_RETRY_DELAY.as_millis() as u64);
+        assert_eq!(wire.max_ms, MAX_RETRY_DELAY.as_millis() as u64);
+        assert_eq!(wire.multiplier, 1.0);
+        let steep = RetrySpec {
+            multiplier: 1e300,
+            max_attempts: 0,
+            ..RetrySpec::default()
+        };
+        assert_eq!(steep.to_wire().multiplier, MAX_MULTIPLIER);
+        assert_eq!(steep.to_wire().max_attempts, 1);
+        // A valid policy is sent as it is.
+        let default = RetrySpec::default().to_wire();
+        assert_eq!(
+            (default.max_attempts, default.initial_ms, default.max_ms),
+            (3, 10_000, 600_000)
+        );
+        assert_eq!(default.multiplier, 2.0);
     }
 }

@@ -18,7 +18,7 @@ use chime_worker::limits;
 use chime_worker::protocol::ControlMessage;
 
 use crate::auth::{self, Caller, Role};
-use crate::config::validate_job;
+use crate::config::{validate_job, validate_params};
 use crate::job::JobSpec;
 use crate::parking::ParkingLot;
 use crate::publish::ControlDelivery;
@@ -750,13 +750,21 @@ impl Operations {
         self.allow(caller, "jobs.trigger", Role::Operator, Some(name), None)
             .await?;
         let detail = serde_json::json!({"params": params});
-        let result = match self.store.trigger(name, params, &caller.actor).await {
-            Ok(Some(run_id)) => Ok(Triggered {
-                run_id,
-                job: name.to_owned(),
-            }),
-            Ok(None) => Err(no_such_job(name)),
-            Err(e) => Err(e.into()),
+        let checked = params.as_ref().map(validate_params).transpose();
+        let result = match checked {
+            Err(e) => Err(OpsError::Invalid(vec![FieldProblem {
+                field: e.field,
+                value: e.value,
+                message: e.message,
+            }])),
+            Ok(_) => match self.store.trigger(name, params, &caller.actor).await {
+                Ok(Some(run_id)) => Ok(Triggered {
+                    run_id,
+                    job: name.to_owned(),
+                }),
+                Ok(None) => Err(no_such_job(name)),
+                Err(e) => Err(e.into()),
+            },
         };
         let run_id = result.as_ref().ok().map(|t| t.run_id);
         self.record(caller, "jobs.trigger", Some(name), run_id, detail, result)

@@ -256,10 +256,9 @@ impl Planner {
             self.tick().await?;
 
             let wake = match self.heap.peek() {
-                Some(Reverse((at, _, _))) => {
-                    let lead = chrono::Duration::from_std(self.ctx.timings.lookahead)?;
-                    (*at - lead - Utc::now()).to_std().unwrap_or(Duration::ZERO)
-                }
+                Some(Reverse((at, _, _))) => (minus(*at, self.ctx.timings.lookahead) - Utc::now())
+                    .to_std()
+                    .unwrap_or(Duration::ZERO),
                 None => Duration::from_secs(3600),
             };
             tokio::select! {
@@ -279,7 +278,7 @@ impl Planner {
     /// Writes the fires due by the lookahead horizon.
     async fn tick(&mut self) -> anyhow::Result<()> {
         let now = Utc::now();
-        let horizon = now + self.ctx.timings.lookahead;
+        let horizon = plus(now, self.ctx.timings.lookahead);
         let mut fires = Vec::new();
         while let Some(Reverse((at, _, _))) = self.heap.peek() {
             if *at > horizon {
@@ -398,7 +397,7 @@ impl Planner {
         let late = (now - at).to_std().unwrap_or(Duration::ZERO) > planned.catch_up.grace;
         let next_from = if late {
             // The loop fell behind (database stall, long pause): the misfire policy decides.
-            let just_before = at - chrono::Duration::nanoseconds(1);
+            let just_before = minus(at, Duration::from_nanos(1));
             catch_up(&name, planned, just_before, now, fires);
             now
         } else {
@@ -723,7 +722,7 @@ impl Dispatcher {
     /// When a run's trigger goes out: `lead` before its instant (a run already due goes at once).
     fn release_at(&self, run: &OutboxRun) -> DateTime<Utc> {
         let lead = self.ctx.timings.lead.min(MAX_LEAD);
-        run.scheduled_at - chrono::Duration::from_std(lead).unwrap_or_default()
+        minus(run.scheduled_at, lead)
     }
 
     fn trusted_term(&self) -> Option<i64> {
@@ -827,7 +826,7 @@ async fn sweep_loop(
             }
         }
         let marks_before = marks_done.load(Ordering::SeqCst);
-        let horizon = Utc::now() + ctx.timings.lookahead;
+        let horizon = plus(Utc::now(), ctx.timings.lookahead);
         let pending = tokio::select! {
             () = stop.cancelled() => return,
             pending = ctx.store.outbox(horizon, SWEEP_LIMIT) => pending,
@@ -918,4 +917,21 @@ async fn listen(store: &Store, channel: &'static str) -> mpsc::Receiver<String> 
         }
     });
     rx
+}
+
+/// `at + d`, saturating at the latest instant chrono represents: a duration from settings or a
+/// job definition never panics the planner, whatever its size.
+fn plus(at: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
+    chrono::TimeDelta::from_std(d)
+        .ok()
+        .and_then(|d| at.checked_add_signed(d))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
+/// `at - d`, saturating at the earliest instant chrono represents.
+fn minus(at: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
+    chrono::TimeDelta::from_std(d)
+        .ok()
+        .and_then(|d| at.checked_sub_signed(d))
+        .unwrap_or(DateTime::<Utc>::MIN_UTC)
 }

@@ -8,7 +8,16 @@
 //! going on at the next interval. Every batch is fenced
 //! by the leader's term like any leader write. Runs that are not finished (pending, queued,
 //! running, retrying) are never deleted, whatever their age.
+//!
+//! One job never stops a pass: a job whose batch fails (whatever its stored definition says) is
+//! logged and passed over, and the other jobs, the default and the audit log are still pruned.
+//! Every age is capped at [`MAX_RETENTION`] before it reaches SQL, so a definition stored
+//! before that bound was checked (`retention = "10000years"`) cannot put `now() - age` out of
+//! the timestamp range.
 
+use std::time::Duration;
+
+use chime_worker::limits::MAX_RETENTION;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -60,13 +69,19 @@ pub async fn prune(
     fence: &Fence,
     settings: &RetentionSettings,
 ) -> anyhow::Result<Option<Pruned>> {
-    let Some(mut pruned) = prune_runs(store, fence, settings).await? else {
-        return Ok(None);
+    let mut pruned = match prune_runs(store, fence, settings).await {
+        Ok(Some(pruned)) => pruned,
+        Ok(None) => return Ok(None),
+        Err(e) => {
+            // The audit log does not depend on the runs: prune it anyway.
+            warn!(error = %format!("{e:#}"), "retention: pruning runs failed; trying again later");
+            Pruned::default()
+        }
     };
     let batch = i64::from(settings.batch_size.max(1));
     for _ in 0..MAX_BATCHES_PER_PASS {
         let Some(deleted) = store
-            .prune_audit(fence, settings.audit_max_age, batch)
+            .prune_audit(fence, capped(settings.audit_max_age), batch)
             .await?
         else {
             return Ok(None);
@@ -99,8 +114,21 @@ async fn prune_runs(
             if pruned.batches >= MAX_BATCHES_PER_PASS {
                 return Ok(Some(pruned));
             }
-            let Some(deleted) = store.prune_runs(fence, job, &except, age, batch).await? else {
-                return Ok(None);
+            let deleted = match store
+                .prune_runs(fence, job, &except, capped(age), batch)
+                .await
+            {
+                Ok(Some(deleted)) => deleted,
+                Ok(None) => return Ok(None),
+                Err(e) => match job {
+                    Some(job) => {
+                        warn!(job, error = %format!("{e:#}"),
+                              "retention: pruning this job's runs failed; the other jobs go on");
+                        pruned.batches += 1;
+                        break;
+                    }
+                    None => return Err(e),
+                },
             };
             pruned.batches += 1;
             pruned.runs += deleted;
@@ -110,6 +138,11 @@ async fn prune_runs(
         }
     }
     Ok(Some(pruned))
+}
+
+/// An age as SQL may use it: at most [`MAX_RETENTION`].
+fn capped(age: Duration) -> Duration {
+    age.min(MAX_RETENTION)
 }
 
 #[cfg(test)]
@@ -247,6 +280,42 @@ mod tests {
         };
         assert_eq!(prune(&store, &stale, &settings).await.expect("prune"), None);
         assert_eq!(ids(&pool).await.len(), kept.len() + 1);
+    }
+
+    /// Regression: a job stored with `retention = "10000years"` (accepted before retention was
+    /// bounded) made every pass fail with "timestamp out of range", so no run of any job and no
+    /// audit entry was pruned any more.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn an_absurd_stored_retention_stops_no_pruning(pool: PgPool) {
+        let store = Store::from_pool(pool.clone());
+        for (name, retention) in [
+            ("forever", "10000years"),
+            ("overflow", "99999999999999999999years"),
+            ("garbage", "a while"),
+        ] {
+            sqlx::query("INSERT INTO chime_jobs (name, group_name, spec) VALUES ($1, 'g', $2)")
+                .bind(name)
+                .bind(serde_json::json!({"name": name, "group": "g", "retention": retention}))
+                .execute(&pool)
+                .await
+                .expect("job");
+        }
+        let fence = leader(&store).await;
+        let kept_forever = run(&pool, "forever", "succeeded", 400).await;
+        let old_unrelated = run(&pool, "report", "succeeded", 40).await;
+        let old_unreadable = run(&pool, "garbage", "failed", 40).await;
+        let young = run(&pool, "report", "succeeded", 1).await;
+        let old_entry = audit(&pool, 500).await;
+
+        let pruned = prune(&store, &fence, &RetentionSettings::default())
+            .await
+            .expect("prune")
+            .expect("fenced");
+        assert_eq!((pruned.runs, pruned.audit_entries), (2, 1), "{pruned:?}");
+        let left = ids(&pool).await;
+        assert_eq!(left, [kept_forever, young]);
+        assert!(!left.contains(&old_unrelated) && !left.contains(&old_unreadable));
+        assert!(!audit_ids(&pool).await.contains(&old_entry));
     }
 
     /// Inserts an audit entry written `age_days` ago.

@@ -42,6 +42,40 @@ pub const MAX_NAME_BYTES: usize = 63;
 /// Largest JSON encoding of a job's or a manual trigger's `params`, in bytes.
 pub const MAX_PARAMS_BYTES: usize = 64 * 1024;
 
+/// Most missed fires `misfire = "fire_all"` runs (`max_catchup`): the misfire policy decides at
+/// most this many fires per call, so a larger value could never take effect.
+pub const MAX_CATCHUP: u32 = 1_000;
+
+/// Longest job `description`, in bytes.
+pub const MAX_DESCRIPTION_BYTES: usize = 4 * 1024;
+
+/// Deepest nesting of lists and tables in a settings or job file (and so in `params`): far more
+/// than any real file needs, far below what could exhaust a parser's or converter's stack.
+pub const MAX_NESTING: usize = 64;
+
+/// Longest leader lease (`leader.lease_ttl`; `leader.renew_interval` is shorter still): a
+/// failover waits this long at most.
+pub const MAX_LEASE_TTL: Duration = Duration::from_secs(10 * 60);
+
+/// Longest planner lookahead (`planner.lookahead`): runs are persisted at most this far ahead.
+pub const MAX_LOOKAHEAD: Duration = Duration::from_secs(60);
+
+/// Longest pause between two passes of a leader duty (`rescuer.interval`,
+/// `retention.interval`).
+pub const MAX_DUTY_INTERVAL: Duration = Duration::from_secs(DAY);
+
+/// Longest wait before the rescuer acts (`rescuer.rescue_after`, `rescuer.retry_slack`).
+pub const MAX_RESCUE_WAIT: Duration = Duration::from_secs(DAY);
+
+/// Longest alert rate-limit interval (`alerts.min_interval`, also per group).
+pub const MAX_ALERT_INTERVAL: Duration = Duration::from_secs(7 * DAY);
+
+/// Most consecutive failures an alert may wait for (`alerts.consecutive_failures`).
+pub const MAX_CONSECUTIVE_FAILURES: u32 = MAX_ATTEMPTS;
+
+/// Largest retention batch (`retention.batch_size`): each batch is one short statement.
+pub const MAX_BATCH_SIZE: u32 = 100_000;
+
 /// Largest trigger message body a worker decodes, in bytes (params plus the envelope).
 pub const MAX_TRIGGER_BYTES: usize = MAX_PARAMS_BYTES + 4 * 1024;
 

@@ -11,7 +11,11 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use chrono::{DateTime, NaiveDate, NaiveDateTime};
+use chime_worker::limits::{
+    MAX_ATTEMPTS, MAX_CATCHUP, MAX_DESCRIPTION_BYTES, MAX_EVERY, MAX_LOOKBACK, MAX_MULTIPLIER,
+    MAX_NAME_BYTES, MAX_NESTING, MAX_PARAMS_BYTES, MAX_RETENTION, MAX_RETRY_DELAY, MAX_TIMEOUT,
+};
+use chrono::{DateTime, Datelike as _, NaiveDate, NaiveDateTime};
 use chrono_tz::Tz;
 use serde_json::{Map, Value};
 
@@ -56,8 +60,9 @@ const MISFIRE_VALUES: &[&str] = &["skip", "fire_once", "fire_all"];
 /// Allowed values of `concurrency`, as `ConcurrencyPolicy` spells them.
 const CONCURRENCY_VALUES: &[&str] = &["allow", "forbid", "queue", "replace"];
 /// Longest job or group name: group names become part of RabbitMQ queue names (255 bytes at
-/// most) next to a prefix and a suffix, and short names read well in the dashboard.
-const MAX_IDENTIFIER_LEN: usize = 63;
+/// most) next to a prefix and a suffix, and short names read well in the dashboard. Names are
+/// ASCII, so characters and bytes agree.
+const MAX_IDENTIFIER_LEN: usize = MAX_NAME_BYTES;
 /// Most entries of `secret_params`.
 pub const MAX_SECRET_PARAMS: usize = 100;
 
@@ -97,23 +102,66 @@ impl SourceFormat {
                         format!("not valid TOML: {}", one_line(&e.to_string())),
                     )
                 }),
-            SourceFormat::Yaml => config::FileFormat::Yaml
-                .parse(Some(&uri), text)
-                .map_err(|e| {
-                    let mut message = format!("not valid YAML: {}", one_line(&e.to_string()));
-                    // Cron expressions start with `*` or `@`, which YAML reserves for aliases and
-                    // future use: the most common YAML mistake in a job file.
-                    if message.contains("alias")
-                        || message.contains("anchor")
-                        || message.contains("cannot start any token")
-                    {
-                        message.push_str(
-                            "; quote values that start with \"*\", \"@\", \"&\" or \"!\", \
+            SourceFormat::Yaml => {
+                if let Some(problem) = yaml_hazard(text) {
+                    return Err(ConfigError::at(origin, problem));
+                }
+                config::FileFormat::Yaml
+                    .parse(Some(&uri), text)
+                    .map_err(|e| {
+                        let mut message = format!("not valid YAML: {}", one_line(&e.to_string()));
+                        // Cron expressions start with `*` or `@`, which YAML reserves for aliases and
+                        // future use: the most common YAML mistake in a job file.
+                        if message.contains("alias")
+                            || message.contains("anchor")
+                            || message.contains("cannot start any token")
+                        {
+                            message.push_str(
+                                "; quote values that start with \"*\", \"@\", \"&\" or \"!\", \
                              such as schedule: \"*/5 * * * *\"",
-                        );
-                    }
-                    ConfigError::at(origin, message)
-                }),
+                            );
+                        }
+                        ConfigError::at(origin, message)
+                    })
+            }
+        }
+    }
+}
+
+/// Why a YAML text must not reach the full parser, or `None`. The full parser expands every alias
+/// into a copy of its anchor (a 412-byte file of nested aliases grew to gigabytes, the "billion
+/// laughs"), and the conversion into `config`'s tree recurses once per level of nesting (a
+/// 200 KB `- - - …` file overflowed the stack). So the text is first read as a stream of events,
+/// which costs neither memory nor stack, and refused at its first alias or at nesting deeper
+/// than [`MAX_NESTING`]. A syntax error is left to the full parse, which words it as usual.
+fn yaml_hazard(text: &str) -> Option<String> {
+    use yaml_rust2::Event;
+    let mut parser = yaml_rust2::parser::Parser::new_from_str(text);
+    let mut depth = 0usize;
+    loop {
+        let (event, mark) = parser.next_token().ok()?;
+        match event {
+            Event::StreamEnd => return None,
+            Event::Alias(_) => {
+                return Some(format!(
+                    "line {}: YAML aliases (\"*name\", and merge keys \"<<: *name\") are not \
+                     supported; write the value out where it is used, and quote values that \
+                     start with \"*\", such as schedule: \"*/5 * * * *\"",
+                    mark.line()
+                ));
+            }
+            Event::SequenceStart(..) | Event::MappingStart(..) => {
+                depth += 1;
+                if depth > MAX_NESTING {
+                    return Some(format!(
+                        "line {}: lists and tables nested more than {MAX_NESTING} levels deep; \
+                         flatten the structure (a job file needs a few levels, params a few more)",
+                        mark.line()
+                    ));
+                }
+            }
+            Event::SequenceEnd | Event::MappingEnd => depth = depth.saturating_sub(1),
+            _ => {}
         }
     }
 }
@@ -538,7 +586,7 @@ pub fn validate_job(table: &Map<String, Value>) -> Result<JobSpec, Vec<FieldErro
             Err(other) => check.fail("schedule", other.to_string()),
         }
     }
-    if let Some(period) = check.duration("every")
+    if let Some(period) = check.duration_at_most("every", MAX_EVERY, "a period")
         && period < Duration::from_millis(1)
     {
         check.fail(
@@ -549,7 +597,7 @@ pub fn validate_job(table: &Map<String, Value>) -> Result<JobSpec, Vec<FieldErro
     check.at();
     check.params();
     check.secret_params();
-    if let Some(timeout) = check.duration("timeout")
+    if let Some(timeout) = check.duration_at_most("timeout", MAX_TIMEOUT, "a timeout")
         && timeout.is_zero()
     {
         check.fail(
@@ -558,9 +606,9 @@ pub fn validate_job(table: &Map<String, Value>) -> Result<JobSpec, Vec<FieldErro
         );
     }
     let misfire = check.one_of("misfire", MISFIRE_VALUES);
-    check.duration("misfire_grace");
-    check.duration("catchup_window");
-    if let Some(max) = check.whole_number("max_catchup")
+    check.duration_at_most("misfire_grace", MAX_LOOKBACK, "the grace");
+    check.duration_at_most("catchup_window", MAX_LOOKBACK, "the catch-up window");
+    if let Some(max) = check.whole_number("max_catchup", MAX_CATCHUP)
         && max == 0
         && misfire == Some("fire_all")
     {
@@ -573,7 +621,7 @@ pub fn validate_job(table: &Map<String, Value>) -> Result<JobSpec, Vec<FieldErro
     check.one_of("concurrency", CONCURRENCY_VALUES);
     check.retry();
     check.alerts();
-    if let Some(retention) = check.duration("retention")
+    if let Some(retention) = check.duration_at_most("retention", MAX_RETENTION, "retention")
         && retention < Duration::from_secs(60)
     {
         check.fail(
@@ -582,8 +630,19 @@ pub fn validate_job(table: &Map<String, Value>) -> Result<JobSpec, Vec<FieldErro
         );
     }
     check.boolean("paused");
-    if check.string("description").is_some() {
-        check.keep("description");
+    if let Some(text) = check.string("description") {
+        if text.len() > MAX_DESCRIPTION_BYTES {
+            check.fail(
+                "description",
+                format!(
+                    "{} bytes is too long; keep the description to {MAX_DESCRIPTION_BYTES} \
+                     bytes and link to longer documentation",
+                    text.len()
+                ),
+            );
+        } else {
+            check.keep("description");
+        }
     }
 
     if !check.errors.is_empty() {
@@ -597,6 +656,129 @@ pub fn validate_job(table: &Map<String, Value>) -> Result<JobSpec, Vec<FieldErro
             message: format!("cannot build the job: {e}"),
         }]
     })
+}
+
+/// Checks a job's or a manual trigger's `params`: a JSON object (`null` counts as absent) whose
+/// JSON encoding is at most [`MAX_PARAMS_BYTES`] bytes, nested at most [`MAX_NESTING`] levels.
+/// The one check every entry uses: job files, the API's job create and update (through
+/// [`validate_job`]), and manual triggers from the API and the CLI.
+pub fn validate_params(value: &Value) -> Result<(), FieldError> {
+    let fail = |message: String| Err(FieldError::new("params", Some(render(value)), message));
+    if value.is_null() {
+        return Ok(());
+    }
+    if !value.is_object() {
+        let mut message = format!(
+            "params must be a table of named values (a JSON object), found {}",
+            kind(value)
+        );
+        if let Value::String(text) = value
+            && serde_json::from_str::<Map<String, Value>>(text).is_ok()
+        {
+            message.push_str(
+                "; this string holds JSON: write the table itself instead of quoting it, such \
+                 as params = { batch = 500 } in TOML or params: { batch: 500 } in YAML",
+            );
+        } else {
+            message.push_str(
+                "; wrap the value in a table, such as params = { batch = 500 } in TOML or \
+                 params: { batch: 500 } in YAML",
+            );
+        }
+        return fail(message);
+    }
+    let depth = nesting(value);
+    if depth > MAX_NESTING {
+        return fail(format!(
+            "nested {depth} levels deep, more than the limit of {MAX_NESTING}; flatten the \
+             params"
+        ));
+    }
+    if holds_nul(value) {
+        return fail(
+            "holds a NUL character (\\u0000), which PostgreSQL cannot store; remove it or \
+             encode the data (base64, hex)"
+                .to_owned(),
+        );
+    }
+    let size = json_len(value);
+    if size > MAX_PARAMS_BYTES {
+        return fail(format!(
+            "{size} bytes as JSON, more than the limit of {MAX_PARAMS_BYTES} bytes; pass a \
+             reference to the data (an id, a URL) instead of the data itself"
+        ));
+    }
+    Ok(())
+}
+
+/// Whether a string or key anywhere in `value` holds a NUL character.
+fn holds_nul(value: &Value) -> bool {
+    let mut stack = vec![value];
+    while let Some(value) = stack.pop() {
+        match value {
+            Value::String(text) if text.contains('\0') => return true,
+            Value::Array(items) => stack.extend(items),
+            Value::Object(map) => {
+                if map.keys().any(|k| k.contains('\0')) {
+                    return true;
+                }
+                stack.extend(map.values());
+            }
+            _ => {}
+        }
+    }
+    false
+}
+
+/// How deeply lists and objects nest in `value` (a scalar is 0), without recursion.
+fn nesting(value: &Value) -> usize {
+    let mut deepest = 0;
+    let mut stack = vec![(value, 0usize)];
+    while let Some((value, depth)) = stack.pop() {
+        match value {
+            Value::Array(items) => stack.extend(items.iter().map(|item| (item, depth + 1))),
+            Value::Object(map) => stack.extend(map.values().map(|item| (item, depth + 1))),
+            _ => continue,
+        }
+        deepest = deepest.max(depth + 1);
+    }
+    deepest
+}
+
+/// The length of `value`'s compact JSON encoding, counted without building it.
+fn json_len(value: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing to a counter cannot fail, and a `Value` always serialises.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
+}
+
+/// A bound as the messages show it: whole years or days as such ("100years", "366days", the
+/// way humantime reads them back), anything else as humantime writes it.
+pub(super) fn limit_text(limit: Duration) -> String {
+    const DAY: u64 = 24 * 60 * 60;
+    // humantime's year is 365.25 days.
+    const YEAR: u64 = 31_557_600;
+    let secs = limit.as_secs();
+    let whole = |unit: u64| limit.subsec_nanos() == 0 && secs > 0 && secs.is_multiple_of(unit);
+    let plural = |n: u64| if n == 1 { "" } else { "s" };
+    if whole(YEAR) {
+        format!("{}year{}", secs / YEAR, plural(secs / YEAR))
+    } else if whole(DAY) {
+        format!("{}day{}", secs / DAY, plural(secs / DAY))
+    } else {
+        humantime::format_duration(limit).to_string()
+    }
 }
 
 /// Field-by-field checks of one job table. Each checker records mistakes in `errors` and copies
@@ -698,7 +880,7 @@ impl<'a> Check<'a> {
             clean: Map::new(),
         };
         inner.unknown_keys(RETRY_FIELDS);
-        if let Some(n) = inner.whole_number("max_attempts")
+        if let Some(n) = inner.whole_number("max_attempts", MAX_ATTEMPTS)
             && n == 0
         {
             inner.fail(
@@ -706,7 +888,7 @@ impl<'a> Check<'a> {
                 "at least 1 attempt is needed; use 1 for no retry",
             );
         }
-        let initial = inner.duration("initial");
+        let initial = inner.duration_at_most("initial", MAX_RETRY_DELAY, "a retry delay");
         if initial.is_some_and(|d| d.is_zero()) {
             inner.fail(
                 "initial",
@@ -715,14 +897,17 @@ impl<'a> Check<'a> {
         }
         if let Some(value) = inner.get("multiplier") {
             match value.as_f64() {
-                Some(m) if (1.0..=100.0).contains(&m) => inner.keep("multiplier"),
+                Some(m) if (1.0..=MAX_MULTIPLIER).contains(&m) => inner.keep("multiplier"),
                 _ => inner.fail(
                     "multiplier",
-                    "expected a number from 1 to 100, such as 2 (each delay twice the last)",
+                    format!(
+                        "expected a number from 1 to {MAX_MULTIPLIER}, such as 2 (each delay \
+                         twice the last)"
+                    ),
                 ),
             }
         }
-        let max = inner.duration("max");
+        let max = inner.duration_at_most("max", MAX_RETRY_DELAY, "a retry delay");
         if let (Some(initial), Some(max)) = (initial, max)
             && max < initial
         {
@@ -917,11 +1102,38 @@ impl<'a> Check<'a> {
         }
     }
 
+    /// [`Check::duration`] with an upper bound: a longer duration is a mistake naming the limit.
+    /// `what` names the value in the message ("a timeout").
+    fn duration_at_most(&mut self, field: &str, max: Duration, what: &str) -> Option<Duration> {
+        let duration = self.duration(field)?;
+        if duration <= max {
+            return Some(duration);
+        }
+        self.clean.remove(field);
+        self.fail(
+            field,
+            format!(
+                "too long: {what} is at most {limit}; write a duration up to \"{limit}\"",
+                limit = limit_text(max)
+            ),
+        );
+        None
+    }
+
     fn at(&mut self) {
         let Some(text) = self.string("at") else {
             return;
         };
         match DateTime::parse_from_rfc3339(text) {
+            // A UTC offset can carry a four-digit year out of that range in UTC, which RFC 3339
+            // (and so the API and the dashboard) cannot write.
+            Ok(at) if !(0..=9999).contains(&at.to_utc().year()) => {
+                self.fail(
+                    "at",
+                    "the instant in UTC is outside the years 0000 to 9999; use an instant \
+                     inside them, such as \"2026-12-01T00:00:00Z\"",
+                );
+            }
             Ok(at) => {
                 self.clean
                     .insert("at".to_owned(), Value::String(at.to_rfc3339()));
@@ -955,28 +1167,10 @@ impl<'a> Check<'a> {
         let Some(value) = self.get("params") else {
             return;
         };
-        if value.is_object() {
-            self.keep("params");
-            return;
+        match validate_params(value) {
+            Ok(()) => self.keep("params"),
+            Err(error) => self.errors.push(error),
         }
-        let mut message = format!(
-            "params must be a table of named values (a JSON object), found {}",
-            kind(value)
-        );
-        if let Value::String(text) = value
-            && serde_json::from_str::<Map<String, Value>>(text).is_ok()
-        {
-            message.push_str(
-                "; this string holds JSON: write the table itself instead of quoting it, such \
-                 as params = { batch = 500 } in TOML or params: { batch: 500 } in YAML",
-            );
-        } else {
-            message.push_str(
-                "; wrap the value in a table, such as params = { batch = 500 } in TOML or \
-                 params: { batch: 500 } in YAML",
-            );
-        }
-        self.fail("params", message);
     }
 
     /// One of a fixed set of lowercase words.
@@ -1001,18 +1195,23 @@ impl<'a> Check<'a> {
         None
     }
 
-    fn whole_number(&mut self, field: &str) -> Option<u32> {
+    /// A whole number from 0 to `max`.
+    fn whole_number(&mut self, field: &str, max: u32) -> Option<u32> {
         let value = self.get(field)?;
-        match value.as_u64().and_then(|n| u32::try_from(n).ok()) {
-            Some(n) => {
+        match value.as_u64() {
+            Some(n) if n <= u64::from(max) => {
                 self.keep(field);
-                Some(n)
+                u32::try_from(n).ok()
             }
-            None => {
+            Some(_) => {
                 self.fail(
                     field,
-                    format!("expected a whole number from 0 to {}", u32::MAX),
+                    format!("too large: the limit is {max}; use a whole number from 0 to {max}"),
                 );
+                None
+            }
+            None => {
+                self.fail(field, format!("expected a whole number from 0 to {max}"));
                 None
             }
         }

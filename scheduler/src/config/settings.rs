@@ -11,9 +11,15 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use chime_worker::limits::{
+    MAX_ALERT_INTERVAL, MAX_BATCH_SIZE, MAX_CONSECUTIVE_FAILURES, MAX_DUTY_INTERVAL, MAX_LEASE_TTL,
+    MAX_LOOKAHEAD, MAX_RESCUE_WAIT, MAX_RETENTION,
+};
 use config::{Source, ValueKind};
 
-use super::jobs::{ALERT_FORMATS, duration_problem, identifier_problem, webhook_problem};
+use super::jobs::{
+    ALERT_FORMATS, duration_problem, identifier_problem, limit_text, webhook_problem,
+};
 use super::suggest::{closest, distance};
 use super::{ConfigError, ConfigErrors, SourceFormat, render_config};
 use crate::job::{AlertFormat, JobSpec};
@@ -528,9 +534,10 @@ fn resolve(
     if let Some(jobs) = job_patterns(&layers, base_dir, &mut errors) {
         settings.jobs = jobs;
     }
-    let lease_ttl = duration(&layers, "leader.lease_ttl", &mut errors);
-    let renew_interval = duration(&layers, "leader.renew_interval", &mut errors);
-    let lookahead = duration(&layers, "planner.lookahead", &mut errors);
+    let lease_ttl = duration_at_most(&layers, "leader.lease_ttl", MAX_LEASE_TTL, &mut errors);
+    let renew_interval =
+        duration_at_most(&layers, "leader.renew_interval", MAX_LEASE_TTL, &mut errors);
+    let lookahead = duration_at_most(&layers, "planner.lookahead", MAX_LOOKAHEAD, &mut errors);
     for found in [&lease_ttl, &renew_interval] {
         if let Some((d, place, written)) = found
             && d.is_zero()
@@ -569,12 +576,24 @@ fn resolve(
         }
     }
 
-    for (key, target) in [
-        ("rescuer.interval", &mut settings.rescuer.interval),
-        ("rescuer.rescue_after", &mut settings.rescuer.rescue_after),
-        ("rescuer.retry_slack", &mut settings.rescuer.retry_slack),
+    for (key, target, max) in [
+        (
+            "rescuer.interval",
+            &mut settings.rescuer.interval,
+            MAX_DUTY_INTERVAL,
+        ),
+        (
+            "rescuer.rescue_after",
+            &mut settings.rescuer.rescue_after,
+            MAX_RESCUE_WAIT,
+        ),
+        (
+            "rescuer.retry_slack",
+            &mut settings.rescuer.retry_slack,
+            MAX_RESCUE_WAIT,
+        ),
     ] {
-        if let Some((d, place, written)) = duration(&layers, key, &mut errors) {
+        if let Some((d, place, written)) = duration_at_most(&layers, key, max, &mut errors) {
             if d.is_zero() && key == "rescuer.interval" {
                 errors.push(place.error(
                     Some(written),
@@ -591,22 +610,41 @@ fn resolve(
     if let Some(format) = alert_format(&layers, "alerts.format", &mut errors) {
         settings.alerts.format = format;
     }
-    if let Some((d, _, _)) = duration(&layers, "alerts.min_interval", &mut errors) {
+    if let Some((d, _, _)) = duration_at_most(
+        &layers,
+        "alerts.min_interval",
+        MAX_ALERT_INTERVAL,
+        &mut errors,
+    ) {
         settings.alerts.min_interval = d;
     }
-    if let Some(n) = whole_number(&layers, "alerts.consecutive_failures", &mut errors) {
+    if let Some(n) = whole_number_at_most(
+        &layers,
+        "alerts.consecutive_failures",
+        MAX_CONSECUTIVE_FAILURES,
+        &mut errors,
+    ) {
         settings.alerts.consecutive_failures = n;
     }
     settings.alerts.groups = alert_groups(&layers, &mut errors);
-    for (key, target) in [
-        ("retention.max_age", &mut settings.retention.max_age),
-        ("retention.interval", &mut settings.retention.interval),
+    for (key, target, max) in [
+        (
+            "retention.max_age",
+            &mut settings.retention.max_age,
+            MAX_RETENTION,
+        ),
+        (
+            "retention.interval",
+            &mut settings.retention.interval,
+            MAX_DUTY_INTERVAL,
+        ),
         (
             "retention.audit_max_age",
             &mut settings.retention.audit_max_age,
+            MAX_RETENTION,
         ),
     ] {
-        if let Some((d, place, written)) = duration(&layers, key, &mut errors) {
+        if let Some((d, place, written)) = duration_at_most(&layers, key, max, &mut errors) {
             if d < Duration::from_secs(1) {
                 errors.push(place.error(
                     Some(written),
@@ -617,7 +655,9 @@ fn resolve(
             }
         }
     }
-    if let Some(n) = whole_number(&layers, "retention.batch_size", &mut errors) {
+    if let Some(n) =
+        whole_number_at_most(&layers, "retention.batch_size", MAX_BATCH_SIZE, &mut errors)
+    {
         if n == 0 {
             if let Some((_, place)) = layers.get("retention.batch_size") {
                 errors.push(place.error(
@@ -778,8 +818,14 @@ fn alert_groups(
         let group = GroupAlertSettings {
             webhook: webhook(layers, &webhook_key, errors),
             format: alert_format(layers, &format_key, errors),
-            min_interval: duration(layers, &interval_key, errors).map(|(d, _, _)| d),
-            consecutive_failures: whole_number(layers, &failures_key, errors),
+            min_interval: duration_at_most(layers, &interval_key, MAX_ALERT_INTERVAL, errors)
+                .map(|(d, _, _)| d),
+            consecutive_failures: whole_number_at_most(
+                layers,
+                &failures_key,
+                MAX_CONSECUTIVE_FAILURES,
+                errors,
+            ),
         };
         groups.insert(name, group);
     }
@@ -996,6 +1042,48 @@ fn duration<'a>(
             None
         }
     }
+}
+
+/// [`duration`] with an upper bound (docs/configuration.md, "Limits"): a longer duration is a
+/// mistake naming the limit, and the setting keeps its default.
+fn duration_at_most<'a>(
+    layers: &'a Layers,
+    key: &'a str,
+    max: Duration,
+    errors: &mut Vec<ConfigError>,
+) -> Option<(Duration, Place<'a>, String)> {
+    let (d, place, written) = duration(layers, key, errors)?;
+    if d <= max {
+        return Some((d, place, written));
+    }
+    errors.push(place.error(
+        Some(written),
+        format!(
+            "too long: the limit is {limit}; write a duration up to \"{limit}\"",
+            limit = limit_text(max)
+        ),
+    ));
+    None
+}
+
+/// [`whole_number`] with an upper bound: a larger number is a mistake naming the limit.
+fn whole_number_at_most(
+    layers: &Layers,
+    key: &str,
+    max: u32,
+    errors: &mut Vec<ConfigError>,
+) -> Option<u32> {
+    let n = whole_number(layers, key, errors)?;
+    if n <= max {
+        return Some(n);
+    }
+    if let Some((value, place)) = layers.get(key) {
+        errors.push(place.error(
+            Some(render_config(value)),
+            format!("too large: the limit is {max}; use a whole number from 0 to {max}"),
+        ));
+    }
+    None
 }
 
 /// The `jobs` setting: a list of strings (or one string) in a file, comma-separated in the

@@ -228,6 +228,16 @@ const LEASE_CTE: &str = "lease AS (
      FOR KEY SHARE
  )";
 
+/// A run's `max_attempts` from its job's stored definition, for any JSON the column holds: a
+/// number is truncated and clamped to 1 ..= `i32::MAX` (a definition stored before the bounds
+/// of docs/configuration.md were checked may say 3000000000, which a plain `::int` cast refused,
+/// failing the whole rescue statement for every job); anything else, or no job, counts as the
+/// default 3. Never raises, so one job's definition can never stop the rescuer for the others.
+const MAX_ATTEMPTS_SQL: &str = "CASE WHEN jsonb_typeof(j.spec->'retry'->'max_attempts') = 'number'
+             THEN LEAST(GREATEST(trunc((j.spec->'retry'->>'max_attempts')::numeric), 1),
+                        2147483647)::int
+             ELSE 3 END";
+
 impl Store {
     /// The database clock.
     pub async fn db_now(&self) -> anyhow::Result<DateTime<Utc>> {
@@ -280,7 +290,7 @@ impl Store {
             "WITH {LEASE_CTE}, lost AS (
                  SELECT r.id, r.job_name, r.attempt, r.worker_id, r.cancel_requested_by,
                         r.cancel_requested_at IS NOT NULL AS cancel,
-                        coalesce((j.spec->'retry'->>'max_attempts')::int, 3) AS max_attempts,
+                        {max_attempts} AS max_attempts,
                         'worker ' || coalesce(r.worker_id, '?') || ' lost (' ||
                         CASE WHEN w.id IS NULL THEN 'not registered'
                              WHEN w.stopped_at IS NOT NULL THEN 'stopped at ' || {stopped}
@@ -326,6 +336,7 @@ impl Store {
              SELECT 'run', id, job_name, attempt, state, detail FROM runs",
             stopped = ts_sql("w.stopped_at"),
             heartbeat = ts_sql("w.heartbeat_at"),
+            max_attempts = MAX_ATTEMPTS_SQL,
         );
         let mut tx = self.pool.begin().await?;
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -1108,6 +1119,72 @@ mod tests {
                     .await
                     .unwrap(),
                 None
+            );
+        }
+
+        /// Regression: a definition stored before max_attempts was bounded (3000000000, beyond
+        /// PostgreSQL's integer) made every rescue statement fail with "out of range for type
+        /// integer", so no lost run of any job was rescued any more.
+        #[sqlx::test(migrations = "../migrations")]
+        async fn an_out_of_range_stored_max_attempts_stops_no_rescue(pool: PgPool) {
+            let store = Store::from_pool(pool.clone());
+            for (name, retry) in [
+                (
+                    "huge",
+                    serde_json::json!({"max_attempts": 3_000_000_000_u64}),
+                ),
+                ("beyond-numeric", serde_json::json!({"max_attempts": 1e300})),
+                ("negative", serde_json::json!({"max_attempts": -5})),
+                ("text", serde_json::json!({"max_attempts": "many"})),
+                ("plain", serde_json::json!({"max_attempts": 2})),
+            ] {
+                job(
+                    &pool,
+                    name,
+                    serde_json::json!({"name": name, "group": "g", "retry": retry}),
+                )
+                .await;
+            }
+            sqlx::query(
+                "INSERT INTO chime_workers (id, group_name, hostname, capacity, jobs, heartbeat_at)
+                 VALUES ('w1', 'g', 'h', 1, '{}', now() - interval '1 hour')",
+            )
+            .execute(&pool)
+            .await
+            .unwrap();
+            let huge = run(&pool, "huge", "running", 1).await;
+            let beyond = run(&pool, "beyond-numeric", "running", 1).await;
+            let negative = run(&pool, "negative", "running", 1).await;
+            let text = run(&pool, "text", "running", 1).await;
+            let unrelated = run(&pool, "plain", "running", 1).await;
+            let fence = leader(&store).await;
+            let settings = crate::config::RescuerSettings {
+                rescue_after: Duration::from_secs(1),
+                ..crate::config::RescuerSettings::default()
+            };
+            assert!(crate::rescuer::pass(&store, &fence, &settings, None).await);
+
+            assert_eq!(
+                state(&pool, unrelated).await.0,
+                "pending",
+                "unrelated run rescued"
+            );
+            assert_eq!(
+                state(&pool, huge).await.0,
+                "pending",
+                "3e9 attempts: retried"
+            );
+            assert_eq!(
+                state(&pool, beyond).await.0,
+                "pending",
+                "clamped to i32::MAX"
+            );
+            // At least one attempt: a negative count means this one was the last.
+            assert_eq!(state(&pool, negative).await.0, "dead");
+            assert_eq!(
+                state(&pool, text).await.0,
+                "pending",
+                "not a number: default 3"
             );
         }
 

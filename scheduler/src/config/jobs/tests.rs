@@ -554,7 +554,7 @@ fn wrong_types() {
         errors,
         [
             r#"jobs.toml: job #1: field "name" = 2024: expected a string, found a number; quote it: "2024""#,
-            r#"jobs.toml: job #1: field "max_catchup" = -1: expected a whole number from 0 to 4294967295"#,
+            r#"jobs.toml: job #1: field "max_catchup" = -1: expected a whole number from 0 to 1000"#,
             r#"jobs.toml: job #1: field "paused" = "yes": expected true or false, found a string"#,
             r#"jobs.toml: job #1: field "description" = ["a","b"]: expected a string, found a list"#,
         ]
@@ -673,10 +673,24 @@ fn yaml_merge_keys_are_explained() {
     )
     .unwrap_err()
     .lines();
+    // A merge key refers to its shared fields by alias, and aliases are refused before parsing.
     assert_eq!(
         errors,
         [
-            r#"jobs.yaml: key "defaults" = {"group":"g"}: unknown key; a job file holds only a "jobs" list"#,
+            r#"jobs.yaml: line 5: YAML aliases ("*name", and merge keys "<<: *name") are not supported; write the value out where it is used, and quote values that start with "*", such as schedule: "*/5 * * * *""#,
+        ]
+    );
+    // Without an alias, "<<" is an unknown field like any other.
+    let errors = parse_job_file(
+        "jobs.yaml",
+        "jobs:\n  - name: a\n    <<: { group: g }\n",
+        SourceFormat::Yaml,
+    )
+    .unwrap_err()
+    .lines();
+    assert_eq!(
+        errors,
+        [
             r#"jobs.yaml: job "a": field "<<" = {"group":"g"}: unknown field; YAML merge keys ("<<") are not supported, so write the shared fields out in each job"#,
             r#"jobs.yaml: job "a": field "group": missing; name the executor group whose workers run this job, such as "orders""#,
         ]
@@ -1163,4 +1177,133 @@ fn toml_that_is_not_one_job_per_chunk_is_read_whole() {
         jobs.iter().map(|job| job.name.as_str()).collect::<Vec<_>>(),
         ["a", "b"]
     );
+}
+
+#[test]
+fn durations_and_counts_beyond_their_limits_name_the_limit() {
+    let errors = toml_errors(
+        r#"
+        [[jobs]]
+        name = "absurd"
+        group = "g"
+        every = "10000years"
+        timeout = "8days"
+        misfire_grace = "367days"
+        max_catchup = 1001
+        retention = "10000years"
+        retry = { max_attempts = 3000000000, initial = "300000years", max = "300000years", multiplier = 101 }
+        "#,
+    );
+    assert_eq!(
+        errors,
+        [
+            r#"jobs.toml: job "absurd": field "every" = "10000years": too long: a period is at most 366days; write a duration up to "366days""#,
+            r#"jobs.toml: job "absurd": field "timeout" = "8days": too long: a timeout is at most 7days; write a duration up to "7days""#,
+            r#"jobs.toml: job "absurd": field "misfire_grace" = "367days": too long: the grace is at most 366days; write a duration up to "366days""#,
+            r#"jobs.toml: job "absurd": field "max_catchup" = 1001: too large: the limit is 1000; use a whole number from 0 to 1000"#,
+            r#"jobs.toml: job "absurd": field "retry.max_attempts" = 3000000000: too large: the limit is 1000; use a whole number from 0 to 1000"#,
+            r#"jobs.toml: job "absurd": field "retry.initial" = "300000years": too long: a retry delay is at most 7days; write a duration up to "7days""#,
+            r#"jobs.toml: job "absurd": field "retry.multiplier" = 101: expected a number from 1 to 100, such as 2 (each delay twice the last)"#,
+            r#"jobs.toml: job "absurd": field "retry.max" = "300000years": too long: a retry delay is at most 7days; write a duration up to "7days""#,
+            r#"jobs.toml: job "absurd": field "retention" = "10000years": too long: retention is at most 100years; write a duration up to "100years""#,
+        ]
+    );
+}
+
+#[test]
+fn values_at_their_limits_load() {
+    let job = toml_job(
+        r#"
+        [[jobs]]
+        name = "at-the-limits"
+        group = "g"
+        every = "366days"
+        timeout = "7days"
+        misfire = "fire_all"
+        misfire_grace = "366days"
+        catchup_window = "366days"
+        max_catchup = 1000
+        retention = "100years"
+        retry = { max_attempts = 1000, initial = "7days", max = "7days", multiplier = 100 }
+        "#,
+    );
+    assert_eq!(job.every, Some(chime_worker::limits::MAX_EVERY));
+    assert_eq!(job.retention, Some(chime_worker::limits::MAX_RETENTION));
+    assert_eq!(job.retry.max_attempts, chime_worker::limits::MAX_ATTEMPTS);
+    assert_eq!(job.retry.max, chime_worker::limits::MAX_RETRY_DELAY);
+    assert_eq!(job.max_catchup, chime_worker::limits::MAX_CATCHUP);
+}
+
+#[test]
+fn trigger_params_are_checked_like_job_params() {
+    assert_eq!(validate_params(&Value::Null), Ok(()));
+    assert_eq!(validate_params(&serde_json::json!({"batch": 7})), Ok(()));
+    let error = validate_params(&serde_json::json!([1, 2])).expect_err("a list");
+    assert_eq!(error.field.as_deref(), Some("params"));
+    assert_eq!(error.value.as_deref(), Some("[1,2]"));
+    assert!(
+        error
+            .message
+            .starts_with("params must be a table of named values (a JSON object), found a list"),
+        "{error:?}"
+    );
+    let big = serde_json::json!({"blob": "x".repeat(MAX_PARAMS_BYTES)});
+    let error = validate_params(&big).expect_err("too large");
+    assert!(
+        error.message.starts_with(&format!(
+            "{} bytes as JSON, more than the limit of 65536 bytes",
+            MAX_PARAMS_BYTES + 11
+        )),
+        "{error:?}"
+    );
+    let mut deep = serde_json::json!(1);
+    for _ in 0..MAX_NESTING {
+        deep = serde_json::json!({ "a": deep });
+    }
+    assert_eq!(validate_params(&deep), Ok(()), "{MAX_NESTING} levels");
+    let deeper = serde_json::json!({ "a": deep });
+    assert!(
+        validate_params(&deeper)
+            .expect_err("too deep")
+            .message
+            .starts_with("nested 65 levels deep, more than the limit of 64")
+    );
+}
+
+#[test]
+fn yaml_bombs_are_refused_before_parsing() {
+    // The classic billion laughs, 9 levels of 9 aliases: ~387 million strings once expanded.
+    let mut bomb =
+        "a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n"
+            .to_owned();
+    for (prev, next) in "abcdefgh".chars().zip("bcdefghi".chars()) {
+        let refs = vec![format!("*{prev}"); 9].join(",");
+        bomb.push_str(&format!("{next}: &{next} [{refs}]\n"));
+    }
+    assert!(bomb.len() < 450, "{}", bomb.len());
+    let error = yaml_error(&bomb);
+    assert!(
+        error.starts_with(
+            "jobs.yaml: line 2: YAML aliases (\"*name\", and merge keys \"<<: *name\") are not \
+             supported"
+        ),
+        "{error}"
+    );
+
+    let deep = format!("jobs:\n{}x\n", "- ".repeat(100_000));
+    assert!(deep.len() > 200_000);
+    assert_eq!(
+        yaml_error(&deep),
+        "jobs.yaml: line 2: lists and tables nested more than 64 levels deep; flatten the \
+         structure (a job file needs a few levels, params a few more)"
+    );
+
+    // An anchor that nothing refers to is harmless.
+    let jobs = parse_job_file(
+        "jobs.yaml",
+        "jobs:\n  - &first\n    name: a\n    group: g\n",
+        SourceFormat::Yaml,
+    )
+    .expect("anchors alone load");
+    assert_eq!(jobs.len(), 1);
 }
