@@ -1138,3 +1138,40 @@ async fn requeue(delivery: &Delivery) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_retry_instant_past_chronos_range_is_none_not_a_panic() {
+        let now: DateTime<Utc> = "2026-12-01T00:00:00Z".parse().unwrap();
+        let week = Duration::from_secs(7 * 86_400);
+        assert_eq!(
+            due_after(now, week),
+            Some("2026-12-08T00:00:00Z".parse().unwrap())
+        );
+        // `retry = { initial = "300000years" }`: once `DateTime + TimeDelta overflowed`.
+        let years = Duration::from_secs(300_000 * 365 * 86_400);
+        assert_eq!(due_after(now, years), None);
+        assert_eq!(due_after(now, Duration::MAX), None);
+        assert_eq!(deadline_after(Duration::MAX), None);
+    }
+
+    #[test]
+    fn an_unknown_job_reason_lists_twenty_handlers_and_counts_the_rest() {
+        let jobs: Vec<String> = (0..15_000).map(|i| format!("job-{i:05}")).collect();
+        let reason = unknown_job_reason(&"x".repeat(300_000), "w1", "orders", jobs);
+        assert!(reason.starts_with("unknown job `xxx"), "{}", &reason[..40]);
+        assert!(reason.contains("…[truncated]`: worker `w1` of group `orders`"));
+        assert!(reason.contains("`job-00000`, `job-00001`"));
+        assert!(reason.contains("`job-00019` and 14980 more"), "{reason}");
+        assert!(!reason.contains("job-00020"));
+        assert!(reason.len() < 1_024, "{} bytes", reason.len());
+        let one = unknown_job_reason("nope", "w1", "orders", vec!["greet".into()]);
+        assert_eq!(
+            one,
+            "unknown job `nope`: worker `w1` of group `orders` has handlers for `greet`"
+        );
+    }
+}
