@@ -66,6 +66,21 @@ async fn an_unknown_job_on_a_worker_with_15000_handlers_parks_a_short_reason_and
     let unknown = env.submit("no-such-job", Value::Null).await;
     let parked = take_parked(&env, 1).await;
     let why = reason(&parked[0]);
+    // A header the broker took (100 KB, under its frame_max) comes back cut in the parked copy,
+    // so the copy plus the worker's own headers cannot go over the frame_max either.
+    let forged = env.insert_run("no-such-job", &Value::Null).await;
+    let mut huge = FieldTable::default();
+    huge.insert(
+        "x-forged".into(),
+        AMQPValue::LongString("f".repeat(100_000).into()),
+    );
+    let trigger = env.trigger(forged, "no-such-job", Value::Null).await;
+    env.publish_with_headers(&trigger, huge).await;
+    let copy = take_parked(&env, 1).await.remove(0);
+    let kept = header(&copy, "x-forged").unwrap();
+    assert!(kept.len() <= MAX_HEADER_VALUE_BYTES, "{} bytes", kept.len());
+    assert!(kept.ends_with("…[truncated]"));
+    assert_eq!(reason(&copy), why);
     assert!(why.starts_with("unknown job `no-such-job`"), "{why}");
     assert!(why.contains("`job-00000`, `job-00001`"), "{why}");
     assert!(why.ends_with("and 14980 more"), "{why}");
