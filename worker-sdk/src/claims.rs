@@ -30,8 +30,8 @@ pub(crate) struct ClaimBatcher {
 }
 
 impl ClaimBatcher {
-    /// Starts the batching task for `worker_id` on the current runtime.
-    pub(crate) fn start(store: Store, worker_id: String) -> Self {
+    /// Starts the batching task for `worker_id` of group `group` on the current runtime.
+    pub(crate) fn start(store: Store, worker_id: String, group: String) -> Self {
         let (requests, mut incoming) = mpsc::unbounded_channel::<Request>();
         tokio::spawn(async move {
             while let Some(first) = incoming.recv().await {
@@ -44,7 +44,7 @@ impl ClaimBatcher {
                 }
                 let claims: Vec<ClaimRequest> =
                     batch.iter().map(|(claim, _)| claim.clone()).collect();
-                match store.claim_many(&claims, &worker_id).await {
+                match store.claim_many(&claims, &worker_id, &group).await {
                     Ok(claimed) => {
                         for (claim, reply) in batch {
                             let answer = if claimed.contains(&claim.run_id) {

@@ -209,6 +209,47 @@ async fn close_channel(channel: &Channel) {
     }
 }
 
+/// How long a channel whose consumer could not be cancelled is watched for lapin's recovery
+/// (which replays its consumers) before the watch gives up; lapin's own recovery gives up
+/// sooner (16 tries with exponential backoff).
+const ORPHAN_WATCH: Duration = Duration::from_secs(300);
+
+/// Closes `channel`, whose consumer could not be cancelled: at once if it is open, else as soon
+/// as lapin's recovery has reopened it. Without this a recovery would replay the consumer on a
+/// channel whose stream nobody reads, and the broker would push up to the prefetch of triggers
+/// to it that stay unacked (and unrun) until the worker restarts.
+pub(crate) fn close_orphaned(channel: Channel) -> tokio::task::JoinHandle<bool> {
+    tokio::spawn(async move {
+        let deadline = Instant::now() + ORPHAN_WATCH;
+        loop {
+            let status = channel.status();
+            if status.connected() {
+                match channel.close(200, "consumer abandoned".into()).await {
+                    Ok(()) => {
+                        tracing::info!("closed the channel whose consumer could not be cancelled");
+                        return true;
+                    }
+                    Err(error) => tracing::warn!(
+                        %error,
+                        "closing a channel whose consumer could not be cancelled; trying again"
+                    ),
+                }
+            }
+            if !status.reconnecting() && !status.initializing() {
+                return false; // closed for good: the broker dropped the consumer with it
+            }
+            if Instant::now() >= deadline {
+                tracing::error!(
+                    "a channel whose consumer could not be cancelled is still recovering after \
+                     {ORPHAN_WATCH:?}; no longer watching it"
+                );
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+}
+
 /// How a link's consume loop ended.
 enum LinkEnd {
     Shutdown,
@@ -367,7 +408,13 @@ async fn stop_consuming(link: &Link, mut consumer: Consumer) {
         )
         .await
     {
-        tracing::warn!(%error, "cancelling the consumer failed; closing the channel will stop it");
+        tracing::warn!(
+            %error,
+            "cancelling the consumer failed; closing its channel (now, or once the connection \
+             has recovered) so that no recovery revives a consumer nobody reads"
+        );
+        drop(consumer);
+        close_orphaned(link.consume.clone());
         return;
     }
     while let Ok(Some(Ok(d))) = tokio::time::timeout(Duration::from_secs(1), consumer.next()).await
@@ -381,4 +428,146 @@ async fn stop_consuming(link: &Link, mut consumer: Consumer) {
         }
     }
     tracing::info!("stopped consuming");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
+    use tokio::net::{TcpListener, TcpStream};
+    use tokio::task::JoinHandle;
+
+    const BROKER: &str = "127.0.0.1:5672";
+
+    /// A TCP proxy in front of the broker that the test can cut (listener closed, every
+    /// connection dropped: the client sees the connection fail and its reconnects refused)
+    /// and restore on the same port.
+    struct Proxy {
+        port: u16,
+        accept: JoinHandle<()>,
+        links: Arc<std::sync::Mutex<Vec<JoinHandle<()>>>>,
+    }
+
+    impl Proxy {
+        async fn start(port: u16) -> Proxy {
+            let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+            let port = listener.local_addr().unwrap().port();
+            let links: Arc<std::sync::Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+            let held = links.clone();
+            let accept = tokio::spawn(async move {
+                while let Ok((mut client, _)) = listener.accept().await {
+                    let link = tokio::spawn(async move {
+                        if let Ok(mut broker) = TcpStream::connect(BROKER).await {
+                            let _ = tokio::io::copy_bidirectional(&mut client, &mut broker).await;
+                        }
+                    });
+                    held.lock().unwrap().push(link);
+                }
+            });
+            Proxy {
+                port,
+                accept,
+                links,
+            }
+        }
+
+        fn cut(&self) {
+            self.accept.abort();
+            for link in self.links.lock().unwrap().drain(..) {
+                link.abort();
+            }
+        }
+    }
+
+    async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !done() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Once: `basic.cancel` failed while the connection was recovering, the channel stayed
+    /// open, lapin's recovery replayed the consumer, and the broker pushed triggers to a stream
+    /// nobody read. Now the channel is closed once it is back, and the queue keeps its messages.
+    #[tokio::test]
+    async fn a_consumer_whose_cancel_failed_is_not_revived_by_the_recovery() {
+        let proxy = Proxy::start(0).await;
+        let url = format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy.port);
+        let properties = ConnectionProperties::default().enable_auto_recover();
+        let connection = Connection::connect(&url, properties).await.unwrap();
+        let direct = Connection::connect(
+            "amqp://guest:guest@127.0.0.1:5672/%2f",
+            ConnectionProperties::default(),
+        )
+        .await
+        .unwrap();
+        let probe = direct.create_channel().await.unwrap();
+        let queue = format!("orphan-test-{}", fastrand::u64(..));
+        probe
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let consume = connection.create_channel().await.unwrap();
+        let publish = connection.create_channel().await.unwrap();
+        let consumer = consume
+            .basic_consume(
+                queue.as_str().into(),
+                "orphan".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let link = Link {
+            consume,
+            publish,
+            broken: CancellationToken::new(),
+            consumer_tag: "orphan".into(),
+        };
+
+        proxy.cut();
+        wait_until("the channel to wait for recovery", || {
+            link.consume.status().reconnecting()
+        })
+        .await;
+        stop_consuming(&link, consumer).await;
+        let _restored = Proxy::start(proxy.port).await;
+        wait_until("the connection to recover", || {
+            connection.status().connected()
+        })
+        .await;
+        wait_until("the recovered channel to be closed", || {
+            let status = link.consume.status();
+            !status.connected() && !status.reconnecting() && !status.initializing()
+        })
+        .await;
+
+        let declared = probe
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(declared.consumer_count(), 0, "the consumer was revived");
+        assert!(
+            link.publish.status().connected(),
+            "the other channel recovered"
+        );
+        probe
+            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+            .await
+            .unwrap();
+        let _ = connection.close(200, "test done".into()).await;
+        let _ = direct.close(200, "test done".into()).await;
+    }
 }

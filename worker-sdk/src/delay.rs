@@ -7,13 +7,12 @@
 //! the last few hundred milliseconds, or sends it through another tier. The instant is absolute,
 //! so hops never add up errors; workers compare it with their wall clock.
 
-use std::collections::BTreeMap;
-
 use chrono::{DateTime, TimeZone, Utc};
 use lapin::message::Delivery;
-use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::types::AMQPValue;
 use lapin::{BasicProperties, Channel};
 
+use crate::parking;
 use crate::protocol::{
     HEADER_ATTEMPT, HEADER_DEAD_BY, HEADER_DEAD_REASON, HEADER_ERROR, HEADER_NOT_BEFORE,
     HEADER_PARKED_AT,
@@ -42,7 +41,24 @@ const STALE_HEADERS: [&str; 12] = [
 
 /// An integer header of `delivery`, whatever integer type the publisher chose.
 fn integer_header(delivery: &Delivery, name: &str) -> Option<i64> {
-    let value = delivery.properties.headers().as_ref()?.inner().get(name)?;
+    header_integer(delivery, name).ok().flatten()
+}
+
+/// Header `name` of `delivery` as an integer: `Ok(None)` when absent, `Err(())` when present
+/// but not an integer (so a forged value can be told from a missing one).
+pub(crate) fn header_integer(delivery: &Delivery, name: &str) -> Result<Option<i64>, ()> {
+    let Some(value) = delivery
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get(name))
+    else {
+        return Ok(None);
+    };
+    integer(value).map(Some).ok_or(())
+}
+
+fn integer(value: &AMQPValue) -> Option<i64> {
     match value {
         AMQPValue::ShortShortInt(v) => Some(i64::from(*v)),
         AMQPValue::ShortShortUInt(v) => Some(i64::from(*v)),
@@ -83,24 +99,13 @@ pub(crate) fn route(not_before: DateTime<Utc>, now: DateTime<Utc>) -> Option<Ret
 }
 
 /// Properties of a delayed copy: the original's identity (content type, message id, timestamp),
-/// its headers without [`STALE_HEADERS`], and the attempt and due instant.
+/// its headers without [`STALE_HEADERS`] (bounded: [`parking::copied_headers`]), and the attempt and due instant.
 pub(crate) fn delayed_properties(
     original: &BasicProperties,
     attempt: u32,
     not_before: DateTime<Utc>,
 ) -> BasicProperties {
-    let kept: BTreeMap<ShortString, AMQPValue> = original
-        .headers()
-        .as_ref()
-        .map(|h| {
-            h.inner()
-                .iter()
-                .filter(|(k, _)| !STALE_HEADERS.contains(&k.as_str()))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect()
-        })
-        .unwrap_or_default();
-    let mut headers = FieldTable::from(kept);
+    let mut headers = parking::copied_headers(original.headers().as_ref(), &STALE_HEADERS);
     headers.insert(HEADER_ATTEMPT.into(), AMQPValue::LongUInt(attempt));
     headers.insert(
         HEADER_NOT_BEFORE.into(),
@@ -152,6 +157,7 @@ pub(crate) async fn publish(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lapin::types::FieldTable;
 
     #[test]
     fn routes_by_what_remains() {

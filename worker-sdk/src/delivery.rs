@@ -10,11 +10,13 @@
 //! at this attempt has its retry published (or its message parked) again.
 
 use std::any::Any;
-use std::sync::Arc;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
+use futures::FutureExt;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions};
 use tokio::sync::mpsc;
@@ -27,12 +29,16 @@ use crate::consumer::Link;
 use crate::context::{JobContext, JobLogger, Level, LogLine, LogSink, MAX_PENDING_BATCHES};
 use crate::delay;
 use crate::handler::ErasedHandler;
+use crate::limits::cap_header_value;
 use crate::outcome::{self, Ending, Execution, Outcome, RunEnd};
 use crate::parking;
-use crate::protocol::Trigger;
+use crate::protocol::{HEADER_NOT_BEFORE, Trigger};
 use crate::recording::Batched;
 use crate::retry::{self, Wait};
-use crate::store::{Claim, ClaimRequest, Recorded, RunSnapshot, TakeOver, TakenOver};
+use crate::store::{
+    AttemptRecord, Claim, ClaimRequest, DeadRun, Recorded, RunSnapshot, TakeOver, TakenOver,
+};
+use crate::verify::{self, Seen};
 use crate::worker::{Entered, InFlight, Shared, Unrecorded};
 
 /// How often a worker re-reads a run that is `running` on another worker while it waits for
@@ -49,6 +55,9 @@ const REQUEUE_PAUSE: Duration = Duration::from_secs(1);
 pub(crate) struct Inbound {
     delivery: Delivery,
     settled: AtomicBool,
+    /// The run and attempt this delivery claimed (or took over), once it has: what a panic
+    /// further on must record.
+    claimed: Mutex<Option<(i64, u32)>>,
 }
 
 impl Inbound {
@@ -56,7 +65,20 @@ impl Inbound {
         Inbound {
             delivery,
             settled: AtomicBool::new(false),
+            claimed: Mutex::new(None),
         }
+    }
+
+    fn set_claimed(&self, run_id: i64, attempt: u32) {
+        *self.claimed.lock().unwrap_or_else(|e| e.into_inner()) = Some((run_id, attempt));
+    }
+
+    fn claimed(&self) -> Option<(i64, u32)> {
+        *self.claimed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn is_settled(&self) -> bool {
+        self.settled.load(Ordering::SeqCst)
     }
 
     async fn ack(&self) {
@@ -78,20 +100,77 @@ impl Inbound {
     }
 }
 
+/// How many handler names an "unknown job" reason lists before it only counts the rest.
+const LISTED_JOBS: usize = 20;
+
 /// Handles one delivery; never fails (every path ends in an ack or a requeue, and a log line).
+/// A panic anywhere on the way (a bug, or an input nobody foresaw) is caught here: the attempt
+/// the delivery claimed, if any, is recorded failed and its run `dead`, and the message is
+/// parked with the panic as its reason, so a run never stays `running` on a live worker.
 pub(crate) async fn handle(shared: Arc<Shared>, link: Arc<Link>, delivery: Delivery) {
-    let trigger = match Trigger::from_body(&delivery.data) {
+    let inbound = Arc::new(Inbound::new(delivery));
+    let path = route(shared.clone(), link.clone(), inbound.clone());
+    let Err(panic) = AssertUnwindSafe(path).catch_unwind().await else {
+        return;
+    };
+    let message = panic_message(panic.as_ref());
+    let reason = format!("the worker panicked handling this delivery: {message}");
+    tracing::error!(%reason, "per-delivery path panicked; recording and parking");
+    after_panic(&shared, &link, &inbound, reason).await;
+}
+
+/// Ends a delivery whose path panicked: records the attempt it claimed as failed and its run
+/// `dead` (fenced like any outcome: only while that attempt is still `running` on this worker),
+/// then parks the message unless it was settled already.
+async fn after_panic(shared: &Shared, link: &Link, inbound: &Inbound, reason: String) {
+    if let Some((run_id, attempt)) = inbound.claimed() {
+        let outcome = Outcome {
+            attempt: outcome::AttemptState::Failed,
+            run: RunEnd::Dead {
+                reason: reason.clone(),
+            },
+            error: Some(reason.clone()),
+        };
+        let record = AttemptRecord {
+            outcome: &outcome,
+            next_attempt_at: None,
+            duration: Duration::ZERO,
+            lines: &[],
+        };
+        match shared
+            .store
+            .record_outcome(run_id, attempt, &shared.id, &record, false)
+            .await
+        {
+            Ok(recorded) => log_recorded(recorded, &outcome),
+            Err(error) => tracing::error!(
+                %error,
+                run_id,
+                "cannot record the panicked attempt; the scheduler's rescuer takes the run once \
+                 this worker stops"
+            ),
+        }
+    }
+    if !inbound.is_settled() {
+        dead_letter(shared, link, inbound, None, reason).await;
+    }
+}
+
+/// Decodes and checks the delivery, then runs it; everything but a panic ends here.
+async fn route(shared: Arc<Shared>, link: Arc<Link>, delivery: Arc<Inbound>) {
+    let trigger = match Trigger::from_body(&delivery.delivery.data) {
         Ok(trigger) => trigger,
         Err(error) => {
-            // The message id is the run id; with it the run can be marked dead too.
+            // The message id names a run, but nothing vouches for it: the run is left as it is
+            // (a forged message must not end a real run); the parked copy keeps the reason.
             let run_id = delivery
+                .delivery
                 .properties
                 .message_id()
                 .as_ref()
-                .and_then(|id| id.as_str().parse::<i64>().ok());
+                .map(|id| verify::quote(id.as_str()));
             let span = tracing::warn_span!("undecodable", run_id);
-            let delivery = Inbound::new(delivery);
-            return dead_letter(&shared, &link, &delivery, run_id, error.to_string())
+            return dead_letter(&shared, &link, &delivery, None, error.to_string())
                 .instrument(span)
                 .await;
         }
@@ -99,24 +178,57 @@ pub(crate) async fn handle(shared: Arc<Shared>, link: Arc<Link>, delivery: Deliv
     let span = tracing::info_span!(
         "run",
         run_id = trigger.run_id,
-        job = %trigger.job,
+        job = %verify::quote(&trigger.job),
         attempt = trigger.attempt
     );
-    run(shared, link, Inbound::new(delivery), trigger)
-        .instrument(span)
-        .await
+    let seen = Seen {
+        group: shared.topology.group(),
+        not_before_ms: delay::header_integer(&delivery.delivery, HEADER_NOT_BEFORE),
+        delivery_count: delay::header_integer(&delivery.delivery, "x-delivery-count"),
+        redelivered: delivery.delivery.redelivered,
+        delivery_limit: shared.topology.delivery_limit(),
+        now: Utc::now(),
+    };
+    if let Err(reason) = verify::check(&trigger, &seen) {
+        return dead_letter(&shared, &link, &delivery, None, reason)
+            .instrument(span)
+            .await;
+    }
+    run(shared, link, delivery, trigger).instrument(span).await
 }
 
-async fn run(shared: Arc<Shared>, link: Arc<Link>, delivery: Inbound, mut trigger: Trigger) {
+/// "unknown job" reason: names at most [`LISTED_JOBS`] of the worker's handlers and counts
+/// the rest, so a worker with thousands of handlers still writes a short header.
+fn unknown_job_reason(job: &str, worker: &str, group: &str, mut jobs: Vec<String>) -> String {
+    jobs.sort();
+    let total = jobs.len();
+    let mut listed = jobs
+        .into_iter()
+        .take(LISTED_JOBS)
+        .map(|j| verify::quote(&j))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if total > LISTED_JOBS {
+        listed.push_str(&format!(" and {} more", total - LISTED_JOBS));
+    }
+    format!(
+        "unknown job {}: worker {} of group {} has handlers for {listed}",
+        verify::quote(job),
+        verify::quote(worker),
+        verify::quote(group)
+    )
+}
+
+async fn run(shared: Arc<Shared>, link: Arc<Link>, delivery: Arc<Inbound>, mut trigger: Trigger) {
     let Some(handler) = shared.handlers.get(&trigger.job).cloned() else {
-        let reason = format!(
-            "unknown job `{}`: worker {} of group `{}` has handlers for {}",
-            trigger.job,
-            shared.id,
+        let reason = unknown_job_reason(
+            &trigger.job,
+            &shared.id,
             shared.topology.group(),
-            shared.handlers.jobs().join(", ")
+            shared.handlers.jobs(),
         );
-        return dead_letter(&shared, &link, &delivery, Some(trigger.run_id), reason).await;
+        let run = dead_run(&shared, &trigger);
+        return dead_letter(&shared, &link, &delivery, Some(run), reason).await;
     };
 
     // One delivery of a run at a time in this worker (see `Store::claim`). A later attempt
@@ -164,6 +276,7 @@ async fn run(shared: Arc<Shared>, link: Arc<Link>, delivery: Inbound, mut trigge
     let Some(attempt) = acquire(&shared, &link, &delivery, &trigger, start_at).await else {
         return;
     };
+    delivery.set_claimed(trigger.run_id, attempt);
     if attempt != trigger.attempt {
         tracing::Span::current().record("attempt", attempt);
         trigger.attempt = attempt;
@@ -177,7 +290,7 @@ async fn run(shared: Arc<Shared>, link: Arc<Link>, delivery: Inbound, mut trigge
     if let Some(at) = start_at
         && let Ok(ahead) = (at - Utc::now()).to_std()
     {
-        started += ahead;
+        started = started.checked_add(ahead).unwrap_or(started);
         hold_until(at).await;
     }
     if handler_slot.is_none() {
@@ -232,7 +345,7 @@ async fn run(shared: Arc<Shared>, link: Arc<Link>, delivery: Inbound, mut trigge
             ),
         });
     }
-    let outcome = outcome::outcome(
+    let mut outcome = outcome::outcome(
         trigger.attempt,
         execution,
         shared.cancel_grace,
@@ -240,7 +353,20 @@ async fn run(shared: Arc<Shared>, link: Arc<Link>, delivery: Inbound, mut trigge
         fastrand::f64(),
     );
     let next_attempt_at = match &outcome.run {
-        RunEnd::Retry { delay } => Some(Utc::now() + *delay),
+        RunEnd::Retry { delay } => match due_after(Utc::now(), *delay) {
+            Some(due) => Some(due),
+            None => {
+                // Unreachable for a checked trigger (delays are at most MAX_RETRY_DELAY); an
+                // instant past chrono's range must end the run, not panic the task.
+                outcome.run = RunEnd::Dead {
+                    reason: format!(
+                        "retry delay {delay:?} puts the next attempt beyond any representable \
+                         instant; not retried"
+                    ),
+                };
+                None
+            }
+        },
         _ => None,
     };
     match &outcome.error {
@@ -262,6 +388,16 @@ async fn run(shared: Arc<Shared>, link: Arc<Link>, delivery: Inbound, mut trigge
         lines,
     };
     finish(&shared, &link, &delivery, trigger.run_id, pending).await
+}
+
+/// `now + delay`, or `None` when that is not a representable instant.
+fn due_after(now: DateTime<Utc>, delay: Duration) -> Option<DateTime<Utc>> {
+    now.checked_add_signed(TimeDelta::from_std(delay).ok()?)
+}
+
+/// The monotonic instant `after` from now, or `None` (never) when that overflows the clock.
+fn deadline_after(after: Duration) -> Option<Instant> {
+    Instant::now().checked_add(after)
 }
 
 /// When a delivery with a not-before instant starts.
@@ -343,6 +479,34 @@ fn not_started(shared: &Shared, slot: &InFlight<'_>) -> Execution {
     }
 }
 
+/// Why the run row contradicts `trigger`, if it does: another job or group, or (for a run still
+/// waiting) an attempt that skips past the one after the run's last.
+fn disagreement(shared: &Shared, trigger: &Trigger, run: &RunSnapshot) -> Option<String> {
+    let group = shared.topology.group();
+    if run.job_name != trigger.job || run.group_name != group {
+        return Some(format!(
+            "{}it names job {} for run {}, which is job {} of group {}: the run is left as it is",
+            verify::IMPLAUSIBLE,
+            verify::quote(&trigger.job),
+            trigger.run_id,
+            verify::quote(&run.job_name),
+            verify::quote(&run.group_name),
+        ));
+    }
+    let waiting = matches!(run.state.as_str(), "pending" | "queued" | "retrying");
+    let expected = i64::from(run.attempt) + 1;
+    if waiting && i64::from(trigger.attempt) > expected {
+        return Some(format!(
+            "{}attempt {} of run {}, whose next attempt is {expected} (the database's history): \
+             the run is left as it is",
+            verify::IMPLAUSIBLE,
+            trigger.attempt,
+            trigger.run_id,
+        ));
+    }
+    None
+}
+
 /// Claims the delivery's attempt, or takes the run over from a lost worker; returns the attempt
 /// this worker now owns. Every other case is settled here: a stale or duplicate delivery is
 /// acked, a retry or parked copy whose publish failed is published again, the last delivery the
@@ -381,7 +545,13 @@ async fn acquire(
         } else {
             match shared
                 .store
-                .claim(trigger, &shared.id, start_at, maybe_ours)
+                .claim(
+                    trigger,
+                    &shared.id,
+                    shared.topology.group(),
+                    start_at,
+                    maybe_ours,
+                )
                 .await
             {
                 Ok(Claim::Claimed) => return Some(trigger.attempt),
@@ -402,6 +572,12 @@ async fn acquire(
                 return None;
             }
         };
+        // The run row, not the message, says what the run is: a trigger that disagrees is forged
+        // or corrupt, and is parked without touching the run it names.
+        if let Some(reason) = disagreement(shared, trigger, &run) {
+            dead_letter(shared, link, delivery, None, reason).await;
+            return None;
+        }
         let waiting = matches!(run.state.as_str(), "pending" | "queued" | "retrying");
         match run.state.as_str() {
             _ if waiting && run.attempt < attempt && run.cancel_requested => {
@@ -412,9 +588,10 @@ async fn acquire(
                     "delivery limit reached: the trigger was delivered {} times without an ack \
                      (x-delivery-limit {limit}): workers holding it crashed or lost their channel; \
                      not run again, to stop a crash loop",
-                    deliveries + 1
+                    deliveries.saturating_add(1)
                 );
-                dead_letter(shared, link, delivery, Some(trigger.run_id), reason).await;
+                let run = dead_run(shared, trigger);
+                dead_letter(shared, link, delivery, Some(run), reason).await;
                 return None;
             }
             "retrying" if redelivered && run.attempt >= attempt => {
@@ -422,7 +599,7 @@ async fn acquire(
                 let due = run.next_attempt_at.unwrap_or_else(Utc::now);
                 let ran = u32::try_from(run.attempt).unwrap_or(trigger.attempt);
                 tracing::info!(
-                    next_attempt = ran + 1,
+                    next_attempt = ran.saturating_add(1),
                     "the run's retry may not have been published; publishing it again"
                 );
                 publish_retry(shared, link, delivery, ran, due).await;
@@ -539,7 +716,7 @@ async fn take_over(
         format!(
             "delivery limit reached: the trigger was delivered {} times without an ack \
              (x-delivery-limit {limit}); attempt {lost} was lost with worker {holder}",
-            deliveries + 1,
+            deliveries.saturating_add(1),
         )
     });
     let taken = shared
@@ -578,17 +755,22 @@ async fn execute(
 ) -> Execution {
     let token = &slot.token;
     // Its own task, so a handler that ignores its token (or blocks a thread) cannot stop this
-    // one from giving up on it; `abort` then drops it at its next await point.
-    let mut task = tokio::spawn(handler(ctx, params));
+    // one from giving up on it; `abort` then drops it at its next await point. The handler is
+    // called (its params decoded, its future built) inside the task too, so a panic there is a
+    // handler panic like any other, recorded under the retry policy.
+    let handler = handler.clone();
+    let mut task = tokio::spawn(async move { handler(ctx, params).await });
     let start = Instant::now();
     let deadline = timeout.and_then(|t| start.checked_add(t));
     let ack_at = start.checked_add(shared.ack_after);
     let mut acked_early = false;
     let mut timed_out = None;
     // Set once the handler's token fired: it has this long to return.
+    // (`graced` with no deadline: a grace too long for the clock, so never abandoned.)
     let mut grace_deadline: Option<Instant> = None;
-    if token.is_cancelled() {
-        grace_deadline = Some(start + shared.cancel_grace);
+    let mut graced = token.is_cancelled();
+    if graced {
+        grace_deadline = start.checked_add(shared.cancel_grace);
     }
     let ending = loop {
         tokio::select! {
@@ -597,16 +779,18 @@ async fn execute(
                 Err(e) if e.is_panic() => Ending::Panicked(panic_message(e.into_panic().as_ref())),
                 Err(_) => Ending::Abandoned,
             },
-            _ = sleep_until(deadline), if timed_out.is_none() && grace_deadline.is_none() => {
+            _ = sleep_until(deadline), if timed_out.is_none() && !graced => {
                 tracing::warn!(timeout = ?timeout, "job timeout elapsed; cancelling the handler");
                 timed_out = timeout;
                 token.cancel();
-                grace_deadline = Some(Instant::now() + shared.cancel_grace);
+                graced = true;
+                grace_deadline = deadline_after(shared.cancel_grace);
             }
-            _ = token.cancelled(), if grace_deadline.is_none() => {
-                grace_deadline = Some(Instant::now() + shared.cancel_grace);
+            _ = token.cancelled(), if !graced => {
+                graced = true;
+                grace_deadline = deadline_after(shared.cancel_grace);
             }
-            _ = sleep_until(grace_deadline), if grace_deadline.is_some() => break Ending::Abandoned,
+            _ = sleep_until(grace_deadline), if graced => break Ending::Abandoned,
             _ = shared.abandon.cancelled() => break Ending::Abandoned,
             _ = sleep_until(ack_at), if !acked_early => {
                 acked_early = true;
@@ -787,7 +971,7 @@ async fn publish_retry(
             return delivery.requeue().await;
         }
     };
-    next.attempt = ran + 1;
+    next.attempt = ran.saturating_add(1);
     match delay::publish(
         &link.publish,
         &shared.topology,
@@ -861,13 +1045,24 @@ async fn requeue_after_publish_failure(link: &Link, delivery: &Inbound) {
     delivery.requeue().await;
 }
 
-/// Parks the message with `reason`, marks its run dead if known, then acks it. If parking
-/// fails the message is requeued (after a pause, so a broken parking lot does not spin).
+/// The run `trigger` describes, to be marked dead only if the run row matches it.
+fn dead_run<'a>(shared: &'a Shared, trigger: &'a Trigger) -> DeadRun<'a> {
+    DeadRun {
+        run_id: trigger.run_id,
+        job: &trigger.job,
+        group: shared.topology.group(),
+        attempt: trigger.attempt,
+    }
+}
+
+/// Parks the message with `reason`, marks `run` dead if given (and only if the run row matches
+/// it, see [`crate::store::Store::mark_dead`]), then acks it. If parking fails the message is
+/// requeued (after a pause, so a broken parking lot does not spin).
 async fn dead_letter(
     shared: &Shared,
     link: &Link,
     delivery: &Inbound,
-    run_id: Option<i64>,
+    run: Option<DeadRun<'_>>,
     reason: String,
 ) {
     match parking::park(
@@ -886,14 +1081,18 @@ async fn dead_letter(
                 parking_queue = %shared.topology.parking_queue(),
                 "message dead-lettered to the parking lot"
             );
-            if let Some(run_id) = run_id {
+            if let Some(run) = run {
+                let run_id = run.run_id;
                 match shared
                     .store
-                    .mark_dead(run_id, shared.topology.group(), &reason, &shared.id)
+                    .mark_dead(run, &cap_header_value(&reason), &shared.id)
                     .await
                 {
                     Ok(true) => {}
-                    Ok(false) => tracing::info!(run_id, "no waiting run with this id to mark dead"),
+                    Ok(false) => tracing::info!(
+                        run_id,
+                        "no waiting run of this job, group and attempt to mark dead; left as it is"
+                    ),
                     Err(error) => tracing::error!(
                         %error,
                         run_id,
@@ -937,5 +1136,42 @@ async fn requeue(delivery: &Delivery) {
         Err(error) => {
             tracing::warn!(%error, "nack failed; the broker requeues the message when the channel closes")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_retry_instant_past_chronos_range_is_none_not_a_panic() {
+        let now: DateTime<Utc> = "2026-12-01T00:00:00Z".parse().unwrap();
+        let week = Duration::from_secs(7 * 86_400);
+        assert_eq!(
+            due_after(now, week),
+            Some("2026-12-08T00:00:00Z".parse().unwrap())
+        );
+        // `retry = { initial = "300000years" }`: once `DateTime + TimeDelta overflowed`.
+        let years = Duration::from_secs(300_000 * 365 * 86_400);
+        assert_eq!(due_after(now, years), None);
+        assert_eq!(due_after(now, Duration::MAX), None);
+        assert_eq!(deadline_after(Duration::MAX), None);
+    }
+
+    #[test]
+    fn an_unknown_job_reason_lists_twenty_handlers_and_counts_the_rest() {
+        let jobs: Vec<String> = (0..15_000).map(|i| format!("job-{i:05}")).collect();
+        let reason = unknown_job_reason(&"x".repeat(300_000), "w1", "orders", jobs);
+        assert!(reason.starts_with("unknown job `xxx"), "{}", &reason[..40]);
+        assert!(reason.contains("…[truncated]`: worker `w1` of group `orders`"));
+        assert!(reason.contains("`job-00000`, `job-00001`"));
+        assert!(reason.contains("`job-00019` and 14980 more"), "{reason}");
+        assert!(!reason.contains("job-00020"));
+        assert!(reason.len() < 1_024, "{} bytes", reason.len());
+        let one = unknown_job_reason("nope", "w1", "orders", vec!["greet".into()]);
+        assert_eq!(
+            one,
+            "unknown job `nope`: worker `w1` of group `orders` has handlers for `greet`"
+        );
     }
 }

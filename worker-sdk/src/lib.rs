@@ -59,6 +59,7 @@ pub mod retry;
 mod store;
 pub mod testing;
 pub mod topology;
+mod verify;
 mod worker;
 
 pub use context::{JobContext, JobLogger, Level};

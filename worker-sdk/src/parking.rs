@@ -11,6 +11,7 @@ use lapin::Channel;
 use lapin::message::Delivery;
 use lapin::types::{AMQPValue, FieldTable};
 
+use crate::limits::{MAX_HEADER_VALUE_BYTES, cap_header_value};
 use crate::protocol::{HEADER_DEAD_BY, HEADER_DEAD_REASON, HEADER_ERROR, HEADER_PARKED_AT};
 use crate::publish::{self, PublishError};
 use crate::topology::{PARKING_KEY, Topology};
@@ -26,7 +27,68 @@ pub(crate) struct Parked<'a> {
     pub at_ms: i64,
 }
 
-/// The headers of a parked copy: the original's plus why, by whom, when and the last error.
+/// Most bytes (as encoded, roughly) of a message's own headers that a copy the worker publishes
+/// (parked, or sent through a delay tier) carries over. With the headers the worker adds (each
+/// value at most [`MAX_HEADER_VALUE_BYTES`]) the copy's header frame stays far below RabbitMQ's
+/// `frame_max` (128 KiB by default) whatever the original carried, so republishing a message can
+/// never make the broker close the connection (`FRAME_ERROR`).
+pub(crate) const MAX_COPIED_HEADER_BYTES: usize = 16 * 1024;
+
+/// Header set on a copy when some of the original's headers were left out to stay within
+/// [`MAX_COPIED_HEADER_BYTES`]: how many.
+pub(crate) const HEADER_DROPPED: &str = "x-chime-headers-dropped";
+
+/// Roughly how many bytes `value` takes on the wire.
+fn encoded_size(value: &AMQPValue) -> usize {
+    match value {
+        AMQPValue::LongString(s) => 5 + s.as_bytes().len(),
+        AMQPValue::ShortString(s) => 2 + s.as_str().len(),
+        AMQPValue::ByteArray(b) => 5 + b.as_slice().len(),
+        AMQPValue::FieldArray(a) => 5 + a.as_slice().iter().map(encoded_size).sum::<usize>(),
+        AMQPValue::FieldTable(t) => {
+            5 + t
+                .inner()
+                .iter()
+                .map(|(k, v)| 1 + k.as_str().len() + encoded_size(v))
+                .sum::<usize>()
+        }
+        _ => 9,
+    }
+}
+
+/// The headers of `original` a copy may carry: those not named in `skip`, each string value cut
+/// to [`MAX_HEADER_VALUE_BYTES`], in name order until [`MAX_COPIED_HEADER_BYTES`] are used; the
+/// count of those left out goes in [`HEADER_DROPPED`].
+pub(crate) fn copied_headers(original: Option<&FieldTable>, skip: &[&str]) -> FieldTable {
+    let mut headers = FieldTable::default();
+    let (mut used, mut dropped) = (0_usize, 0_u32);
+    for (name, value) in original.map(|h| h.inner().iter()).into_iter().flatten() {
+        if skip.contains(&name.as_str()) || name.as_str() == HEADER_DROPPED {
+            continue;
+        }
+        let value = match value {
+            AMQPValue::LongString(s) if s.as_bytes().len() > MAX_HEADER_VALUE_BYTES => {
+                let text = String::from_utf8_lossy(s.as_bytes());
+                AMQPValue::LongString(cap_header_value(&text).as_ref().into())
+            }
+            other => other.clone(),
+        };
+        let size = 1 + name.as_str().len() + encoded_size(&value);
+        if used + size > MAX_COPIED_HEADER_BYTES {
+            dropped += 1;
+            continue;
+        }
+        used += size;
+        headers.insert(name.clone(), value);
+    }
+    if dropped > 0 {
+        headers.insert(HEADER_DROPPED.into(), AMQPValue::LongUInt(dropped));
+    }
+    headers
+}
+
+/// The headers of a parked copy: the original's (bounded, see [`copied_headers`]) plus why, by
+/// whom, when and the last error, each cut to [`MAX_HEADER_VALUE_BYTES`].
 pub(crate) fn parked_headers(
     original: Option<&FieldTable>,
     parked: Parked<'_>,
@@ -37,18 +99,19 @@ pub(crate) fn parked_headers(
         error,
         at_ms,
     } = parked;
-    let mut headers = original.cloned().unwrap_or_default();
-    headers.insert(
-        HEADER_DEAD_REASON.into(),
-        AMQPValue::LongString(reason.into()),
-    );
-    headers.insert(
-        HEADER_DEAD_BY.into(),
-        AMQPValue::LongString(worker_id.into()),
-    );
+    let written = [
+        HEADER_DEAD_REASON,
+        HEADER_DEAD_BY,
+        HEADER_PARKED_AT,
+        HEADER_ERROR,
+    ];
+    let mut headers = copied_headers(original, &written);
+    let text = |value: &str| AMQPValue::LongString(cap_header_value(value).as_ref().into());
+    headers.insert(HEADER_DEAD_REASON.into(), text(reason));
+    headers.insert(HEADER_DEAD_BY.into(), text(worker_id));
     headers.insert(HEADER_PARKED_AT.into(), AMQPValue::LongLongInt(at_ms));
     if let Some(error) = error {
-        headers.insert(HEADER_ERROR.into(), AMQPValue::LongString(error.into()));
+        headers.insert(HEADER_ERROR.into(), text(error));
     }
     headers
 }
@@ -117,5 +180,49 @@ mod tests {
             get(HEADER_ERROR),
             Some(AMQPValue::LongString("boom".into()))
         );
+    }
+
+    #[test]
+    fn parked_headers_stay_bounded_whatever_the_original_and_the_reason() {
+        let mut original = FieldTable::default();
+        original.insert("x-chime-attempt".into(), AMQPValue::LongUInt(2));
+        original.insert(
+            "x-a-huge".into(),
+            AMQPValue::LongString("h".repeat(300_000).into()),
+        );
+        for i in 0..2_000 {
+            original.insert(
+                format!("x-filler-{i:04}").into(),
+                AMQPValue::LongString("f".repeat(100).into()),
+            );
+        }
+        let reason = "r".repeat(185_000);
+        let parked = Parked {
+            reason: &reason,
+            error: Some(&reason),
+            at_ms: 1,
+        };
+        let h = parked_headers(Some(&original), parked, &"w".repeat(10_000));
+        let total: usize = h
+            .inner()
+            .iter()
+            .map(|(k, v)| 1 + k.as_str().len() + encoded_size(v))
+            .sum();
+        assert!(
+            total <= MAX_COPIED_HEADER_BYTES + 4 * (MAX_HEADER_VALUE_BYTES + 64),
+            "{total} bytes of headers"
+        );
+        let get = |k: &str| h.inner().get(k).cloned();
+        assert_eq!(get("x-chime-attempt"), Some(AMQPValue::LongUInt(2)));
+        let Some(AMQPValue::LongString(kept)) = get(HEADER_DEAD_REASON) else {
+            panic!("no reason header");
+        };
+        assert_eq!(kept.as_bytes().len(), MAX_HEADER_VALUE_BYTES);
+        assert!(String::from_utf8_lossy(kept.as_bytes()).ends_with("…[truncated]"));
+        let Some(AMQPValue::LongString(huge)) = get("x-a-huge") else {
+            panic!("the huge header is cut, not dropped");
+        };
+        assert!(huge.as_bytes().len() <= MAX_HEADER_VALUE_BYTES);
+        assert!(matches!(get(HEADER_DROPPED), Some(AMQPValue::LongUInt(n)) if n > 1_000));
     }
 }

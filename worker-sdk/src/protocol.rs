@@ -7,6 +7,8 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::limits::MAX_TRIGGER_BYTES;
+
 /// Version of the trigger message format carried in [`Trigger::v`].
 pub const PROTOCOL_VERSION: u32 = 1;
 
@@ -99,8 +101,12 @@ impl Trigger {
         serde_json::to_vec(self).expect("a Trigger always serialises")
     }
 
-    /// Decodes a message body, rejecting unknown protocol versions.
+    /// Decodes a message body, rejecting bodies over [`MAX_TRIGGER_BYTES`] (without reading
+    /// them) and unknown protocol versions.
     pub fn from_body(body: &[u8]) -> Result<Self, DecodeError> {
+        if body.len() > MAX_TRIGGER_BYTES {
+            return Err(DecodeError::TooLarge(body.len()));
+        }
         let trigger: Trigger = serde_json::from_slice(body).map_err(DecodeError::Json)?;
         if trigger.v != PROTOCOL_VERSION {
             return Err(DecodeError::Version(trigger.v));
@@ -116,6 +122,13 @@ impl Trigger {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DecodeError {
+    /// The body is longer than [`MAX_TRIGGER_BYTES`]; it was not decoded.
+    #[error(
+        "message body is {0} bytes, over the limit of {MAX_TRIGGER_BYTES} for a trigger \
+         (limits::MAX_TRIGGER_BYTES): not decoded; params must encode to at most \
+         limits::MAX_PARAMS_BYTES"
+    )]
+    TooLarge(usize),
     /// The body is not JSON or lacks a required field.
     #[error("message body is not a Chime trigger: {0}")]
     Json(#[source] serde_json::Error),
@@ -176,6 +189,21 @@ mod tests {
             err.to_string(),
             "unsupported trigger protocol version 2 (this worker speaks 1)"
         );
+    }
+
+    #[test]
+    fn rejects_an_oversized_body_before_decoding_it() {
+        let mut body = trigger().to_body();
+        body.resize(MAX_TRIGGER_BYTES + 1, b' ');
+        let err = Trigger::from_body(&body).unwrap_err();
+        assert!(matches!(err, DecodeError::TooLarge(n) if n == MAX_TRIGGER_BYTES + 1));
+        assert!(
+            err.to_string().contains("limits::MAX_TRIGGER_BYTES"),
+            "{err}"
+        );
+        // Whitespace up to the limit is still a trigger.
+        body.truncate(MAX_TRIGGER_BYTES);
+        assert_eq!(Trigger::from_body(&body).unwrap(), trigger());
     }
 
     #[test]

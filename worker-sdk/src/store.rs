@@ -20,7 +20,7 @@ use crate::protocol::Trigger;
 /// heartbeat is older than three of its own intervals, it has stopped, or it never registered.
 macro_rules! run_snapshot_select {
     () => {
-        "r.job_name, r.state, r.attempt, r.worker_id, r.reason, r.error, r.next_attempt_at,
+        "r.job_name, r.group_name, r.state, r.attempt, r.worker_id, r.reason, r.error, r.next_attempt_at,
        r.cancel_requested_at IS NOT NULL AS cancel_requested,
        w.heartbeat_interval_ms,
        coalesce(r.started_at < w.started_at, false) AS holder_restarted,
@@ -34,8 +34,10 @@ macro_rules! run_snapshot_select {
 }
 
 /// The claim, in one statement: move the run to `running` for this attempt and insert the
-/// attempt row, only if the run is waiting (`pending`, `queued`, `retrying`), nobody asked to
-/// cancel it, and this attempt is newer than the run's last. The trailing SELECT reads the run
+/// attempt row, only if the run is of this job (`$4`) and group (`$6`), waiting (`pending`,
+/// `queued`, `retrying`), nobody asked to cancel it, and this attempt is the one after the run's
+/// last (every publisher, the scheduler's outbox and a worker's retry alike, publishes the run's
+/// attempt + 1; a trigger that skips ahead is forged or corrupt). The trailing SELECT reads the run
 /// as it was *before* the update (data-modifying CTEs are invisible to the outer query), so a
 /// refused claim says why.
 const CLAIM_SQL: &str = concat!(
@@ -43,10 +45,10 @@ const CLAIM_SQL: &str = concat!(
     UPDATE chime_runs
        SET state = 'running', attempt = $2, worker_id = $3, started_at = greatest(now(), $5),
            finished_at = NULL, error = NULL, next_attempt_at = NULL
-     WHERE id = $1 AND job_name = $4
+     WHERE id = $1 AND job_name = $4 AND group_name = $6
        AND state IN ('pending', 'queued', 'retrying')
        AND cancel_requested_at IS NULL
-       AND attempt < $2
+       AND attempt = $2 - 1
     RETURNING id, started_at
 ), attempt_row AS (
     INSERT INTO chime_attempts (run_id, attempt, worker_id, state, started_at)
@@ -59,7 +61,7 @@ SELECT (SELECT started_at FROM claimed) AS claimed_at,
 
 /// The claim of several deliveries at once: the same conditions as [`CLAIM_SQL`], one row of
 /// input per delivery (`$1` run ids, `$2` attempts, `$3` jobs, `$4` start instants or the
-/// epoch, `$5` worker id); returns the ids claimed. The rows are locked in id order first, as
+/// epoch, `$5` worker id, `$6` the worker's group); returns the ids claimed. The rows are locked in id order first, as
 /// the leader's mark of published runs does, so two multi-row statements never deadlock (each
 /// deadlock cost a second: PostgreSQL's `deadlock_timeout`).
 ///
@@ -72,10 +74,10 @@ const CLAIM_MANY_SQL: &str = "WITH input AS MATERIALIZED (
     SELECT i.* FROM (SELECT * FROM input ORDER BY id) i
      CROSS JOIN LATERAL (
          SELECT FROM chime_runs r
-          WHERE r.id = i.id AND r.job_name = i.job
+          WHERE r.id = i.id AND r.job_name = i.job AND r.group_name = $6
             AND r.state IN ('pending', 'queued', 'retrying')
             AND r.cancel_requested_at IS NULL
-            AND r.attempt < i.attempt
+            AND r.attempt = i.attempt - 1
             FOR UPDATE
      ) r
 ), claimed AS (
@@ -206,10 +208,20 @@ const SNAPSHOT_SQL: &str = concat!(
     run_snapshot_select!()
 );
 
+/// The run a trigger describes, for [`Store::mark_dead`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DeadRun<'a> {
+    pub run_id: i64,
+    pub job: &'a str,
+    pub group: &'a str,
+    pub attempt: u32,
+}
+
 /// A run as the claim found it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RunSnapshot {
     pub job_name: String,
+    pub group_name: String,
     pub state: String,
     pub attempt: i32,
     pub worker_id: Option<String>,
@@ -374,6 +386,7 @@ impl Store {
         &self,
         trigger: &Trigger,
         worker_id: &str,
+        group: &str,
         starts_at: Option<DateTime<Utc>>,
         maybe_ours: bool,
     ) -> Result<Claim, sqlx::Error> {
@@ -385,6 +398,7 @@ impl Store {
                 .bind(worker_id)
                 .bind(&trigger.job)
                 .bind(starts_at)
+                .bind(group)
                 .fetch_optional(&self.pool)
                 .await?;
             let Some(row) = row else {
@@ -412,6 +426,7 @@ impl Store {
         &self,
         claims: &[ClaimRequest],
         worker_id: &str,
+        group: &str,
     ) -> Result<Vec<i64>, sqlx::Error> {
         // Sorted, so two batches lock their rows in the same order.
         let mut claims: Vec<&ClaimRequest> = claims.iter().collect();
@@ -430,6 +445,7 @@ impl Store {
             .bind(&jobs)
             .bind(&starts)
             .bind(worker_id)
+            .bind(group)
             // Planned for its arrays each time: see [`CUSTOM_PLAN`].
             .persistent(CUSTOM_PLAN)
             .fetch_all(&self.pool)
@@ -546,7 +562,7 @@ impl Store {
                 .await?;
                 TakenOver::Dead { reason }
             } else {
-                let next = attempt + 1;
+                let next = attempt.saturating_add(1);
                 sqlx::query(
                     "WITH claimed AS (
                          UPDATE chime_runs
@@ -771,26 +787,37 @@ impl Store {
             .collect()
     }
 
-    /// Marks a waiting run of `group` dead with `reason` (unknown job, undecodable trigger, the
-    /// last delivery the broker allows).
+    /// Marks a waiting run dead with `reason` (a job this worker has no handler for, the last
+    /// delivery the broker allows), only if it is the run the trigger describes: of job `job`
+    /// and group `group`, waiting for attempt `attempt` (the one after its last). A forged
+    /// trigger naming another run's id therefore never ends that run.
     /// Returns false if there is no such waiting run.
     pub(crate) async fn mark_dead(
         &self,
-        run_id: i64,
-        group: &str,
+        run: DeadRun<'_>,
         reason: &str,
         worker_id: &str,
     ) -> Result<bool, sqlx::Error> {
+        let DeadRun {
+            run_id,
+            job,
+            group,
+            attempt,
+        } = run;
+        let attempt = attempt_i32(attempt);
         self.retrying("marking a run dead", |_| async move {
             let done = sqlx::query(
                 "UPDATE chime_runs
                     SET state = 'dead', reason = $3, error = $3, worker_id = $4, finished_at = now()
-                  WHERE id = $1 AND group_name = $2 AND state IN ('pending', 'queued', 'retrying')",
+                  WHERE id = $1 AND group_name = $2 AND state IN ('pending', 'queued', 'retrying')
+                    AND job_name = $5 AND attempt = $6 - 1",
             )
             .bind(run_id)
             .bind(group)
             .bind(reason)
             .bind(worker_id)
+            .bind(job)
+            .bind(attempt)
             .execute(&self.pool)
             .await?;
             Ok(done.rows_affected() == 1)
@@ -911,6 +938,7 @@ where
 fn snapshot(row: &sqlx::postgres::PgRow) -> Result<RunSnapshot, sqlx::Error> {
     Ok(RunSnapshot {
         job_name: row.try_get("job_name")?,
+        group_name: row.try_get("group_name")?,
         state: row.try_get("state")?,
         attempt: row.try_get("attempt")?,
         worker_id: row.try_get("worker_id")?,
@@ -1065,6 +1093,7 @@ mod tests {
                 .bind(vec!["job"; n])
                 .bind(vec![DateTime::<Utc>::UNIX_EPOCH; n])
                 .bind("w")
+                .bind("g")
                 .persistent(CUSTOM_PLAN)
                 .fetch_one(&pool)
                 .await

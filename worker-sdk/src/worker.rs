@@ -398,6 +398,7 @@ impl Worker {
         let claims = ClaimBatcher::start(
             Store::new(pool.clone(), self.db_retry_budget),
             self.id.clone(),
+            self.topology.group().to_owned(),
         );
         let outcomes = OutcomeBatcher::start(
             Store::new(pool.clone(), self.db_retry_budget),
@@ -572,7 +573,9 @@ async fn drain(shared: &Shared, tracker: &TaskTracker, drain_timeout: Duration) 
     }
     shared.abandon.cancel();
     // Abandoned handlers are recorded now; the store's own retry budget bounds that.
-    let budget = shared.store_retry_budget() + Duration::from_secs(5);
+    let budget = shared
+        .store_retry_budget()
+        .saturating_add(Duration::from_secs(5));
     if tokio::time::timeout(budget, tracker.wait()).await.is_err() {
         tracing::error!(
             in_flight = tracker.len(),
@@ -592,7 +595,7 @@ async fn heartbeat_loop(shared: Arc<Shared>, every: Duration, stop: Cancellation
             _ = ticks.tick() => {}
         }
         // Past three intervals the beat is too late to matter; give up and reconnect.
-        let limit = (every * 3).max(Duration::from_secs(1));
+        let limit = every.saturating_mul(3).max(Duration::from_secs(1));
         if let Err(error) = shared
             .store
             .heartbeat(&mut connection, &shared.id, limit)

@@ -1,7 +1,8 @@
 //! Failure handling in the worker against real PostgreSQL and RabbitMQ: retries through the
 //! delay tiers (timing, exhaustion, the handler's own delay, exactness between tiers, a retry
 //! whose publish fails), timeouts, operators' cancels, taking over from a lost worker with
-//! fenced late outcomes, the last delivery the broker allows, and early acks of long handlers.
+//! fenced late outcomes, and early acks of long handlers (the last delivery the broker allows is
+//! in `hostile.rs`, next to its forged twin).
 //!
 //! Same environment as `worker.rs`: `DATABASE_URL` and RabbitMQ at `AMQP_URL`; every test has its
 //! own database, prefix and group, and deletes its queues at the end.
@@ -612,47 +613,6 @@ async fn a_run_of_a_lost_worker_is_taken_over_and_its_late_outcome_is_discarded(
     assert_eq!(env.run(run_id).await.state, "succeeded");
     a.stop().await;
     b.stop().await;
-    env.cleanup().await;
-}
-
-#[sqlx::test(migrations = "../migrations")]
-async fn the_last_delivery_the_broker_allows_ends_the_run_dead_and_parked(pool: PgPool) {
-    let env = Env::new(pool).await;
-    let calls = Arc::new(AtomicUsize::new(0));
-    let counted = calls.clone();
-    let worker = env
-        .worker()
-        .handle("victim", move |_: JobContext, _: Value| {
-            counted.fetch_add(1, SeqCst);
-            async { Ok(()) }
-        })
-        .build()
-        .unwrap();
-    let running = env.start(worker);
-    let run_id = env.insert_run("victim", &Value::Null).await;
-    let trigger = env.trigger(run_id, "victim", Value::Null).await;
-    // What the work queue says on the 6th delivery of a message (delivery limit 5): the
-    // broker only adds the header on redeliveries, so a publisher's copy shows through.
-    let mut headers = FieldTable::default();
-    headers.insert("x-delivery-count".into(), AMQPValue::LongLongInt(5));
-    env.publish_with_headers(&trigger, headers).await;
-
-    let run = env.run_in_state(run_id, "dead").await;
-    let reason = run.reason.unwrap();
-    assert!(reason.starts_with("delivery limit reached: "), "{reason}");
-    assert!(reason.contains("delivered 6 times"), "{reason}");
-    parked(&env, 1).await;
-    let message = env.take_parked().await.unwrap();
-    assert_eq!(
-        header(&message, HEADER_DEAD_REASON).as_deref(),
-        Some(reason.as_str())
-    );
-    running.stop().await;
-    assert_eq!(
-        calls.load(SeqCst),
-        0,
-        "not run: it may be what crashes workers"
-    );
     env.cleanup().await;
 }
 

@@ -196,17 +196,8 @@ async fn malformed_and_unknown_job_messages_are_parked_and_the_worker_keeps_cons
     let unknown = env.run_in_state(unknown_run, "dead").await;
     let reason = unknown.reason.unwrap();
     assert!(reason.starts_with("unknown job `no-such-job`"), "{reason}");
-    assert!(reason.contains("has handlers for greet"), "{reason}");
+    assert!(reason.contains("has handlers for `greet`"), "{reason}");
     assert_eq!(unknown.error.as_deref(), Some(reason.as_str()));
-    let garbage = env.run_in_state(garbage_run, "dead").await;
-    assert!(
-        garbage
-            .reason
-            .as_deref()
-            .unwrap()
-            .starts_with("message body is not a Chime trigger"),
-        "{garbage:?}"
-    );
 
     let parking = env.topology.parking_queue();
     let env_ref = &env;
@@ -265,6 +256,9 @@ async fn malformed_and_unknown_job_messages_are_parked_and_the_worker_keeps_cons
         "originals acked"
     );
     assert!(env.attempts(unknown_run).await.is_empty());
+    // Nothing vouches for the run id of a body that does not decode (its message id), so that
+    // run is left as it is: garbage must not be able to end a real run.
+    assert_eq!(env.run(garbage_run).await.state, "queued");
     env.cleanup().await;
 }
 
