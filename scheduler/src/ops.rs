@@ -1275,7 +1275,10 @@ fn keyset_page<T>(mut rows: Vec<T>, limit: i64, id: impl Fn(&T) -> i64) -> (Vec<
 
 /// `letter`'s texts without `values`.
 pub(crate) fn scrub_letter(letter: &mut DeadLetter, values: &[String]) {
-    for text in [&mut letter.error, &mut letter.reason].into_iter().flatten() {
+    for text in [&mut letter.error, &mut letter.reason]
+        .into_iter()
+        .flatten()
+    {
         *text = secrets::scrub(text, values);
     }
 }

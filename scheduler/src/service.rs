@@ -111,8 +111,7 @@ pub async fn run_serving(
     // The elector renews on connections of its own: a pool busy with the leader's writes (or
     // waiting for them) never delays a renewal.
     let lease_store = Store::connect(&config.database_url, LEASE_CONNECTIONS).await?;
-    let (elector, leadership) =
-        Elector::new(lease_store, config.instance_id.clone(), config.lease);
+    let (elector, leadership) = Elector::new(lease_store, config.instance_id.clone(), config.lease);
     // Bind first: an instance that may not serve (exposure rule, address taken) changes nothing.
     let http = match operations.bind {
         Some(bind) => Some(

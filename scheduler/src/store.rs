@@ -21,9 +21,9 @@ mod dead_letters;
 mod failures;
 mod ops;
 mod overdue;
-mod timeline;
 #[cfg(test)]
 mod tests_lease;
+mod timeline;
 
 pub use dead_letters::{DeadLetterContent, DeadLetterRecord, NewDeadLetter};
 pub use failures::{

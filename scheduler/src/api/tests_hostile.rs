@@ -155,7 +155,7 @@ async fn the_api_corpus_gets_clear_json_errors(pool: PgPool) {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     // Audit rows keep a bounded prefix of a hostile name.
     let longest = app
-        .count("SELECT coalesce(max(octet_length(job_name)), 0) FROM chime_audit")
+        .count("SELECT coalesce(max(octet_length(job_name)), 0)::bigint FROM chime_audit")
         .await;
     assert!(longest <= 256, "an audit row kept a {longest}-byte name");
 }
@@ -440,9 +440,15 @@ async fn a_viewer_reads_dead_letters_without_their_secrets(pool: PgPool) {
         let (status, seen) = app.call(Method::GET, &path, Some(&viewer), None).await;
         assert_eq!(status, StatusCode::OK, "{path}: {seen}");
         let text = seen.to_string();
-        assert!(!text.contains(SECRET), "a viewer sees the password at {path}: {text}");
+        assert!(
+            !text.contains(SECRET),
+            "a viewer sees the password at {path}: {text}"
+        );
         assert!(text.contains("login refused for password"), "{text}");
         let (_, full) = app.call(Method::GET, &path, Some(&admin), None).await;
-        assert!(full.to_string().contains(SECRET), "an admin reads {path} in full");
+        assert!(
+            full.to_string().contains(SECRET),
+            "an admin reads {path} in full"
+        );
     }
 }

@@ -14,12 +14,12 @@ const TTL: Duration = Duration::from_secs(3);
 /// every fenced write does and keeps it until `tx` ends. Whether the lease held.
 async fn fenced_write(tx: &mut sqlx::PgConnection, fence: &Fence) -> bool {
     let leased: i64 = sqlx::query_scalar(MARK_PUBLISHED_SQL)
-    .bind(&fence.holder)
-    .bind(fence.term)
-    .bind(Vec::<i64>::new())
-    .fetch_one(tx)
-    .await
-    .expect("fenced write");
+        .bind(&fence.holder)
+        .bind(fence.term)
+        .bind(Vec::<i64>::new())
+        .fetch_one(tx)
+        .await
+        .expect("fenced write");
     leased == 1
 }
 
@@ -42,13 +42,20 @@ async fn a_lease_statement_waits_for_a_lock(pool: &PgPool) {
         }
     })
     .await;
-    assert!(waited.is_ok(), "the takeover never waited for the fenced write");
+    assert!(
+        waited.is_ok(),
+        "the takeover never waited for the fenced write"
+    );
 }
 
 #[sqlx::test(migrations = "../migrations")]
 async fn a_slow_fenced_write_never_holds_up_the_renewal_but_holds_up_a_takeover(pool: PgPool) {
     let store = Store::from_pool(pool.clone());
-    let term = store.acquire_lease("a", TTL).await.unwrap().expect("a leads");
+    let term = store
+        .acquire_lease("a", TTL)
+        .await
+        .unwrap()
+        .expect("a leads");
     let fence = Fence {
         holder: "a".into(),
         term,
@@ -67,7 +74,10 @@ async fn a_slow_fenced_write_never_holds_up_the_renewal_but_holds_up_a_takeover(
         .expect("the renewal waited for the leader's own write");
     assert_eq!(renewed.unwrap(), Some(term), "renewed in the same term");
     let after = store.leader().await.unwrap().expires_at.expect("expiry");
-    assert!(after > before, "the renewal extended the lease: {before} -> {after}");
+    assert!(
+        after > before,
+        "the renewal extended the lease: {before} -> {after}"
+    );
 
     // The lease runs out (the leader froze); another instance tries to take over while the
     // write is still in flight: it must wait for it, so no write of term N commits after term
@@ -79,7 +89,10 @@ async fn a_slow_fenced_write_never_holds_up_the_renewal_but_holds_up_a_takeover(
     let other = Store::from_pool(pool.clone());
     let takeover = tokio::spawn(async move { other.acquire_lease("b", TTL).await });
     a_lease_statement_waits_for_a_lock(&pool).await;
-    assert!(!takeover.is_finished(), "the takeover committed under a fenced write");
+    assert!(
+        !takeover.is_finished(),
+        "the takeover committed under a fenced write"
+    );
     slow.commit().await.unwrap();
     let new_term = takeover.await.unwrap().unwrap().expect("b takes over");
     assert_eq!(new_term, term + 1);

@@ -48,7 +48,7 @@ fn toml_job(text: &str) -> JobSpec {
     jobs.remove(0)
 }
 
-const ALL_FIELDS: &str = "name, group, schedule, every, at, timezone, params, timeout, misfire, \
+const ALL_FIELDS: &str = "name, group, schedule, every, at, timezone, params, secret_params, timeout, misfire, \
                           misfire_grace, catchup_window, max_catchup, concurrency, retry, \
                           alerts, retention, paused, description";
 
