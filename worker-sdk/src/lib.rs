@@ -55,9 +55,11 @@ mod parking;
 pub mod protocol;
 mod publish;
 mod recording;
+pub mod redact;
 pub mod retry;
 mod store;
 pub mod testing;
+pub mod tls;
 pub mod topology;
 mod worker;
 
@@ -65,6 +67,7 @@ pub use context::{JobContext, JobLogger, Level};
 pub use handler::Handler;
 pub use outcome::JobError;
 pub use protocol::Trigger;
+pub use tls::AmqpTls;
 pub use topology::Topology;
 pub use worker::{
     BuildError, DEFAULT_ACK_AFTER, DEFAULT_AMQP_URL, DEFAULT_CANCEL_GRACE, DEFAULT_CAPACITY,
