@@ -61,6 +61,8 @@ pub struct ApiState {
 pub struct Readiness {
     /// RabbitMQ URL to open a connection to; none: the broker is not checked.
     pub amqp_url: Option<String>,
+    /// TLS options of an `amqps://` URL.
+    pub amqp_tls: chime_worker::AmqpTls,
 }
 
 /// The router: `/api/…`, `/healthz`, `/readyz`, `/metrics` and the dashboard at `/`.
@@ -133,8 +135,9 @@ impl Server {
         management_url: Option<&str>,
         leadership: watch::Receiver<Leadership>,
     ) -> anyhow::Result<Server> {
-        let broker =
-            Broker::new(&config.amqp_url, &config.queue_prefix).with_management_url(management_url);
+        let broker = Broker::new(&config.amqp_url, &config.queue_prefix)
+            .with_amqp_tls(config.amqp_tls.clone())
+            .with_management_url(management_url);
         let ops = Operations::new(store.clone(), Some(broker.clone()));
         check_exposure(bind, &ops).await?;
         let listener = tokio::net::TcpListener::bind(bind)
@@ -149,6 +152,7 @@ impl Server {
                 instance_id: config.instance_id.clone(),
                 readiness: Readiness {
                     amqp_url: Some(config.amqp_url.clone()),
+                    amqp_tls: config.amqp_tls.clone(),
                 },
                 metrics: Some(Arc::new(metrics)),
             }),
@@ -708,7 +712,7 @@ async fn readyz(State(s): State<Arc<ApiState>>) -> Response {
         };
     let broker = match &s.readiness.amqp_url {
         None => None,
-        Some(url) => Some(crate::parking::ping(url).await),
+        Some(url) => Some(crate::parking::ping(url, &s.readiness.amqp_tls).await),
     };
     let ready = database.is_ok() && broker.as_ref().is_none_or(Result::is_ok);
     let check = |r: &Result<(), String>| match r {

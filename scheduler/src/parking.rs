@@ -23,7 +23,8 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ConnectionProperties};
 use serde::Serialize;
 
-use crate::store::redact;
+use chime_worker::redact::redact_url as redact;
+use chime_worker::tls::AmqpTls;
 
 /// Most messages one read of a parking lot takes (and returns): a browse, a peek or a replay.
 pub const SCAN: usize = 10_000;
@@ -188,9 +189,9 @@ impl Fetched {
 }
 
 impl ParkingLot {
-    /// Connects to the broker at `url`; queue names use `prefix`.
-    pub async fn connect(url: &str, prefix: &str) -> anyhow::Result<ParkingLot> {
-        let connection = open_connection(url, "chime-cli").await?;
+    /// Connects to the broker at `url` (TLS options `tls`); queue names use `prefix`.
+    pub async fn connect(url: &str, tls: &AmqpTls, prefix: &str) -> anyhow::Result<ParkingLot> {
+        let connection = open_connection(url, tls, "chime-cli").await?;
         Ok(ParkingLot {
             connection: std::sync::Arc::new(connection),
             prefix: prefix.to_owned(),
@@ -350,11 +351,11 @@ impl ParkingLot {
     }
 }
 
-/// A connection to the broker at `url` named `name` (as the broker lists it), waiting at most
-/// 5 s.
-pub async fn open_connection(url: &str, name: &str) -> anyhow::Result<Connection> {
+/// A connection to the broker at `url` (TLS options `tls`) named `name` (as the broker lists
+/// it), waiting at most 5 s.
+pub async fn open_connection(url: &str, tls: &AmqpTls, name: &str) -> anyhow::Result<Connection> {
     let properties = ConnectionProperties::default().with_connection_name(name.into());
-    tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(url, properties))
+    tokio::time::timeout(CONNECT_TIMEOUT, chime_worker::tls::connect(url, tls, properties))
         .await
         .map_err(|_| {
             anyhow::anyhow!(
@@ -366,8 +367,8 @@ pub async fn open_connection(url: &str, name: &str) -> anyhow::Result<Connection
 }
 
 /// Whether the broker at `url` accepts a connection (for `/readyz`).
-pub async fn ping(url: &str) -> Result<(), String> {
-    match ParkingLot::connect(url, "").await {
+pub async fn ping(url: &str, tls: &AmqpTls) -> Result<(), String> {
+    match ParkingLot::connect(url, tls, "").await {
         Ok(lot) => {
             lot.close().await;
             Ok(())

@@ -643,6 +643,7 @@ async fn health_readiness_and_exposure(pool: PgPool) {
         pool,
         Readiness {
             amqp_url: Some(format!("amqp://guest:guest@127.0.0.1:{port}/%2f")),
+            amqp_tls: Default::default(),
         },
     )
     .await;
