@@ -118,11 +118,10 @@ impl Broker {
             return Ok(connection.clone());
         }
         *slot = None;
-        let connection =
-            Arc::new(
-                crate::parking::open_connection(&self.amqp_url, &self.amqp_tls, &self.link.name)
-                    .await?,
-            );
+        let connection = Arc::new(
+            crate::parking::open_connection(&self.amqp_url, &self.amqp_tls, &self.link.name)
+                .await?,
+        );
         let opened = self.link.opened.fetch_add(1, Ordering::Relaxed) + 1;
         if opened > 1 {
             tracing::info!(url = %redact(&self.amqp_url), opened, "operations reconnected to the broker");

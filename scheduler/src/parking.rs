@@ -355,15 +355,18 @@ impl ParkingLot {
 /// it), waiting at most 5 s.
 pub async fn open_connection(url: &str, tls: &AmqpTls, name: &str) -> anyhow::Result<Connection> {
     let properties = ConnectionProperties::default().with_connection_name(name.into());
-    tokio::time::timeout(CONNECT_TIMEOUT, chime_worker::tls::connect(url, tls, properties))
-        .await
-        .map_err(|_| {
-            anyhow::anyhow!(
-                "broker at {} did not answer within {CONNECT_TIMEOUT:?}",
-                redact(url)
-            )
-        })?
-        .with_context(|| format!("connecting to RabbitMQ at {}", redact(url)))
+    tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        chime_worker::tls::connect(url, tls, properties),
+    )
+    .await
+    .map_err(|_| {
+        anyhow::anyhow!(
+            "broker at {} did not answer within {CONNECT_TIMEOUT:?}",
+            redact(url)
+        )
+    })?
+    .with_context(|| format!("connecting to RabbitMQ at {}", redact(url)))
 }
 
 /// Whether the broker at `url` accepts a connection (for `/readyz`).

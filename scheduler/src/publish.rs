@@ -14,12 +14,12 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use chime_worker::Topology;
-use chime_worker::redact::redact_url;
-use chime_worker::tls::AmqpTls;
 use chime_worker::protocol::{
     CONTENT_TYPE, ControlMessage, HEADER_ATTEMPT, HEADER_NOT_BEFORE, HEADER_TERM, PROTOCOL_VERSION,
     Trigger,
 };
+use chime_worker::redact::redact_url;
+use chime_worker::tls::AmqpTls;
 use lapin::Confirmation;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable};
@@ -387,21 +387,20 @@ impl Publisher {
         };
         let properties = ConnectionProperties::default()
             .with_connection_name(self.connection_name.as_str().into());
-        let connection =
-            match tokio::time::timeout(
-                CONNECT_TIMEOUT,
-                chime_worker::tls::connect(&self.url, &self.tls, properties),
-            )
-            .await
-            {
-                Ok(result) => result.map_err(connect_error)?,
-                Err(_) => {
-                    return Err(PublishError::ConnectTimeout {
-                        url: redact_url(&self.url),
-                        after: CONNECT_TIMEOUT,
-                    });
-                }
-            };
+        let connection = match tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            chime_worker::tls::connect(&self.url, &self.tls, properties),
+        )
+        .await
+        {
+            Ok(result) => result.map_err(connect_error)?,
+            Err(_) => {
+                return Err(PublishError::ConnectTimeout {
+                    url: redact_url(&self.url),
+                    after: CONNECT_TIMEOUT,
+                });
+            }
+        };
         let channel = connection.create_channel().await.map_err(connect_error)?;
         channel
             .confirm_select(ConfirmSelectOptions::default())

@@ -966,13 +966,18 @@ mod connect_tests {
             let error = format!("{:#}", Store::connect(url, 1).await.unwrap_err());
             assert!(error.starts_with("database_url "), "{error}");
             assert!(error.contains("postgres://user:password@host"), "{error}");
-            assert!(!error.contains("secret") && !error.contains("cret"), "{error}");
+            assert!(
+                !error.contains("secret") && !error.contains("cret"),
+                "{error}"
+            );
         }
         // sqlx takes a URL without a scheme for a connection string; whatever it then fails
         // with, the password is not in it.
         let error = format!(
             "{:#}",
-            Store::connect("u:secret@127.0.0.1:1/db", 1).await.unwrap_err()
+            Store::connect("u:secret@127.0.0.1:1/db", 1)
+                .await
+                .unwrap_err()
         );
         assert!(!error.contains("secret"), "{error}");
     }

@@ -16,3 +16,4 @@ mod ops;
 mod outage;
 mod policies;
 mod restarts;
+mod tls;

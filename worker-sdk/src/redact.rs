@@ -118,10 +118,7 @@ mod tests {
                 "postgres://u:***@host:notaport/db",
             ),
             // A password holding `@` (and other delimiters).
-            (
-                "postgres://u:se@cr/et@host/db",
-                "postgres://u:***@host/db",
-            ),
+            ("postgres://u:se@cr/et@host/db", "postgres://u:***@host/db"),
             ("amqp://u:p@ss:secret@mq/%2f", "amqp://u:***@mq/%2f"),
             // Secrets in the query.
             (
@@ -132,7 +129,10 @@ mod tests {
                 "postgres://host/db?sslmode=verify-full&sslpassword=secret#x",
                 "postgres://host/db?sslmode=verify-full&sslpassword=***#x",
             ),
-            ("postgres://host/db?PASSWORD=secret", "postgres://host/db?PASSWORD=***"),
+            (
+                "postgres://host/db?PASSWORD=secret",
+                "postgres://host/db?PASSWORD=***",
+            ),
             // No scheme.
             ("u:secret@host/db", "u:***@host/db"),
         ];

@@ -360,8 +360,14 @@ fn check_identity(
     (key_setting, key_path, key_pem): (&str, &Path, &[u8]),
 ) -> Result<(), TlsError> {
     let certs = certificates(cert_setting, cert_path, cert_pem)?;
-    let key = PrivateKeyDer::from_pem_slice(key_pem)
-        .map_err(|e| invalid(key_setting, key_path, format!("no private key ({e})"), KEY_FIX))?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| {
+        invalid(
+            key_setting,
+            key_path,
+            format!("no private key ({e})"),
+            KEY_FIX,
+        )
+    })?;
     let provider = rustls::crypto::aws_lc_rs::default_provider();
     rustls::sign::CertifiedKey::from_der(certs, key, &provider).map_err(|e| {
         invalid(

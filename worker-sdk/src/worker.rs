@@ -916,7 +916,10 @@ mod tests {
         let bad_port = err(Worker::builder("g")
             .handle("a", noop)
             .database_url("postgres://u:secret@h:notaport/db"));
-        assert!(bad_port.contains("postgres://u:***@h:notaport/db"), "{bad_port}");
+        assert!(
+            bad_port.contains("postgres://u:***@h:notaport/db"),
+            "{bad_port}"
+        );
         assert!(!bad_port.contains("secret"), "{bad_port}");
         let plain = err(Worker::builder("g")
             .handle("a", noop)

@@ -1136,14 +1136,22 @@ fn amqp_tls(
         Ok(()) => tls,
         Err(error) => {
             // Blame the setting the error is about, else the first amqp_tls key that is set.
-            let key = ["amqp_tls.ca_file", "amqp_tls.cert_file", "amqp_tls.key_file"]
+            let key = [
+                "amqp_tls.ca_file",
+                "amqp_tls.cert_file",
+                "amqp_tls.key_file",
+            ]
+            .into_iter()
+            .find(|key| *key == error.setting())
+            .or_else(|| {
+                [
+                    "amqp_tls.ca_file",
+                    "amqp_tls.cert_file",
+                    "amqp_tls.key_file",
+                ]
                 .into_iter()
-                .find(|key| *key == error.setting())
-                .or_else(|| {
-                    ["amqp_tls.ca_file", "amqp_tls.cert_file", "amqp_tls.key_file"]
-                        .into_iter()
-                        .find(|key| layers.get(key).is_some())
-                });
+                .find(|key| layers.get(key).is_some())
+            });
             if let Some((value, place)) = key.and_then(|key| layers.get(key)) {
                 errors.push(place.error(Some(render_config(value)), error.problem()));
             }

@@ -374,13 +374,22 @@ fn url_mistakes_never_show_the_password() {
         ("database_url", "postgres://u:secret@host:notaport/db"),
         ("database_url", "postgres://u:sec@ret@host:notaport/db"),
         ("database_url", "u:secret@host/db"),
-        ("database_url", "postgres://u@host/db?password=secret&sslmode=bogus"),
+        (
+            "database_url",
+            "postgres://u@host/db?password=secret&sslmode=bogus",
+        ),
         ("amqp_url", "amqp://u:secret@host:notaport/%2f"),
         ("amqp_url", "u:secret@host/%2f"),
     ] {
         let errors = toml_errors(&format!("{key} = {url:?}\n"), &[]).join("\n");
-        assert!(errors.starts_with(&format!("chime.toml: key \"{key}\" = ")), "{errors}");
-        assert!(!errors.contains("secret") && !errors.contains("ret@"), "{errors}");
+        assert!(
+            errors.starts_with(&format!("chime.toml: key \"{key}\" = ")),
+            "{errors}"
+        );
+        assert!(
+            !errors.contains("secret") && !errors.contains("ret@"),
+            "{errors}"
+        );
         let variable = if key == "database_url" {
             "CHIME_DATABASE_URL"
         } else {
@@ -390,7 +399,10 @@ fn url_mistakes_never_show_the_password() {
         assert!(errors.contains(variable), "{errors}");
         assert!(!errors.contains("secret"), "{errors}");
     }
-    let errors = toml_errors("database_url = \"postgres://u:secret@host:notaport/db\"\n", &[]);
+    let errors = toml_errors(
+        "database_url = \"postgres://u:secret@host:notaport/db\"\n",
+        &[],
+    );
     assert_eq!(
         errors,
         [
@@ -454,8 +466,10 @@ fn amqp_tls_mistakes_name_the_setting() {
     );
     assert_eq!(
         errors,
-        ["environment variable CHIME_AMQP_TLS__CA_FILE = \"/nonexistent/ca.pem\": cannot read \
-          the file (No such file or directory (os error 2)); give the path of a readable PEM file"]
+        [
+            "environment variable CHIME_AMQP_TLS__CA_FILE = \"/nonexistent/ca.pem\": cannot read \
+          the file (No such file or directory (os error 2)); give the path of a readable PEM file"
+        ]
     );
     // A file that is no certificate: the settings file itself.
     let not_pem = fixture("settings.toml").display().to_string();
@@ -492,7 +506,10 @@ fn amqp_tls_mistakes_name_the_setting() {
         &[],
     );
     assert!(
-        errors.len() == 1 && errors[0].contains("database_url sslrootcert = \"/nonexistent/root.pem\": cannot read the file"),
+        errors.len() == 1
+            && errors[0].contains(
+                "database_url sslrootcert = \"/nonexistent/root.pem\": cannot read the file"
+            ),
         "{errors:?}"
     );
 }
