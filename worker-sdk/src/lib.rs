@@ -38,6 +38,11 @@
 //! # Ok(()) }
 //! ```
 //!
+//! TLS: an `amqps://` URL always connects over TLS; [`WorkerBuilder::amqp_tls`] adds a CA file
+//! and a client certificate ([`AmqpTls`]), and the database URL takes libpq's `sslmode=verify-full`
+//! and `sslrootcert=` ([`tls`]). Errors and `Debug` output show URLs through
+//! [`redact::redact_url`], never with a password.
+//!
 //! Handlers are unit-tested without a broker or database through [`testing`]. The wire contract
 //! (for workers in other languages) is in `docs/protocol.md`; a runnable example is
 //! `examples/example_worker.rs`.
