@@ -61,16 +61,19 @@ pub struct ApiState {
 pub struct Readiness {
     /// RabbitMQ URL to open a connection to; none: the broker is not checked.
     pub amqp_url: Option<String>,
+    /// TLS options of an `amqps://` URL.
+    pub amqp_tls: chime_worker::AmqpTls,
     /// The last answer and when it was found. Held while a check runs, so concurrent probes
     /// wait for that one check instead of each opening connections.
     last: tokio::sync::Mutex<Option<(tokio::time::Instant, StatusCode, Value)>>,
 }
 
 impl Readiness {
-    /// Checks the database and the broker at `amqp_url`.
-    pub fn with_broker(amqp_url: impl Into<String>) -> Readiness {
+    /// Checks the database and the broker at `amqp_url` (with `amqp_tls` for `amqps://`).
+    pub fn with_broker(amqp_url: impl Into<String>, amqp_tls: chime_worker::AmqpTls) -> Readiness {
         Readiness {
             amqp_url: Some(amqp_url.into()),
+            amqp_tls,
             ..Readiness::default()
         }
     }
@@ -156,8 +159,9 @@ impl Server {
         management_url: Option<&str>,
         leadership: watch::Receiver<Leadership>,
     ) -> anyhow::Result<Server> {
-        let broker =
-            Broker::new(&config.amqp_url, &config.queue_prefix).with_management_url(management_url);
+        let broker = Broker::new(&config.amqp_url, &config.queue_prefix)
+            .with_amqp_tls(config.amqp_tls.clone())
+            .with_management_url(management_url);
         let ops = Operations::new(store.clone(), Some(broker.clone()));
         check_exposure(bind, &ops).await?;
         let listener = tokio::net::TcpListener::bind(bind)
@@ -170,7 +174,7 @@ impl Server {
             state: Arc::new(ApiState {
                 ops,
                 instance_id: config.instance_id.clone(),
-                readiness: Readiness::with_broker(config.amqp_url.clone()),
+                readiness: Readiness::with_broker(config.amqp_url.clone(), config.amqp_tls.clone()),
                 metrics: Some(Arc::new(metrics)),
             }),
         })
@@ -746,7 +750,7 @@ async fn check_readiness(s: &ApiState) -> (StatusCode, Value) {
         };
     let broker = match &s.readiness.amqp_url {
         None => None,
-        Some(url) => Some(crate::parking::ping(url).await),
+        Some(url) => Some(crate::parking::ping(url, &s.readiness.amqp_tls).await),
     };
     let ready = database.is_ok() && broker.as_ref().is_none_or(Result::is_ok);
     let check = |r: &Result<(), String>| match r {

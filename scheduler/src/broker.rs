@@ -31,7 +31,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::parking::ParkingLot;
 use crate::publish::ControlDelivery;
-use crate::store::redact;
+use chime_worker::redact::redact_url as redact;
+use chime_worker::tls::AmqpTls;
 
 /// Longest wait for the broker's confirm of a control message.
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
@@ -45,6 +46,8 @@ pub const MANAGEMENT_TIMEOUT: Duration = Duration::from_secs(2);
 pub struct Broker {
     /// RabbitMQ URL.
     pub amqp_url: String,
+    /// TLS options of an `amqps://` URL.
+    pub amqp_tls: AmqpTls,
     /// Queue and exchange name prefix.
     pub queue_prefix: String,
     management: Option<Arc<Result<Management, String>>>,
@@ -65,6 +68,7 @@ impl std::fmt::Debug for Broker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Broker")
             .field("amqp_url", &redact(&self.amqp_url))
+            .field("amqp_tls", &self.amqp_tls)
             .field("queue_prefix", &self.queue_prefix)
             .field(
                 "management_url",
@@ -83,6 +87,7 @@ impl Broker {
     pub fn new(amqp_url: impl Into<String>, queue_prefix: impl Into<String>) -> Broker {
         Broker {
             amqp_url: amqp_url.into(),
+            amqp_tls: AmqpTls::default(),
             queue_prefix: queue_prefix.into(),
             management: None,
             link: Arc::new(SharedLink {
@@ -113,8 +118,10 @@ impl Broker {
             return Ok(connection.clone());
         }
         *slot = None;
-        let connection =
-            Arc::new(crate::parking::open_connection(&self.amqp_url, &self.link.name).await?);
+        let connection = Arc::new(
+            crate::parking::open_connection(&self.amqp_url, &self.amqp_tls, &self.link.name)
+                .await?,
+        );
         let opened = self.link.opened.fetch_add(1, Ordering::Relaxed) + 1;
         if opened > 1 {
             tracing::info!(url = %redact(&self.amqp_url), opened, "operations reconnected to the broker");
@@ -195,6 +202,14 @@ impl Broker {
             Confirmation::Nack(_) => anyhow::bail!("the broker nacked the control message"),
             Confirmation::NotRequested => unreachable!("the channel is in confirm mode"),
         }
+    }
+
+    /// Connects with the TLS options `tls` (an `amqps://` URL's CA file and client
+    /// certificate); default none. Set it before the first use: the shared connection is
+    /// opened with the options of the first call.
+    pub fn with_amqp_tls(mut self, tls: AmqpTls) -> Broker {
+        self.amqp_tls = tls;
+        self
     }
 
     /// Reads queue figures from the management HTTP API at `url` (such as

@@ -55,6 +55,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         command => {
             let store = Store::connect(&settings.database_url, 2).await?;
             let broker = Broker::new(&settings.amqp_url, &settings.queue_prefix)
+                .with_amqp_tls(settings.amqp_tls.clone())
                 .with_management_url(settings.management_url.as_deref());
             let mut out = std::io::stdout().lock();
             chime_scheduler::cli::operate(&store, Some(&broker), cli.output, command, &mut out)
@@ -67,6 +68,7 @@ async fn scheduler(settings: Settings, extra_jobs: Vec<PathBuf>) -> anyhow::Resu
     let config = ServiceConfig {
         database_url: settings.database_url.clone(),
         amqp_url: settings.amqp_url.clone(),
+        amqp_tls: settings.amqp_tls.clone(),
         instance_id: settings.resolved_instance_id(),
         queue_prefix: settings.queue_prefix.clone(),
         lease: LeaseTimings {

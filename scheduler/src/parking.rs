@@ -36,7 +36,9 @@ use sha2::{Digest as _, Sha256};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::store::{DeadLetterContent, Fence, NewDeadLetter, Store, redact};
+use crate::store::{DeadLetterContent, Fence, NewDeadLetter, Store};
+use chime_worker::redact::redact_url as redact;
+use chime_worker::tls::AmqpTls;
 
 /// How long to wait for the broker to accept a connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -208,11 +210,13 @@ fn stored_size(letter: &NewDeadLetter) -> usize {
 
 /// Drains the parking-lot queues of every group that has a job into `chime_dead_letters`,
 /// every [`DRAIN_PERIOD`], while `stop` is not cancelled and the fence holds. Opens its own
-/// connection to the broker (named `name`), and a new one after it broke.
+/// connection to the broker (named `name`, with TLS options `amqp_tls`), and a new one after it
+/// broke.
 pub async fn run(
     store: Store,
     fence: Fence,
     amqp_url: String,
+    amqp_tls: AmqpTls,
     prefix: String,
     name: String,
     stop: CancellationToken,
@@ -225,7 +229,7 @@ pub async fn run(
             () = tokio::time::sleep(DRAIN_PERIOD) => {}
         }
         if !connection.as_ref().is_some_and(|c| c.status().connected()) {
-            connection = match open_connection(&amqp_url, &name).await {
+            connection = match open_connection(&amqp_url, &amqp_tls, &name).await {
                 Ok(c) => Some(c),
                 Err(e) => {
                     debug!(error = %format!("{e:#}"), "drain: broker unreachable; next pass tries again");
@@ -421,9 +425,9 @@ impl std::fmt::Debug for ParkingLot {
 }
 
 impl ParkingLot {
-    /// Connects to the broker at `url`; queue names use `prefix`.
-    pub async fn connect(url: &str, prefix: &str) -> anyhow::Result<ParkingLot> {
-        let connection = open_connection(url, "chime-cli").await?;
+    /// Connects to the broker at `url` (TLS options `tls`); queue names use `prefix`.
+    pub async fn connect(url: &str, tls: &AmqpTls, prefix: &str) -> anyhow::Result<ParkingLot> {
+        let connection = open_connection(url, tls, "chime-cli").await?;
         Ok(ParkingLot {
             connection: std::sync::Arc::new(connection),
             prefix: prefix.to_owned(),
@@ -505,24 +509,27 @@ impl ParkingLot {
     }
 }
 
-/// A connection to the broker at `url` named `name` (as the broker lists it), waiting at most
-/// 5 s.
-pub async fn open_connection(url: &str, name: &str) -> anyhow::Result<Connection> {
+/// A connection to the broker at `url` (TLS options `tls`) named `name` (as the broker lists
+/// it), waiting at most 5 s.
+pub async fn open_connection(url: &str, tls: &AmqpTls, name: &str) -> anyhow::Result<Connection> {
     let properties = ConnectionProperties::default().with_connection_name(name.into());
-    tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(url, properties))
-        .await
-        .map_err(|_| {
-            anyhow::anyhow!(
-                "broker at {} did not answer within {CONNECT_TIMEOUT:?}",
-                redact(url)
-            )
-        })?
-        .with_context(|| format!("connecting to RabbitMQ at {}", redact(url)))
+    tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        chime_worker::tls::connect(url, tls, properties),
+    )
+    .await
+    .map_err(|_| {
+        anyhow::anyhow!(
+            "broker at {} did not answer within {CONNECT_TIMEOUT:?}",
+            redact(url)
+        )
+    })?
+    .with_context(|| format!("connecting to RabbitMQ at {}", redact(url)))
 }
 
 /// Whether the broker at `url` accepts a connection (for `/readyz`).
-pub async fn ping(url: &str) -> Result<(), String> {
-    match ParkingLot::connect(url, "").await {
+pub async fn ping(url: &str, tls: &AmqpTls) -> Result<(), String> {
+    match ParkingLot::connect(url, tls, "").await {
         Ok(lot) => {
             lot.close().await;
             Ok(())

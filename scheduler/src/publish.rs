@@ -18,6 +18,8 @@ use chime_worker::protocol::{
     CONTENT_TYPE, ControlMessage, HEADER_ATTEMPT, HEADER_NOT_BEFORE, HEADER_TERM, PROTOCOL_VERSION,
     Trigger,
 };
+use chime_worker::redact::redact_url;
+use chime_worker::tls::AmqpTls;
 use lapin::Confirmation;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable};
@@ -25,7 +27,7 @@ use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use tokio::sync::Mutex;
 use tracing::{info, warn};
 
-use crate::store::{OutboxRun, redact};
+use crate::store::OutboxRun;
 
 /// How long to wait for a broker confirm before treating the publish as failed.
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
@@ -95,6 +97,7 @@ pub enum ControlDelivery {
 /// Publishes triggers; safe to share between tasks.
 pub struct Publisher {
     url: String,
+    tls: AmqpTls,
     connection_name: String,
     prefix: String,
     link: Mutex<Option<Link>>,
@@ -109,7 +112,7 @@ const RECONNECT_PAUSE: Duration = Duration::from_millis(250);
 impl std::fmt::Debug for Publisher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Publisher")
-            .field("url", &redact(&self.url))
+            .field("url", &redact_url(&self.url))
             .field("prefix", &self.prefix)
             .finish_non_exhaustive()
     }
@@ -120,11 +123,20 @@ impl Publisher {
     pub fn new(url: impl Into<String>, instance: &str, prefix: impl Into<String>) -> Publisher {
         Publisher {
             url: url.into(),
+            tls: AmqpTls::default(),
             connection_name: format!("chime-scheduler-{instance}"),
             prefix: prefix.into(),
             link: Mutex::new(None),
             last_connect_failure: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Connects with the TLS options `tls` (an `amqps://` URL's CA file and client
+    /// certificate); default none.
+    #[must_use]
+    pub fn with_tls(mut self, tls: AmqpTls) -> Publisher {
+        self.tls = tls;
+        self
     }
 
     /// Declares the topology of `group` (idempotent).
@@ -362,7 +374,7 @@ impl Publisher {
                 *self.last_connect_failure.lock().expect("not poisoned") =
                     Some(std::time::Instant::now());
             })?;
-            info!(url = %redact(&self.url), "connected to the broker for publishing");
+            info!(url = %redact_url(&self.url), "connected to the broker for publishing");
             *guard = Some(link);
         }
         Ok(guard)
@@ -370,23 +382,25 @@ impl Publisher {
 
     async fn open(&self) -> Result<Link, PublishError> {
         let connect_error = |source| PublishError::Connect {
-            url: redact(&self.url),
+            url: redact_url(&self.url),
             source,
         };
         let properties = ConnectionProperties::default()
             .with_connection_name(self.connection_name.as_str().into());
-        let connection =
-            match tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(&self.url, properties))
-                .await
-            {
-                Ok(result) => result.map_err(connect_error)?,
-                Err(_) => {
-                    return Err(PublishError::ConnectTimeout {
-                        url: redact(&self.url),
-                        after: CONNECT_TIMEOUT,
-                    });
-                }
-            };
+        let connection = match tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            chime_worker::tls::connect(&self.url, &self.tls, properties),
+        )
+        .await
+        {
+            Ok(result) => result.map_err(connect_error)?,
+            Err(_) => {
+                return Err(PublishError::ConnectTimeout {
+                    url: redact_url(&self.url),
+                    after: CONNECT_TIMEOUT,
+                });
+            }
+        };
         let channel = connection.create_channel().await.map_err(connect_error)?;
         channel
             .confirm_select(ConfirmSelectOptions::default())

@@ -32,6 +32,8 @@ pub struct ServiceConfig {
     pub database_url: String,
     /// RabbitMQ URL.
     pub amqp_url: String,
+    /// TLS options of an `amqps://` URL (CA file, client certificate).
+    pub amqp_tls: chime_worker::AmqpTls,
     /// Unique id of this instance (lease holder name).
     pub instance_id: String,
     /// Prefix of every exchange and queue.
@@ -130,11 +132,14 @@ pub async fn run_serving(
     info!(jobs = jobs.len(), "job files read");
     apply(&store, &jobs).await?;
 
-    let publisher = Arc::new(Publisher::new(
-        config.amqp_url.clone(),
-        &config.instance_id,
-        config.queue_prefix.clone(),
-    ));
+    let publisher = Arc::new(
+        Publisher::new(
+            config.amqp_url.clone(),
+            &config.instance_id,
+            config.queue_prefix.clone(),
+        )
+        .with_tls(config.amqp_tls.clone()),
+    );
     declare_groups(&publisher, &jobs).await;
     // The planner reads the jobs from the database; 100,000 definitions are worth freeing.
     drop(jobs);
@@ -173,6 +178,7 @@ pub async fn run_serving(
         let store = store.clone();
         let instance = config.instance_id.clone();
         let (amqp_url, prefix) = (config.amqp_url.clone(), config.queue_prefix.clone());
+        let amqp_tls = config.amqp_tls.clone();
         tokio::spawn(while_leading(
             leadership.clone(),
             duties_stop.clone(),
@@ -185,6 +191,7 @@ pub async fn run_serving(
                     store.clone(),
                     fence,
                     amqp_url.clone(),
+                    amqp_tls.clone(),
                     prefix.clone(),
                     format!("chime-drain-{instance}"),
                     stop,

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use chime_worker::redact::redact_url;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -328,15 +329,20 @@ const RUN_COLUMNS: &str = "id, job_name, group_name, scheduled_at, trigger, stat
 impl Store {
     /// Connects a pool to `url`.
     pub async fn connect(url: &str, max_connections: u32) -> anyhow::Result<Store> {
-        let options: PgConnectOptions = url
-            .parse()
-            .with_context(|| format!("database_url {url:?} is not a PostgreSQL URL"))?;
+        let options: PgConnectOptions = url.parse().with_context(|| {
+            format!(
+                "database_url {} is not a PostgreSQL URL; write it as \
+                 postgres://user:password@host:5432/database",
+                redact_url(url)
+            )
+        })?;
+        chime_worker::tls::check_database_url(url)?;
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(5))
             .connect_with(options)
             .await
-            .with_context(|| format!("connecting to PostgreSQL at {}", redact(url)))?;
+            .with_context(|| format!("connecting to PostgreSQL at {}", redact_url(url)))?;
         Ok(Store { pool })
     }
 
@@ -356,12 +362,12 @@ impl Store {
         use sqlx::migrate::MigrateDatabase as _;
         let exists = sqlx::Postgres::database_exists(url)
             .await
-            .with_context(|| format!("checking the database at {}", redact(url)))?;
+            .with_context(|| format!("checking the database at {}", redact_url(url)))?;
         if !exists
             && let Err(e) = sqlx::Postgres::create_database(url).await
             && !sqlx::Postgres::database_exists(url).await.unwrap_or(false)
         {
-            return Err(e).with_context(|| format!("creating the database at {}", redact(url)));
+            return Err(e).with_context(|| format!("creating the database at {}", redact_url(url)));
         }
         Ok(())
     }
@@ -950,17 +956,47 @@ fn run_record(r: sqlx::postgres::PgRow) -> RunRecord {
     }
 }
 
-/// A URL with its password replaced, for messages and logs.
-pub fn redact(url: &str) -> String {
-    match url.split_once("://") {
-        Some((scheme, rest)) => match rest.split_once('@') {
-            Some((userinfo, host)) => match userinfo.split_once(':') {
-                Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-                None => url.to_owned(),
-            },
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
+#[cfg(test)]
+mod connect_tests {
+    //! Connection errors, before any database is reached.
+
+    use super::*;
+
+    /// Issue 10: a URL that does not parse was shown whole, password included.
+    #[tokio::test]
+    async fn a_bad_url_is_reported_without_its_password() {
+        for url in [
+            "postgres://u:secret@host:notaport/db",
+            "postgres://u:se@cret@host:notaport/db",
+        ] {
+            let error = format!("{:#}", Store::connect(url, 1).await.unwrap_err());
+            assert!(error.starts_with("database_url "), "{error}");
+            assert!(error.contains("postgres://user:password@host"), "{error}");
+            assert!(
+                !error.contains("secret") && !error.contains("cret"),
+                "{error}"
+            );
+        }
+        // sqlx takes a URL without a scheme for a connection string; whatever it then fails
+        // with, the password is not in it.
+        let error = format!(
+            "{:#}",
+            Store::connect("u:secret@127.0.0.1:1/db", 1)
+                .await
+                .unwrap_err()
+        );
+        assert!(!error.contains("secret"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_missing_root_certificate_names_the_parameter() {
+        let url = "postgres://u:secret@127.0.0.1:1/db?sslmode=verify-full\
+                   &sslrootcert=/nonexistent/chime-ca.pem";
+        let error = format!("{:#}", Store::connect(url, 1).await.unwrap_err());
+        assert!(
+            error.starts_with("database_url sslrootcert = \"/nonexistent/chime-ca.pem\""),
+            "{error}"
+        );
     }
 }
 

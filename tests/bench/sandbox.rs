@@ -102,7 +102,7 @@ impl Sandbox {
             .with_context(|| {
                 format!(
                     "creating database {name} on {} (is PostgreSQL running? see --postgres)",
-                    chime_scheduler::store::redact(&services.postgres_url)
+                    chime_worker::redact::redact_url(&services.postgres_url)
                 )
             })?;
         let store = match Store::connect(&database_url, 4).await {
@@ -157,6 +157,7 @@ impl Sandbox {
         ServiceConfig {
             database_url: self.database_url.clone(),
             amqp_url: self.amqp_url.clone(),
+            amqp_tls: Default::default(),
             instance_id: instance.to_owned(),
             queue_prefix: self.prefix.clone(),
             lease: LeaseTimings::default(),

@@ -17,3 +17,4 @@ mod ops;
 mod outage;
 mod policies;
 mod restarts;
+mod tls;

@@ -1,7 +1,7 @@
-//! Private PostgreSQL and RabbitMQ instances for the chaos tests, which stop and restart them:
-//! each on its own free ports and in its own temporary data directory, so the shared services
-//! (5432, 5672) other tests use are never touched. Dropping an instance stops it and deletes its
-//! data.
+//! Private PostgreSQL and RabbitMQ instances for the chaos tests, which stop and restart them,
+//! and for the TLS tests, which need servers with TLS on (`start_with_tls`): each on its own
+//! free ports and in its own temporary data directory, so the shared services (5432, 5672)
+//! other tests use are never touched. Dropping an instance stops it and deletes its data.
 //!
 //! PostgreSQL refuses to run as root and RabbitMQ runs as its own user, so when this process is
 //! root the server commands run as `postgres` / `rabbitmq` (`runuser -u`), in directories those
@@ -79,17 +79,53 @@ fn run(what: &str, command: &mut Command) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Copies `from` into `dir` as `name`, owned by `user` (when root) and readable by it only:
+/// PostgreSQL refuses a key file others can read.
+fn install_file(from: &Path, dir: &Path, name: &str, user: &str) -> anyhow::Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let to = dir.join(name);
+    std::fs::copy(from, &to).with_context(|| format!("copying {}", from.display()))?;
+    std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o600))?;
+    if is_root() {
+        run(
+            "chown",
+            Command::new("chown").arg(format!("{user}:")).arg(&to),
+        )?;
+    }
+    Ok(to)
+}
+
 /// A private PostgreSQL server (trust auth, user `postgres`).
 pub struct PrivatePostgres {
     port: u16,
     dir: tempfile::TempDir,
     running: bool,
+    /// `ssl=on` with this certificate and key (in the data directory), if TLS is on.
+    tls: Option<(PathBuf, PathBuf)>,
 }
 
 impl PrivatePostgres {
     /// Initialises a cluster in a temporary directory and starts it on a free port.
     pub fn start() -> anyhow::Result<PrivatePostgres> {
+        PrivatePostgres::start_inner(None)
+    }
+
+    /// [`PrivatePostgres::start`] with TLS on (`ssl=on`), presenting the certificate chain in
+    /// `cert_file` with the key in `key_file` (PEM; copied into the instance's directory).
+    /// Clients may still connect without TLS (`sslmode` decides).
+    pub fn start_with_tls(cert_file: &Path, key_file: &Path) -> anyhow::Result<PrivatePostgres> {
+        PrivatePostgres::start_inner(Some((cert_file, key_file)))
+    }
+
+    fn start_inner(tls: Option<(&Path, &Path)>) -> anyhow::Result<PrivatePostgres> {
         let dir = data_dir("chime-chaos-pg-", "postgres")?;
+        let tls = match tls {
+            None => None,
+            Some((cert, key)) => Some((
+                install_file(cert, dir.path(), "server.pem", "postgres")?,
+                install_file(key, dir.path(), "server.key", "postgres")?,
+            )),
+        };
         run(
             "initdb",
             command_as("postgres", &Path::new(PG_BIN).join("initdb"))
@@ -101,6 +137,7 @@ impl PrivatePostgres {
             port: free_port()?,
             dir,
             running: false,
+            tls,
         };
         pg.start_server()?;
         Ok(pg)
@@ -118,11 +155,18 @@ impl PrivatePostgres {
 
     /// Starts the server again after [`PrivatePostgres::stop`], on the same port and data.
     pub fn start_server(&mut self) -> anyhow::Result<()> {
-        let options = format!(
+        let mut options = format!(
             "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200",
             self.port,
             self.dir.path().display()
         );
+        if let Some((cert, key)) = &self.tls {
+            options.push_str(&format!(
+                " -c ssl=on -c ssl_cert_file={} -c ssl_key_file={}",
+                cert.display(),
+                key.display()
+            ));
+        }
         run(
             "pg_ctl start",
             command_as("postgres", &Path::new(PG_BIN).join("pg_ctl"))
@@ -159,11 +203,26 @@ impl Drop for PrivatePostgres {
     }
 }
 
+/// The TLS listener of a [`PrivateRabbit`] (`listeners.ssl` with `ssl_options`), PEM files.
+#[derive(Debug, Clone)]
+pub struct RabbitTls {
+    /// CA certificates the node trusts for client certificates.
+    pub ca_file: PathBuf,
+    /// The node's certificate chain.
+    pub cert_file: PathBuf,
+    /// The node's private key.
+    pub key_file: PathBuf,
+    /// `verify = verify_peer` and `fail_if_no_peer_cert = true`: a client without a
+    /// certificate signed by `ca_file` is refused.
+    pub require_client_cert: bool,
+}
+
 /// A private RabbitMQ node (`guest`/`guest` allowed from 127.0.0.1; no plugins, or only the
 /// management plugin), run as a child process and controlled with `rabbitmqctl -n NODE`.
 pub struct PrivateRabbit {
     node: String,
     port: u16,
+    tls_port: Option<u16>,
     management_port: Option<u16>,
     dist_port: u16,
     dir: tempfile::TempDir,
@@ -174,17 +233,23 @@ impl PrivateRabbit {
     /// Starts a node named `chime-chaos-<pid>-<n>@localhost` on free ports and waits until it
     /// has booted.
     pub fn start() -> anyhow::Result<PrivateRabbit> {
-        PrivateRabbit::start_with(false)
+        PrivateRabbit::start_with(false, None)
+    }
+
+    /// [`PrivateRabbit::start`] with a TLS listener on another free port of 127.0.0.1 as well
+    /// ([`PrivateRabbit::tls_url`]) besides the plaintext one ([`PrivateRabbit::url`]).
+    pub fn start_with_tls(tls: &RabbitTls) -> anyhow::Result<PrivateRabbit> {
+        PrivateRabbit::start_with(false, Some(tls))
     }
 
     /// [`PrivateRabbit::start`] with the management plugin enabled in the node's own
     /// `enabled_plugins` file (the shared broker's plugins are untouched), its HTTP API on
     /// another free port of 127.0.0.1, collecting statistics every second.
     pub fn start_with_management() -> anyhow::Result<PrivateRabbit> {
-        PrivateRabbit::start_with(true)
+        PrivateRabbit::start_with(true, None)
     }
 
-    fn start_with(management: bool) -> anyhow::Result<PrivateRabbit> {
+    fn start_with(management: bool, tls: Option<&RabbitTls>) -> anyhow::Result<PrivateRabbit> {
         let dir = data_dir("chime-chaos-rabbit-", "rabbitmq")?;
         let port = free_port()?;
         let mut dist_port = free_port()?;
@@ -206,6 +271,36 @@ impl PrivateRabbit {
             plugins = "[rabbitmq_management].\n";
             management_port = Some(http);
         }
+        let mut tls_port = None;
+        if let Some(tls) = tls {
+            let mut ssl = free_port()?;
+            while [port, dist_port].contains(&ssl) || management_port == Some(ssl) {
+                ssl = free_port()?;
+            }
+            let install = |from: &Path, name: &str| -> anyhow::Result<PathBuf> {
+                let to = dir.path().join(name);
+                std::fs::copy(from, &to).with_context(|| format!("copying {}", from.display()))?;
+                Ok(to)
+            };
+            let (verify, fail) = if tls.require_client_cert {
+                ("verify_peer", "true")
+            } else {
+                ("verify_none", "false")
+            };
+            config.push_str(&format!(
+                "listeners.ssl.1 = 127.0.0.1:{ssl}
+                 ssl_options.cacertfile = {}
+                 ssl_options.certfile = {}
+                 ssl_options.keyfile = {}
+                 ssl_options.verify = {verify}
+                 ssl_options.fail_if_no_peer_cert = {fail}
+",
+                install(&tls.ca_file, "ca.pem")?.display(),
+                install(&tls.cert_file, "server.pem")?.display(),
+                install(&tls.key_file, "server.key")?.display(),
+            ));
+            tls_port = Some(ssl);
+        }
         std::fs::write(dir.path().join("rabbitmq.conf"), config)?;
         std::fs::write(dir.path().join("enabled_plugins"), plugins)?;
         if is_root() {
@@ -220,6 +315,7 @@ impl PrivateRabbit {
         let mut rabbit = PrivateRabbit {
             node: format!("{}@localhost", crate::unique("chime-chaos-")),
             port,
+            tls_port,
             management_port,
             dist_port,
             dir,
@@ -232,6 +328,12 @@ impl PrivateRabbit {
     /// `amqp://guest:guest@127.0.0.1:PORT/%2f`
     pub fn url(&self) -> String {
         format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
+    }
+
+    /// `amqps://guest:guest@127.0.0.1:PORT/%2f` of the TLS listener, when the node has one.
+    pub fn tls_url(&self) -> Option<String> {
+        self.tls_port
+            .map(|port| format!("amqps://guest:guest@127.0.0.1:{port}/%2f"))
     }
 
     /// `http://127.0.0.1:PORT` of the management API, when the node has the plugin.

@@ -32,6 +32,7 @@ use tokio_util::task::TaskTracker;
 use crate::backoff;
 use crate::delivery;
 use crate::protocol::ControlMessage;
+use crate::tls::AmqpTls;
 use crate::topology;
 use crate::worker::Shared;
 
@@ -56,6 +57,7 @@ pub(crate) struct Opened {
 /// The worker's connection and the links it opened.
 pub(crate) struct Broker {
     url: String,
+    tls: AmqpTls,
     connection_name: String,
     connection: Option<Connection>,
     generation: u64,
@@ -63,9 +65,10 @@ pub(crate) struct Broker {
 }
 
 impl Broker {
-    pub(crate) fn new(url: String, worker_id: &str) -> Self {
+    pub(crate) fn new(url: String, tls: AmqpTls, worker_id: &str) -> Self {
         Broker {
             url,
+            tls,
             connection_name: format!("chime-worker-{worker_id}"),
             connection: None,
             generation: 0,
@@ -83,7 +86,7 @@ impl Broker {
             let properties = ConnectionProperties::default()
                 .enable_auto_recover()
                 .with_connection_name(self.connection_name.as_str().into());
-            let connection = Connection::connect(&self.url, properties).await?;
+            let connection = crate::tls::connect(&self.url, &self.tls, properties).await?;
             tracing::info!(connection = %self.connection_name, "connected to RabbitMQ");
             self.connection = Some(connection);
         }

@@ -38,6 +38,11 @@
 //! # Ok(()) }
 //! ```
 //!
+//! TLS: an `amqps://` URL always connects over TLS; [`WorkerBuilder::amqp_tls`] adds a CA file
+//! and a client certificate ([`AmqpTls`]), and the database URL takes libpq's `sslmode=verify-full`
+//! and `sslrootcert=` ([`tls`]). Errors and `Debug` output show URLs through
+//! [`redact::redact_url`], never with a password.
+//!
 //! Handlers are unit-tested without a broker or database through [`testing`]. The wire contract
 //! (for workers in other languages) is in `docs/protocol.md`; a runnable example is
 //! `examples/example_worker.rs`.
@@ -55,9 +60,11 @@ mod parking;
 pub mod protocol;
 mod publish;
 mod recording;
+pub mod redact;
 pub mod retry;
 mod store;
 pub mod testing;
+pub mod tls;
 pub mod topology;
 mod verify;
 mod worker;
@@ -66,6 +73,7 @@ pub use context::{JobContext, JobLogger, Level};
 pub use handler::Handler;
 pub use outcome::JobError;
 pub use protocol::Trigger;
+pub use tls::AmqpTls;
 pub use topology::Topology;
 pub use worker::{
     BuildError, DEFAULT_ACK_AFTER, DEFAULT_AMQP_URL, DEFAULT_CANCEL_GRACE, DEFAULT_CAPACITY,

@@ -31,7 +31,9 @@ use crate::delivery;
 use crate::handler::{self, Handlers};
 use crate::outcome::{JobError, Outcome};
 use crate::recording::OutcomeBatcher;
+use crate::redact::redact_url;
 use crate::store::{AttemptRecord, Store, WorkerRow};
+use crate::tls::{AmqpTls, TlsError};
 use crate::topology::{DEFAULT_PREFIX, Topology};
 
 /// RabbitMQ URL used when none is given.
@@ -81,8 +83,21 @@ pub enum BuildError {
     #[error("no database: call .pool(pool) or .database_url(\"postgres://…\")")]
     NoDatabase,
     /// `.database_url(..)` does not parse.
-    #[error("invalid database URL: {0}")]
-    DatabaseUrl(#[source] sqlx::Error),
+    #[error(
+        "invalid database URL {url}: {source}; write it as \
+         postgres://user:password@host:5432/database"
+    )]
+    DatabaseUrl {
+        /// The URL, password hidden.
+        url: String,
+        /// Why it does not parse.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// `.amqp_tls(..)` does not fit the URL, or a certificate file named by it or by the
+    /// database URL (`sslrootcert`, `sslcert`, `sslkey`) is missing or invalid.
+    #[error("{0}")]
+    Tls(#[from] TlsError),
 }
 
 /// Why [`Worker::run`] could not start. Once running, a worker survives broker and database
@@ -124,6 +139,7 @@ pub struct WorkerBuilder {
     pool: Option<PgPool>,
     database_url: Option<String>,
     amqp_url: String,
+    amqp_tls: AmqpTls,
     prefix: String,
     capacity: u16,
     hold: u16,
@@ -165,6 +181,28 @@ impl WorkerBuilder {
     /// The RabbitMQ URL; default [`DEFAULT_AMQP_URL`].
     pub fn amqp_url(mut self, url: impl Into<String>) -> Self {
         self.amqp_url = url.into();
+        self
+    }
+
+    /// TLS options of an `amqps://` broker URL: a CA file to trust and a client certificate to
+    /// present (see [`crate::tls`]); default none (the system's roots, no client certificate).
+    /// [`WorkerBuilder::build`] reads the files and refuses options with an `amqp://` URL.
+    ///
+    /// ```no_run
+    /// # use chime_worker::{AmqpTls, Worker};
+    /// let builder = Worker::builder("orders")
+    ///     .amqp_url("amqps://chime:secret@mq.internal:5671/%2f")
+    ///     .amqp_tls(
+    ///         AmqpTls::new()
+    ///             .ca_file("/etc/chime/tls/ca.pem")
+    ///             .client_cert("/etc/chime/tls/worker.pem", "/etc/chime/tls/worker.key"),
+    ///     )
+    ///     .database_url(
+    ///         "postgres://chime@db.internal/chime?sslmode=verify-full&sslrootcert=/etc/chime/tls/ca.pem",
+    ///     );
+    /// ```
+    pub fn amqp_tls(mut self, tls: AmqpTls) -> Self {
+        self.amqp_tls = tls;
         self
     }
 
@@ -281,11 +319,18 @@ impl WorkerBuilder {
         }
         let database = match (self.pool, self.database_url) {
             (Some(pool), _) => Database::Pool(pool),
-            (None, Some(url)) => Database::Url(Box::new(
-                PgConnectOptions::from_str(&url).map_err(BuildError::DatabaseUrl)?,
-            )),
+            (None, Some(url)) => {
+                let options =
+                    PgConnectOptions::from_str(&url).map_err(|source| BuildError::DatabaseUrl {
+                        url: redact_url(&url),
+                        source,
+                    })?;
+                crate::tls::check_database_url(&url)?;
+                Database::Url(Box::new(options))
+            }
             (None, None) => return Err(BuildError::NoDatabase),
         };
+        self.amqp_tls.check(&self.amqp_url)?;
         let hostname = gethostname::gethostname().to_string_lossy().into_owned();
         let id = self
             .worker_id
@@ -297,6 +342,7 @@ impl WorkerBuilder {
                 .with_delivery_limit(self.delivery_limit),
             database,
             amqp_url: self.amqp_url,
+            amqp_tls: self.amqp_tls,
             capacity: self.capacity,
             hold: self.hold,
             drain_timeout: self.drain_timeout,
@@ -324,6 +370,7 @@ pub struct Worker {
     topology: Topology,
     database: Database,
     amqp_url: String,
+    amqp_tls: AmqpTls,
     capacity: u16,
     hold: u16,
     drain_timeout: Duration,
@@ -340,7 +387,8 @@ impl fmt::Debug for Worker {
             .field("id", &self.id)
             .field("group", &self.topology.group())
             .field("queue", &self.topology.work_queue())
-            .field("amqp_url", &redact(&self.amqp_url))
+            .field("amqp_url", &redact_url(&self.amqp_url))
+            .field("amqp_tls", &self.amqp_tls)
             .field("capacity", &self.capacity)
             .field("jobs", &self.handlers.jobs())
             .finish_non_exhaustive()
@@ -355,6 +403,7 @@ impl Worker {
             pool: None,
             database_url: None,
             amqp_url: DEFAULT_AMQP_URL.to_owned(),
+            amqp_tls: AmqpTls::default(),
             prefix: DEFAULT_PREFIX.to_owned(),
             capacity: DEFAULT_CAPACITY,
             hold: DEFAULT_HOLD,
@@ -435,7 +484,7 @@ impl Worker {
             });
         }
 
-        let mut broker = Broker::new(self.amqp_url.clone(), &shared.id);
+        let mut broker = Broker::new(self.amqp_url.clone(), self.amqp_tls.clone(), &shared.id);
         // Held deliveries are unacked too: the prefetch makes room for them next to the running
         // handlers, whose number the `handler_slots` semaphore bounds.
         let prefetch = self.capacity.saturating_add(self.hold);
@@ -449,7 +498,7 @@ impl Worker {
                 }
                 return Err(WorkerError::Amqp {
                     group: shared.topology.group().to_owned(),
-                    url: redact(&self.amqp_url),
+                    url: redact_url(&self.amqp_url),
                     source,
                 });
             }
@@ -833,20 +882,6 @@ impl Shared {
     }
 }
 
-/// `amqp://user:secret@host` → `amqp://user:***@host`.
-fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let Some((userinfo, host)) = rest.rsplit_once('@') else {
-        return url.to_owned();
-    };
-    match userinfo.split_once(':') {
-        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-        None => url.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -857,15 +892,6 @@ mod tests {
 
     fn lazy_pool() -> PgPool {
         PgPoolOptions::new().connect_lazy_with(PgConnectOptions::new())
-    }
-
-    #[test]
-    fn redacts_the_password_only() {
-        assert_eq!(
-            redact("amqp://guest:guest@127.0.0.1:5672/%2f"),
-            "amqp://guest:***@127.0.0.1:5672/%2f"
-        );
-        assert_eq!(redact("amqp://127.0.0.1"), "amqp://127.0.0.1");
     }
 
     #[test]
@@ -884,6 +910,27 @@ mod tests {
                 .database_url("postgres://h:notaport/db"))
             .starts_with("invalid database URL")
         );
+    }
+
+    /// Issue 10: a URL that does not parse was shown whole, password included.
+    #[test]
+    fn build_errors_never_show_a_password() {
+        let err = |b: WorkerBuilder| b.build().unwrap_err().to_string();
+        let bad_port = err(Worker::builder("g")
+            .handle("a", noop)
+            .database_url("postgres://u:secret@h:notaport/db"));
+        assert!(
+            bad_port.contains("postgres://u:***@h:notaport/db"),
+            "{bad_port}"
+        );
+        assert!(!bad_port.contains("secret"), "{bad_port}");
+        let plain = err(Worker::builder("g")
+            .handle("a", noop)
+            .database_url("postgres://h/db")
+            .amqp_url("amqp://u:secret@mq:5672/%2f")
+            .amqp_tls(AmqpTls::new().ca_file("ca.pem")));
+        assert!(plain.contains("write it as amqps://"), "{plain}");
+        assert!(!plain.contains("secret"), "{plain}");
     }
 
     #[tokio::test]

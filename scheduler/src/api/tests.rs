@@ -645,7 +645,10 @@ async fn health_readiness_and_exposure(pool: PgPool) {
     drop(closed);
     let down = app_with(
         pool,
-        Readiness::with_broker(format!("amqp://guest:guest@127.0.0.1:{port}/%2f")),
+        Readiness::with_broker(
+            format!("amqp://guest:guest@127.0.0.1:{port}/%2f"),
+            Default::default(),
+        ),
     )
     .await;
     let (status, body) = down.call(Method::GET, "/readyz", None, None).await;

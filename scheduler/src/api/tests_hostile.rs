@@ -323,7 +323,10 @@ async fn a_readyz_flood_costs_one_broker_connection_per_period(pool: PgPool) {
     });
     let app = app_with(
         pool,
-        Readiness::with_broker(format!("amqp://guest:guest@127.0.0.1:{port}/%2f")),
+        Readiness::with_broker(
+            format!("amqp://guest:guest@127.0.0.1:{port}/%2f"),
+            Default::default(),
+        ),
     )
     .await;
     let probes = (0..50).map(|_| send(&app, Method::GET, "/readyz", None, Vec::new()));

@@ -3,7 +3,13 @@
 //!
 //! Secrets belong in the environment: a settings file is usually committed or baked into an
 //! image, so `database_url` and `amqp_url` with passwords should come from `CHIME_DATABASE_URL`
-//! and `CHIME_AMQP_URL`. Messages and `Debug` output never show a URL's password.
+//! and `CHIME_AMQP_URL`. Messages and `Debug` output never show a URL's password
+//! ([`chime_worker::redact::redact_url`]).
+//!
+//! TLS: `amqp_tls.*` name the CA file and client certificate of an `amqps://` broker URL; the
+//! database URL carries libpq's `sslmode`, `sslrootcert`, `sslcert` and `sslkey`. Every file
+//! they name is read and checked here, so a missing or invalid one is reported at start, naming
+//! the setting.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -15,6 +21,8 @@ use chime_worker::limits::{
     MAX_ALERT_INTERVAL, MAX_BATCH_SIZE, MAX_CONSECUTIVE_FAILURES, MAX_DUTY_INTERVAL, MAX_LEASE_TTL,
     MAX_LOOKAHEAD, MAX_RESCUE_WAIT, MAX_RETENTION,
 };
+use chime_worker::redact::redact_url;
+use chime_worker::tls::AmqpTls;
 use config::{Source, ValueKind};
 
 use super::jobs::{
@@ -38,6 +46,9 @@ pub const DEFAULT_QUEUE_PREFIX: &str = "chime";
 pub const SETTINGS_KEYS: &[&str] = &[
     "database_url",
     "amqp_url",
+    "amqp_tls.ca_file",
+    "amqp_tls.cert_file",
+    "amqp_tls.key_file",
     "management_url",
     "instance_id",
     "bind",
@@ -73,6 +84,9 @@ pub struct Settings {
     pub database_url: String,
     /// RabbitMQ connection URL (`amqp://` or `amqps://`).
     pub amqp_url: String,
+    /// TLS options of an `amqps://` `amqp_url` (`[amqp_tls]`): CA file, client certificate and
+    /// key; relative paths from a settings file are already resolved against its directory.
+    pub amqp_tls: AmqpTls,
     /// RabbitMQ's management HTTP API (`http://host:15672`), for queue figures with unacked
     /// counts and rates; none: passive declares only. Credentials are `amqp_url`'s.
     pub management_url: Option<String>,
@@ -273,6 +287,7 @@ impl Default for Settings {
         Settings {
             database_url: DEFAULT_DATABASE_URL.to_owned(),
             amqp_url: DEFAULT_AMQP_URL.to_owned(),
+            amqp_tls: AmqpTls::default(),
             management_url: None,
             instance_id: None,
             bind: DEFAULT_BIND
@@ -294,6 +309,7 @@ impl fmt::Debug for Settings {
         f.debug_struct("Settings")
             .field("database_url", &redact_url(&self.database_url))
             .field("amqp_url", &redact_url(&self.amqp_url))
+            .field("amqp_tls", &self.amqp_tls)
             .field("management_url", &self.management_url)
             .field("instance_id", &self.instance_id)
             .field("bind", &self.bind)
@@ -481,6 +497,7 @@ fn resolve(
     if let Some(url) = url_setting(&layers, "amqp_url", &["amqp", "amqps"], &mut errors) {
         settings.amqp_url = url;
     }
+    settings.amqp_tls = amqp_tls(&layers, base_dir, &settings.amqp_url, &mut errors);
     if let Some(url) = url_setting(&layers, "management_url", &["http", "https"], &mut errors) {
         if url.split_once("://").is_some_and(|(_, rest)| {
             rest.split(['/', '?', '#'])
@@ -979,14 +996,36 @@ fn url_setting(
     let scheme_ok = text
         .split_once("://")
         .is_some_and(|(scheme, rest)| schemes.contains(&scheme) && !rest.is_empty());
-    if scheme_ok {
-        return Some(text);
-    }
     let example = match key {
         "database_url" => DEFAULT_DATABASE_URL,
         "management_url" => "http://127.0.0.1:15672",
         _ => DEFAULT_AMQP_URL,
     };
+    if scheme_ok {
+        // Parsed as the client will parse it, so a bad port or host is reported now, with the
+        // password hidden (the parsers' messages never quote the URL).
+        let problem = match key {
+            "database_url" => text
+                .parse::<sqlx::postgres::PgConnectOptions>()
+                .err()
+                .map(|e| format!("not a valid PostgreSQL URL ({e}); write it like {example:?}"))
+                .or_else(|| {
+                    chime_worker::tls::check_database_url(&text)
+                        .err()
+                        .map(|e| e.to_string())
+                }),
+            "amqp_url" => text
+                .parse::<lapin::uri::AMQPUri>()
+                .err()
+                .map(|e| format!("not a valid AMQP URL ({e}); write it like {example:?}")),
+            _ => None,
+        };
+        let Some(problem) = problem else {
+            return Some(text);
+        };
+        errors.push(place.error(Some(format!("{:?}", redact_url(&text))), problem));
+        return None;
+    }
     errors.push(place.error(
         Some(format!("{:?}", redact_url(&text))),
         format!(
@@ -1145,25 +1184,68 @@ fn job_patterns(
     Some(texts.into_iter().map(resolve).collect())
 }
 
-/// The URL with its password, if any, replaced by `***`.
-pub(super) fn redact_url(url: &str) -> String {
-    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
-        return url.to_owned();
-    };
-    let rest = &url[scheme_end..];
-    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
-    let Some(at) = authority.rfind('@') else {
-        return url.to_owned();
-    };
-    let Some(colon) = authority[..at].find(':') else {
-        return url.to_owned();
-    };
-    format!(
-        "{}{}:***{}",
-        &url[..scheme_end],
-        &authority[..colon],
-        &rest[at..]
-    )
+/// The `amqp_tls.*` settings, every file read and checked against `amqp_url`. Relative paths
+/// from the settings file are resolved against `base_dir`.
+fn amqp_tls(
+    layers: &Layers,
+    base_dir: Option<&Path>,
+    amqp_url: &str,
+    errors: &mut Vec<ConfigError>,
+) -> AmqpTls {
+    let mut tls = AmqpTls::default();
+    let mut complete = true;
+    for (key, slot) in [
+        ("amqp_tls.ca_file", &mut tls.ca_file),
+        ("amqp_tls.cert_file", &mut tls.cert_file),
+        ("amqp_tls.key_file", &mut tls.key_file),
+    ] {
+        let Some((text, place)) = string(layers, key, errors) else {
+            complete &= layers.get(key).is_none();
+            continue;
+        };
+        if text.trim().is_empty() {
+            errors.push(place.error(
+                Some(format!("{text:?}")),
+                "expected the path of a PEM file, such as \"/etc/chime/tls/ca.pem\"",
+            ));
+            complete = false;
+            continue;
+        }
+        let path = PathBuf::from(text);
+        *slot = Some(match (&place, base_dir) {
+            (Place::File { .. }, Some(dir)) if path.is_relative() => dir.join(path),
+            _ => path,
+        });
+    }
+    if !complete {
+        return AmqpTls::default();
+    }
+    match tls.check(amqp_url) {
+        Ok(()) => tls,
+        Err(error) => {
+            // Blame the setting the error is about, else the first amqp_tls key that is set.
+            let key = [
+                "amqp_tls.ca_file",
+                "amqp_tls.cert_file",
+                "amqp_tls.key_file",
+            ]
+            .into_iter()
+            .find(|key| *key == error.setting())
+            .or_else(|| {
+                [
+                    "amqp_tls.ca_file",
+                    "amqp_tls.cert_file",
+                    "amqp_tls.key_file",
+                ]
+                .into_iter()
+                .find(|key| layers.get(key).is_some())
+            });
+            if let Some((value, place)) = key.and_then(|key| layers.get(key)) {
+                errors.push(place.error(Some(render_config(value)), error.problem()));
+            }
+            AmqpTls::default()
+        }
+    }
 }
 
 #[cfg(test)]

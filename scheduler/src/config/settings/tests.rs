@@ -65,6 +65,7 @@ fn settings_file_sets_every_key_and_resolves_job_paths_against_its_directory() {
         Settings {
             database_url: "postgres://chime@db.internal:5432/chime".into(),
             amqp_url: "amqp://chime@mq.internal:5672/%2f".into(),
+            amqp_tls: AmqpTls::default(),
             management_url: Some("http://mq.internal:15672".into()),
             instance_id: Some("scheduler-1".into()),
             bind: "0.0.0.0:9000".parse().unwrap(),
@@ -199,7 +200,7 @@ fn unknown_keys_suggest_the_setting_meant() {
     assert_eq!(
         errors,
         [
-            r#"chime.toml: key "colour" = "blue": unknown key; remove it, or use one of the settings: database_url, amqp_url, management_url, instance_id, bind, queue_prefix, jobs, leader.lease_ttl, leader.renew_interval, planner.lookahead, rescuer.interval, rescuer.rescue_after, rescuer.retry_slack, alerts.webhook, alerts.format, alerts.min_interval, alerts.consecutive_failures, retention.max_age, retention.interval, retention.batch_size, retention.audit_max_age"#,
+            r#"chime.toml: key "colour" = "blue": unknown key; remove it, or use one of the settings: database_url, amqp_url, amqp_tls.ca_file, amqp_tls.cert_file, amqp_tls.key_file, management_url, instance_id, bind, queue_prefix, jobs, leader.lease_ttl, leader.renew_interval, planner.lookahead, rescuer.interval, rescuer.rescue_after, rescuer.retry_slack, alerts.webhook, alerts.format, alerts.min_interval, alerts.consecutive_failures, retention.max_age, retention.interval, retention.batch_size, retention.audit_max_age"#,
             r#"chime.toml: key "databse_url" = "postgres://db/chime": unknown key; did you mean "database_url"?"#,
             r#"chime.toml: key "leader.renew_intreval" = "1s": unknown key; did you mean "leader.renew_interval"?"#,
             r#"chime.toml: key "lease_ttl" = "5s": unknown key; did you mean "leader.lease_ttl"?"#,
@@ -366,28 +367,151 @@ fn debug_output_hides_passwords() {
     );
 }
 
+/// Issue 10: each of these printed the password, whole or in part.
 #[test]
-fn redacted_urls() {
-    let table = [
+fn url_mistakes_never_show_the_password() {
+    for (key, url) in [
+        ("database_url", "postgres://u:secret@host:notaport/db"),
+        ("database_url", "postgres://u:sec@ret@host:notaport/db"),
+        ("database_url", "u:secret@host/db"),
         (
-            "postgres://postgres@127.0.0.1:5432/chime",
-            "postgres://postgres@127.0.0.1:5432/chime",
+            "database_url",
+            "postgres://u@host/db?password=secret&sslmode=bogus",
         ),
-        (
-            "amqp://guest:guest@127.0.0.1:5672/%2f",
-            "amqp://guest:***@127.0.0.1:5672/%2f",
-        ),
-        ("postgres://u:p@ss@db/chime", "postgres://u:***@db/chime"),
-        (
-            "amqps://u:p@mq?heartbeat=10",
-            "amqps://u:***@mq?heartbeat=10",
-        ),
-        ("postgres://db/a@b", "postgres://db/a@b"),
-        ("not a url", "not a url"),
-    ];
-    for (url, want) in table {
-        assert_eq!(redact_url(url), want, "{url}");
+        ("amqp_url", "amqp://u:secret@host:notaport/%2f"),
+        ("amqp_url", "u:secret@host/%2f"),
+    ] {
+        let errors = toml_errors(&format!("{key} = {url:?}\n"), &[]).join("\n");
+        assert!(
+            errors.starts_with(&format!("chime.toml: key \"{key}\" = ")),
+            "{errors}"
+        );
+        assert!(
+            !errors.contains("secret") && !errors.contains("ret@"),
+            "{errors}"
+        );
+        let variable = if key == "database_url" {
+            "CHIME_DATABASE_URL"
+        } else {
+            "CHIME_AMQP_URL"
+        };
+        let errors = toml_errors("", &[(variable, url)]).join("\n");
+        assert!(errors.contains(variable), "{errors}");
+        assert!(!errors.contains("secret"), "{errors}");
     }
+    let errors = toml_errors(
+        "database_url = \"postgres://u:secret@host:notaport/db\"\n",
+        &[],
+    );
+    assert_eq!(
+        errors,
+        [
+            "chime.toml: key \"database_url\" = \"postgres://u:***@host:notaport/db\": not a \
+             valid PostgreSQL URL (error with configuration: invalid port number); write it like \
+             \"postgres://postgres@127.0.0.1:5432/chime\""
+        ]
+    );
+}
+
+fn tls_fixture() -> PathBuf {
+    fixture("tls/ca.pem")
+}
+
+#[test]
+fn amqp_tls_paths_resolve_against_the_settings_file_and_come_from_the_environment() {
+    let root = SourceFormat::Toml
+        .parse(
+            "chime.toml",
+            "amqp_url = \"amqps://mq.internal:5671/%2f\"\n[amqp_tls]\nca_file = \"tls/ca.pem\"\n",
+        )
+        .unwrap();
+    let settings = resolve(
+        Some(("chime.toml".to_owned(), root)),
+        Some(&fixture("")),
+        Some(env(&[])),
+    )
+    .unwrap();
+    assert_eq!(settings.amqp_tls, AmqpTls::new().ca_file(tls_fixture()));
+
+    let ca = tls_fixture().display().to_string();
+    let settings = Settings::load_with_env(
+        None,
+        env(&[
+            ("CHIME_AMQP_URL", "amqps://mq.internal:5671/%2f"),
+            ("CHIME_AMQP_TLS__CA_FILE", &ca),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(settings.amqp_tls.ca_file, Some(tls_fixture()));
+    let debug = format!("{settings:?}");
+    assert!(debug.contains("ca.pem"), "{debug}");
+}
+
+#[test]
+fn amqp_tls_mistakes_name_the_setting() {
+    let ca = tls_fixture().display().to_string();
+    let amqps = ("CHIME_AMQP_URL", "amqps://u:secret@mq:5671/%2f");
+    // TLS options with a plaintext URL.
+    let errors = toml_errors(&format!("[amqp_tls]\nca_file = {ca:?}\n"), &[]);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].starts_with("chime.toml: key \"amqp_tls.ca_file\" = ")
+            && errors[0].contains("write it as amqps://"),
+        "{errors:?}"
+    );
+    // A missing file, from the environment.
+    let errors = toml_errors(
+        "",
+        &[amqps, ("CHIME_AMQP_TLS__CA_FILE", "/nonexistent/ca.pem")],
+    );
+    assert_eq!(
+        errors,
+        [
+            "environment variable CHIME_AMQP_TLS__CA_FILE = \"/nonexistent/ca.pem\": cannot read \
+          the file (No such file or directory (os error 2)); give the path of a readable PEM file"
+        ]
+    );
+    // A file that is no certificate: the settings file itself.
+    let not_pem = fixture("settings.toml").display().to_string();
+    let errors = toml_errors(&format!("[amqp_tls]\nca_file = {not_pem:?}\n"), &[amqps]);
+    assert!(
+        errors.len() == 1
+            && errors[0].contains("amqp_tls.ca_file")
+            && errors[0].contains("holds no certificate"),
+        "{errors:?}"
+    );
+    // A certificate without its key.
+    let errors = toml_errors(&format!("[amqp_tls]\ncert_file = {ca:?}\n"), &[amqps]);
+    assert_eq!(
+        errors,
+        ["chime.toml: key \"amqp_tls.cert_file\" = ".to_owned()
+            + &format!("{ca:?}")
+            + ": is set without amqp_tls.key_file: a client certificate needs both its \
+               certificate and its key; set amqp_tls.key_file, or remove amqp_tls.cert_file"]
+    );
+    // A misspelt key and a misspelt variable.
+    let errors = toml_errors("[amqp_tls]\nca_flie = \"ca.pem\"\n", &[amqps]);
+    assert!(
+        errors[0].contains("did you mean \"amqp_tls.ca_file\"?"),
+        "{errors:?}"
+    );
+    let errors = toml_errors("", &[amqps, ("CHIME_AMQP_TLS_CA_FILE", &ca)]);
+    assert!(
+        errors[0].contains("did you mean CHIME_AMQP_TLS__CA_FILE?"),
+        "{errors:?}"
+    );
+    // A database URL naming a root certificate that is not there.
+    let errors = toml_errors(
+        "database_url = \"postgres://db/chime?sslmode=verify-full&sslrootcert=/nonexistent/root.pem\"\n",
+        &[],
+    );
+    assert!(
+        errors.len() == 1
+            && errors[0].contains(
+                "database_url sslrootcert = \"/nonexistent/root.pem\": cannot read the file"
+            ),
+        "{errors:?}"
+    );
 }
 
 #[test]
