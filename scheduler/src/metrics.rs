@@ -11,7 +11,8 @@
 //! the lease's `chime_leader_term` (the same everywhere: aggregate it with `max`). An instance
 //! without an elector (`Metrics::new(None, …)`) exports everything.
 //!
-//! * each fire's lateness to its start (scheduled → started) and its publish offset
+//! * each fire's lateness to its handler's start (scheduled → started, read once the attempt's
+//!   outcome is recorded: until then `started_at` is the claim's estimate) and its publish offset
 //!   (published − scheduled: negative by design, as the dispatcher publishes a trigger its
 //!   *lead* of 200 ms ahead of the instant; positive when published late), database clock,
 //!   and the runs that finished, with their attempts and retries, are observed by a cursor that
@@ -142,8 +143,7 @@ impl Metrics {
             HistogramOpts::new(
                 "chime_fire_lateness_seconds",
                 "Lateness of fires: scheduled instant to started (stage=\"started\": the \
-                 worker's claim, or the instant itself for a trigger claimed ahead), database \
-                 clock.",
+                 handler's start as the worker recorded it with the outcome), database clock.",
             )
             .buckets(vec![
                 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,

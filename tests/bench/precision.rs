@@ -3,6 +3,7 @@
 //! lateness from the scheduled instant to the handler's start. Optionally writes every
 //! execution to a CSV `job_id,intended_at_unix_ms,started_at_unix_ms`.
 
+use std::collections::HashMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -15,7 +16,7 @@ use crate::jobs::{JobDef, specs};
 use crate::recorder::Workers;
 use crate::report::{Report, Row, ms, share, summary};
 use crate::sandbox::{Sandbox, Services, bounded, poll, sleep_until_us, within};
-use crate::stats::{Execution, Tally, Window, tally};
+use crate::stats::{Execution, Summary, Tally, Window, tally};
 
 const SECOND: i64 = 1_000_000;
 
@@ -47,6 +48,10 @@ pub struct Results {
     pub tally: Tally,
     /// Executions observed in the whole run, warm-up and tail included.
     pub executions: usize,
+    /// How far each execution's recorded `started_at` (database) is from its handler's start
+    /// as the worker saw it, in absolute milliseconds: the database's lateness against the
+    /// worker-side figure above, for the same runs.
+    pub database_vs_worker: Summary,
 }
 
 /// Runs the scenario in a fresh sandbox.
@@ -126,6 +131,7 @@ async fn measure(sandbox: &Sandbox, params: &Params) -> anyhow::Result<Report> {
         );
     }
     let tally = tally(&executions, jobs, &window);
+    let database_vs_worker = database_vs_worker(sandbox, &executions).await?;
     Ok(report(
         params,
         &tally,
@@ -133,6 +139,7 @@ async fn measure(sandbox: &Sandbox, params: &Params) -> anyhow::Result<Report> {
             window,
             tally: tally.clone(),
             executions: executions.len(),
+            database_vs_worker,
         },
     ))
 }
@@ -169,6 +176,10 @@ fn report(params: &Params, t: &Tally, results: Results) -> Report {
             "≤ 10 ms",
             t.lateness.p99_ms.is_some_and(|p99| p99 <= 10.0),
         ),
+        Row::info(
+            "|database started_at − handler start|",
+            summary(&results.database_vs_worker),
+        ),
     ];
     Report {
         scenario: "precision",
@@ -187,6 +198,40 @@ fn report(params: &Params, t: &Tally, results: Results) -> Report {
             ),
         ],
     }
+}
+
+/// For every execution, `|started_at − the handler's own start|` in ms, `started_at` as the
+/// outcome recorded it on the attempt (docs/runs.md); an execution without a recorded attempt
+/// is an error.
+async fn database_vs_worker(
+    sandbox: &Sandbox,
+    executions: &[Execution],
+) -> anyhow::Result<Summary> {
+    let run_ids: Vec<i64> = executions.iter().map(|e| e.run_id).collect();
+    let recorded: Vec<(i64, i32, i64)> = sqlx::query_as(
+        "SELECT run_id, attempt, (extract(epoch FROM started_at) * 1000000)::bigint
+           FROM chime_attempts WHERE run_id = ANY($1) AND state <> 'running'",
+    )
+    .bind(&run_ids)
+    .fetch_all(sandbox.store.pool())
+    .await
+    .context("reading the recorded starts")?;
+    let recorded: HashMap<(i64, i32), i64> = recorded
+        .into_iter()
+        .map(|(run, attempt, at)| ((run, attempt), at))
+        .collect();
+    let mut differences = Vec::with_capacity(executions.len());
+    for e in executions {
+        let attempt = i32::try_from(e.attempt)?;
+        let Some(at) = recorded.get(&(e.run_id, attempt)) else {
+            anyhow::bail!(
+                "run {} attempt {attempt} ran but has no recorded start",
+                e.run_id
+            );
+        };
+        differences.push((at - e.started_us).abs() as f64 / 1000.0);
+    }
+    Ok(Summary::of(differences))
 }
 
 /// `job_id,intended_at_unix_ms,started_at_unix_ms`, one row per execution, times with

@@ -1,6 +1,8 @@
 //! CI-sized smoke runs of `chime-bench`, one per scenario (a few seconds, a handful of jobs), so
 //! the benchmark command keeps working. They assert correctness only — every fire delivered,
-//! none twice, the crashed worker's runs rerun — never timings, which depend on the machine.
+//! none twice, the crashed worker's runs rerun — never timings, which depend on the machine;
+//! the one figure checked is precision's agreement between each run's recorded `started_at` and
+//! its handler's own start (two readings of the same instant, with room for a loaded machine).
 //!
 //! `scale` and `failover` run the real `chime` binary from the same target directory; `cargo
 //! test` does not build it (only `cargo build` does), so these two fail with the command to run
@@ -117,6 +119,25 @@ async fn bench_smoke_precision_delivers_every_fire_once_and_writes_the_csv() {
     assert_eq!(number(&report, "/tally/missed"), 0);
     assert_eq!(number(&report, "/tally/duplicates"), 0);
     assert_eq!(report["correct"], true);
+    // The database's started_at and the handler's own start agree for every run: the same
+    // lateness on every surface as the worker measured (docs/runs.md).
+    assert_eq!(
+        number(&report, "/database_vs_worker/count"),
+        number(&report, "/executions")
+    );
+    // A few ms typically (the claim statement's way to the server, the handler task's spawn);
+    // the tail has room for a loaded machine, far below a held-up start's error.
+    let apart = |at: &str| {
+        report["results"]["database_vs_worker"][at]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no {at} in {report:#}"))
+    };
+    let (median, largest) = (apart("p50_ms"), apart("max_ms"));
+    assert!(
+        median <= 5.0 && largest <= 25.0,
+        "the database's started_at is {median} ms (median), up to {largest} ms, from the \
+         handler's start"
+    );
     let text = std::fs::read_to_string(csv.path()).expect("csv written");
     let mut lines = text.lines();
     assert_eq!(

@@ -6,17 +6,19 @@
 //! burst costs a few. A delivery whose run the batch did not claim is claimed alone
 //! ([`crate::store::Store::claim`]), which also reads why it was refused.
 
+use std::collections::HashMap;
+
 use tokio::sync::{mpsc, oneshot};
 
-use crate::store::{ClaimRequest, Store};
+use crate::store::{ClaimClock, ClaimRequest, Store};
 
 /// Claims per statement at most.
 const MAX_BATCH: usize = 512;
 
 /// What the batch did with one claim.
 pub(crate) enum Batched {
-    /// The attempt is this worker's.
-    Claimed,
+    /// The attempt is this worker's; `clock` dates the claim.
+    Claimed { clock: ClaimClock },
     /// Not claimed by the batch: claim it alone. `maybe_ours` when the batch failed, so its
     /// commit may have happened with the reply lost.
     Alone { maybe_ours: bool },
@@ -46,11 +48,11 @@ impl ClaimBatcher {
                     batch.iter().map(|(claim, _)| claim.clone()).collect();
                 match store.claim_many(&claims, &worker_id, &group).await {
                     Ok(claimed) => {
+                        let claimed: HashMap<i64, ClaimClock> = claimed.into_iter().collect();
                         for (claim, reply) in batch {
-                            let answer = if claimed.contains(&claim.run_id) {
-                                Batched::Claimed
-                            } else {
-                                Batched::Alone { maybe_ours: false }
+                            let answer = match claimed.get(&claim.run_id) {
+                                Some(&clock) => Batched::Claimed { clock },
+                                None => Batched::Alone { maybe_ours: false },
                             };
                             let _ = reply.send(answer);
                         }

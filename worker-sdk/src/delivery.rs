@@ -36,7 +36,8 @@ use crate::protocol::{HEADER_NOT_BEFORE, Trigger};
 use crate::recording::Batched;
 use crate::retry::{self, Wait};
 use crate::store::{
-    AttemptRecord, Claim, ClaimRequest, DeadRun, Recorded, RunSnapshot, TakeOver, TakenOver,
+    AttemptRecord, Claim, ClaimClock, ClaimRequest, DeadRun, Recorded, RunSnapshot, TakeOver,
+    TakenOver,
 };
 use crate::verify::{self, Seen};
 use crate::worker::{Entered, InFlight, Shared, Unrecorded};
@@ -136,6 +137,7 @@ async fn after_panic(shared: &Shared, link: &Link, inbound: &Inbound, reason: St
             next_attempt_at: None,
             duration: Duration::ZERO,
             lines: &[],
+            started_at: None,
         };
         match shared
             .store
@@ -266,14 +268,16 @@ async fn run(shared: Arc<Shared>, link: Arc<Link>, delivery: Arc<Inbound>, mut t
     };
 
     // At most `capacity` handlers run at once. A delivery that is due takes its handler slot
-    // before the claim, so its `started_at` is when its handler starts; one claimed ahead of its
-    // instant takes it at the instant (held deliveries wait outside the slots).
+    // before the claim, so the claim's `started_at` estimate is about when its handler starts;
+    // one claimed ahead of its instant takes it at the instant (held deliveries wait outside
+    // the slots), and the outcome records when it really started.
     let mut handler_slot = None;
     if start_at.is_none() {
         handler_slot = shared.handler_slots.acquire().await.ok();
     }
 
-    let Some(attempt) = acquire(&shared, &link, &delivery, &trigger, start_at).await else {
+    let Some((attempt, claim)) = acquire(&shared, &link, &delivery, &trigger, start_at).await
+    else {
         return;
     };
     delivery.set_claimed(trigger.run_id, attempt);
@@ -283,19 +287,21 @@ async fn run(shared: Arc<Shared>, link: Arc<Link>, delivery: Arc<Inbound>, mut t
     }
 
     // Claimed: only the handler's start is left for the instant. The wait holds the delivery
-    // (unacked, within the prefetch's hold budget) but not a handler slot. A run claimed ahead
-    // is recorded as started at its instant, so its duration is measured from the instant too
-    // (on the monotonic clock), and `finished_at` = `started_at` + duration stays true.
-    let mut started = Instant::now();
+    // (unacked, within the prefetch's hold budget) but not a handler slot.
     if let Some(at) = start_at
-        && let Ok(ahead) = (at - Utc::now()).to_std()
+        && (at - Utc::now()).to_std().is_ok()
     {
-        started = started.checked_add(ahead).unwrap_or(started);
         hold_until(at).await;
     }
     if handler_slot.is_none() {
         handler_slot = shared.handler_slots.acquire().await.ok();
     }
+    // The handler starts now, however long the instant or a free slot kept it. Its start goes
+    // on record on the database's clock (see `ClaimClock`): a claim ahead of its instant wrote
+    // the instant, but a worker saturated at that instant starts later. The duration runs from
+    // here.
+    let started = Instant::now();
+    let started_at = claim.started_at(started.into_std());
     let job: Arc<str> = trigger.job.as_str().into();
     let (flush_tx, flush_rx) = mpsc::channel(MAX_PENDING_BATCHES);
     let sink = Arc::new(LogSink::new(
@@ -386,6 +392,7 @@ async fn run(shared: Arc<Shared>, link: Arc<Link>, delivery: Arc<Inbound>, mut t
         next_attempt_at,
         duration,
         lines,
+        started_at,
     };
     finish(&shared, &link, &delivery, trigger.run_id, pending).await
 }
@@ -517,7 +524,7 @@ async fn acquire(
     delivery: &Inbound,
     trigger: &Trigger,
     start_at: Option<DateTime<Utc>>,
-) -> Option<u32> {
+) -> Option<(u32, ClaimClock)> {
     let limit = shared.topology.delivery_limit();
     let deliveries = delay::delivery_count(&delivery.delivery);
     let last = limit > 0 && deliveries >= limit;
@@ -535,7 +542,7 @@ async fn acquire(
             starts_at: start_at,
         };
         match shared.claims.claim(claim).await {
-            claims::Batched::Claimed => return Some(trigger.attempt),
+            claims::Batched::Claimed { clock } => return Some((trigger.attempt, clock)),
             claims::Batched::Alone { maybe_ours: m } => maybe_ours = m,
         }
     }
@@ -554,7 +561,7 @@ async fn acquire(
                 )
                 .await
             {
-                Ok(Claim::Claimed) => return Some(trigger.attempt),
+                Ok(Claim::Claimed { clock }) => return Some((trigger.attempt, clock)),
                 Ok(Claim::Refused(run)) => Ok(run),
                 Err(error) => Err(error),
             }
@@ -623,7 +630,9 @@ async fn acquire(
                 } else if run.worker_lost || ours {
                     // `ours` here: claimed by this worker id before it last registered.
                     match take_over(shared, trigger, &run, &holder, ours, last, deliveries).await {
-                        Ok(TakenOver::Claimed { attempt }) => return Some(attempt),
+                        Ok(TakenOver::Claimed { attempt, clock }) => {
+                            return Some((attempt, clock));
+                        }
                         Ok(TakenOver::Dead { reason }) => {
                             tracing::error!(%reason, lost_worker = %holder, "run dead: its attempt was lost with its worker, and no attempt is left");
                             park_dead(shared, link, delivery, &reason, None).await;
@@ -736,7 +745,7 @@ async fn take_over(
             &shared.id,
         )
         .await?;
-    if let TakenOver::Claimed { attempt } = taken {
+    if let TakenOver::Claimed { attempt, .. } = taken {
         tracing::warn!(lost_worker = %holder, lost_attempt = lost, attempt, "{lost_error}; took the run over as attempt {attempt}");
     }
     Ok(taken)

@@ -39,7 +39,9 @@ macro_rules! run_snapshot_select {
 /// last (every publisher, the scheduler's outbox and a worker's retry alike, publishes the run's
 /// attempt + 1; a trigger that skips ahead is forged or corrupt). The trailing SELECT reads the run
 /// as it was *before* the update (data-modifying CTEs are invisible to the outer query), so a
-/// refused claim says why.
+/// refused claim says why. `claim_clock` is the database clock at the statement's start (the
+/// run's `started_at` estimate is the instant instead for a claim ahead of it): the worker
+/// dates its handler's real start from it ([`ClaimClock`]).
 const CLAIM_SQL: &str = concat!(
     "WITH claimed AS (
     UPDATE chime_runs
@@ -54,14 +56,15 @@ const CLAIM_SQL: &str = concat!(
     INSERT INTO chime_attempts (run_id, attempt, worker_id, state, started_at)
     SELECT id, $2, $3, 'running', started_at FROM claimed
 )
-SELECT (SELECT started_at FROM claimed) AS claimed_at,
+SELECT (SELECT started_at FROM claimed) AS claimed_at, statement_timestamp() AS claim_clock,
        ",
     run_snapshot_select!()
 );
 
 /// The claim of several deliveries at once: the same conditions as [`CLAIM_SQL`], one row of
 /// input per delivery (`$1` run ids, `$2` attempts, `$3` jobs, `$4` start instants or the
-/// epoch, `$5` worker id, `$6` the worker's group); returns the ids claimed. The rows are locked in id order first, as
+/// epoch, `$5` worker id, `$6` the worker's group); returns the ids claimed, each with the
+/// database clock at the statement's start (`claim_clock`, as [`CLAIM_SQL`] returns it). The rows are locked in id order first, as
 /// the leader's mark of published runs does, so two multi-row statements never deadlock (each
 /// deadlock cost a second: PostgreSQL's `deadlock_timeout`).
 ///
@@ -92,7 +95,7 @@ const CLAIM_MANY_SQL: &str = "WITH input AS MATERIALIZED (
     INSERT INTO chime_attempts (run_id, attempt, worker_id, state, started_at)
     SELECT id, attempt, $5, 'running', started_at FROM claimed
 )
-SELECT id FROM claimed";
+SELECT id, statement_timestamp() AS claim_clock FROM claimed";
 
 /// The outcomes of several attempts at once, in one statement: the same writes and fences as
 /// [`Store::record_outcome`] (the attempt row only while it is `running` on this worker; the
@@ -100,7 +103,8 @@ SELECT id FROM claimed";
 /// `retrying` or `dead` when an operator asked to cancel meanwhile; log lines only with a
 /// recorded attempt), one row of input per attempt (`$1` run ids, `$2` attempts, `$3` attempt
 /// states, `$4` durations in ms, `$5` errors, `$6` run states, `$7` dead reasons, `$8` next
-/// attempt instants, `$9` worker id; log lines flattened in `$10`–`$14`). The run rows are
+/// attempt instants, `$9` worker id; log lines flattened in `$10`–`$14`; `$15` the handlers'
+/// starts, see [`AttemptRecord::started_at`]). The run rows are
 /// locked in id order, each before its attempt row, as the batched claim, the leader's mark of
 /// published runs and the rescuer (runs, then attempts) lock them, so none of these statements
 /// deadlock with another. Returns, per input run, whether its attempt row was written and the
@@ -118,8 +122,9 @@ SELECT id FROM claimed";
 /// not a scan per batch row is an index lookup per batch row.
 const RECORD_MANY_SQL: &str = "WITH input AS MATERIALIZED (
     SELECT * FROM UNNEST($1::bigint[], $2::int[], $3::text[], $4::bigint[], $5::text[],
-                         $6::text[], $7::text[], $8::timestamptz[])
-        AS i(run_id, attempt, attempt_state, duration_ms, error, run_state, reason, next_at)
+                         $6::text[], $7::text[], $8::timestamptz[], $15::timestamptz[])
+        AS i(run_id, attempt, attempt_state, duration_ms, error, run_state, reason, next_at,
+             started)
 ), found AS MATERIALIZED (
     SELECT i.*, r.run_ours, r.cancel_requested, a.ours IS NOT NULL AS attempt_ours
       FROM (SELECT * FROM input ORDER BY run_id) i
@@ -137,14 +142,17 @@ const RECORD_MANY_SQL: &str = "WITH input AS MATERIALIZED (
 ), attempts AS (
     UPDATE chime_attempts a
        SET state = f.attempt_state, duration_ms = f.duration_ms, error = f.error,
-           finished_at = a.started_at + f.duration_ms::float8 * interval '1 millisecond'
+           started_at = coalesce(f.started, a.started_at),
+           finished_at = coalesce(f.started, a.started_at)
+                         + f.duration_ms::float8 * interval '1 millisecond'
       FROM found f
      WHERE a.run_id = ANY (ARRAY[f.run_id]) AND a.attempt = ANY (ARRAY[f.attempt]) AND f.attempt_ours
-    RETURNING a.run_id, a.finished_at
+    RETURNING a.run_id, a.started_at, a.finished_at
 ), runs AS (
     UPDATE chime_runs r
        SET state = CASE WHEN f.run_state IN ('retrying', 'dead') AND f.cancel_requested
                         THEN 'cancelled' ELSE f.run_state END,
+           started_at = a.started_at,
            finished_at = CASE WHEN f.run_state = 'retrying' AND NOT f.cancel_requested
                               THEN NULL ELSE a.finished_at END,
            error = f.error,
@@ -241,10 +249,35 @@ pub(crate) struct RunSnapshot {
 /// Result of a claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Claim {
-    /// This worker owns the attempt now.
-    Claimed,
+    /// This worker owns the attempt now; `clock` dates the claim (or the retry that found the
+    /// claim ours): the handler starts after it.
+    Claimed { clock: ClaimClock },
     /// Duplicate or stale delivery: the run is not waiting for this attempt (`None`: no such run).
     Refused(Option<RunSnapshot>),
+}
+
+/// A claim's statement as the two clocks saw it: the database's clock at the statement's start
+/// (`statement_timestamp()`) and the worker's monotonic clock just before it was sent, on a
+/// connection already acquired. The statement cannot start before it is sent, so a handler's
+/// start dated from these ([`ClaimClock::started_at`]) is never earlier than it really was,
+/// and later only by the statement's way to the server (well under a millisecond locally).
+/// Dating from the reply instead would be early by the commit and the worker's wake-up, which
+/// on a busy machine is tens of milliseconds: exactly the lateness this figure is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ClaimClock {
+    pub db: DateTime<Utc>,
+    pub sent: Instant,
+}
+
+impl ClaimClock {
+    /// A handler started at `started` (monotonic), on the database's clock: the claim's clock
+    /// plus the monotonic time since the claim was sent, so never before the claim. `None`
+    /// only past chrono's range.
+    pub(crate) fn started_at(&self, started: Instant) -> Option<DateTime<Utc>> {
+        let waited =
+            chrono::TimeDelta::from_std(started.saturating_duration_since(self.sent)).ok()?;
+        self.db.checked_add_signed(waited)
+    }
 }
 
 /// What recording an outcome changed.
@@ -269,6 +302,10 @@ pub(crate) struct AttemptRecord<'a> {
     pub next_attempt_at: Option<DateTime<Utc>>,
     /// How long the handler ran (monotonic clock).
     pub duration: Duration,
+    /// When the handler started, on the database clock ([`ClaimClock::started_at`]). It
+    /// replaces the claim's estimate in the attempt's and the run's `started_at`; `None` keeps
+    /// the estimate.
+    pub started_at: Option<DateTime<Utc>>,
     /// Log lines not stored yet.
     pub lines: &'a [LogLine],
 }
@@ -300,8 +337,9 @@ pub(crate) struct TakeOver<'a> {
 /// What a take-over did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum TakenOver {
-    /// The lost attempt is recorded and this worker owns the next one, `attempt`.
-    Claimed { attempt: u32 },
+    /// The lost attempt is recorded and this worker owns the next one, `attempt`; `clock`
+    /// dates the claim (see [`Claim::Claimed`]).
+    Claimed { attempt: u32, clock: ClaimClock },
     /// The lost attempt is recorded and the run is dead with `reason`.
     Dead { reason: String },
     /// The lost attempt is recorded and the run cancelled: an operator had asked for it.
@@ -392,6 +430,8 @@ impl Store {
     ) -> Result<Claim, sqlx::Error> {
         let attempt = attempt_i32(trigger.attempt);
         self.retrying("claiming a run", |retry| async move {
+            let mut conn = self.pool.acquire().await?;
+            let sent = Instant::now();
             let row = sqlx::query(CLAIM_SQL)
                 .bind(trigger.run_id)
                 .bind(attempt)
@@ -399,19 +439,23 @@ impl Store {
                 .bind(&trigger.job)
                 .bind(starts_at)
                 .bind(group)
-                .fetch_optional(&self.pool)
+                .fetch_optional(&mut *conn)
                 .await?;
             let Some(row) = row else {
                 return Ok(Claim::Refused(None));
             };
             let claimed_at: Option<DateTime<Utc>> = row.try_get("claimed_at")?;
+            let clock = ClaimClock {
+                db: row.try_get("claim_clock")?,
+                sent,
+            };
             let snapshot = snapshot(&row)?;
             let ours_from_a_lost_reply = (retry > 0 || maybe_ours)
                 && snapshot.state == "running"
                 && snapshot.attempt == attempt
                 && snapshot.worker_id.as_deref() == Some(worker_id);
             Ok(if claimed_at.is_some() || ours_from_a_lost_reply {
-                Claim::Claimed
+                Claim::Claimed { clock }
             } else {
                 Claim::Refused(Some(snapshot))
             })
@@ -420,14 +464,15 @@ impl Store {
     }
 
     /// Claims several attempts in one statement (see [`CLAIM_MANY_SQL`]); returns the run ids
-    /// claimed. No retries: a caller whose run is not in the answer (or gets an error) claims it
-    /// alone with [`Store::claim`], which also says why a claim was refused.
+    /// claimed, each with the database clock at its claim. No retries: a caller whose run is not
+    /// in the answer (or gets an error) claims it alone with [`Store::claim`], which also says
+    /// why a claim was refused.
     pub(crate) async fn claim_many(
         &self,
         claims: &[ClaimRequest],
         worker_id: &str,
         group: &str,
-    ) -> Result<Vec<i64>, sqlx::Error> {
+    ) -> Result<Vec<(i64, ClaimClock)>, sqlx::Error> {
         // Sorted, so two batches lock their rows in the same order.
         let mut claims: Vec<&ClaimRequest> = claims.iter().collect();
         claims.sort_by_key(|c| c.run_id);
@@ -439,7 +484,9 @@ impl Store {
             .iter()
             .map(|c| c.starts_at.unwrap_or(DateTime::<Utc>::UNIX_EPOCH))
             .collect();
-        sqlx::query_scalar(CLAIM_MANY_SQL)
+        let mut conn = self.pool.acquire().await?;
+        let sent = Instant::now();
+        let claimed: Vec<(i64, DateTime<Utc>)> = sqlx::query_as(CLAIM_MANY_SQL)
             .bind(&ids)
             .bind(&attempts)
             .bind(&jobs)
@@ -448,8 +495,12 @@ impl Store {
             .bind(group)
             // Planned for its arrays each time: see [`CUSTOM_PLAN`].
             .persistent(CUSTOM_PLAN)
-            .fetch_all(&self.pool)
-            .await
+            .fetch_all(&mut *conn)
+            .await?;
+        Ok(claimed
+            .into_iter()
+            .map(|(id, db)| (id, ClaimClock { db, sent }))
+            .collect())
     }
 
     /// The run as it is now (`None`: no such run).
@@ -563,7 +614,8 @@ impl Store {
                 TakenOver::Dead { reason }
             } else {
                 let next = attempt.saturating_add(1);
-                sqlx::query(
+                let sent = Instant::now();
+                let db: DateTime<Utc> = sqlx::query_scalar(
                     "WITH claimed AS (
                          UPDATE chime_runs
                             SET state = 'running', attempt = $2, worker_id = $3, started_at = now(),
@@ -572,15 +624,17 @@ impl Store {
                          RETURNING id, started_at
                      )
                      INSERT INTO chime_attempts (run_id, attempt, worker_id, state, started_at)
-                     SELECT id, $2, $3, 'running', started_at FROM claimed",
+                     SELECT id, $2, $3, 'running', started_at FROM claimed
+                     RETURNING statement_timestamp()",
                 )
                 .bind(t.run_id)
                 .bind(next)
                 .bind(worker_id)
-                .execute(&mut *tx)
+                .fetch_one(&mut *tx)
                 .await?;
                 TakenOver::Claimed {
                     attempt: u32::try_from(next).unwrap_or(u32::MAX),
+                    clock: ClaimClock { db, sent },
                 }
             };
             tx.commit().await?;
@@ -603,8 +657,9 @@ impl Store {
     }
 
     /// Records a finished attempt: attempt row, run row and the remaining log lines, in one
-    /// transaction. `finished_at` is `started_at + duration` (a monotonic duration measured by
-    /// the worker added to the DB clock's start), so a delayed write does not stretch the run.
+    /// transaction. `started_at` becomes the handler's real start ([`AttemptRecord::started_at`])
+    /// and `finished_at` is `started_at + duration` (a monotonic duration measured by the worker
+    /// added to the DB clock's start), so a delayed write does not stretch the run.
     ///
     /// A run an operator asked to cancel meanwhile ends `cancelled` rather than `retrying` or
     /// `dead`; the returned state says which.
@@ -627,6 +682,7 @@ impl Store {
             next_attempt_at,
             duration,
             lines,
+            started_at,
         } = *record;
         let reason = match &outcome.run {
             RunEnd::Dead { reason } => Some(reason.as_str()),
@@ -636,12 +692,13 @@ impl Store {
         let duration_ms = i64::try_from(duration.as_millis()).unwrap_or(i64::MAX);
         self.retrying("recording an attempt's outcome", |retry| async move {
             let mut tx = self.pool.begin().await?;
-            let finished_at: Option<DateTime<Utc>> = sqlx::query_scalar(
+            let times: Option<(DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
                 "UPDATE chime_attempts
                     SET state = $4, duration_ms = $5, error = $6,
-                        finished_at = started_at + $5::float8 * interval '1 millisecond'
+                        started_at = coalesce($7, started_at),
+                        finished_at = coalesce($7, started_at) + $5::float8 * interval '1 millisecond'
                   WHERE run_id = $1 AND attempt = $2 AND worker_id = $3 AND state = 'running'
-                 RETURNING finished_at",
+                 RETURNING started_at, finished_at",
             )
             .bind(run_id)
             .bind(attempt_no)
@@ -649,9 +706,10 @@ impl Store {
             .bind(outcome.attempt.as_str())
             .bind(duration_ms)
             .bind(outcome.error.as_deref())
+            .bind(started_at)
             .fetch_optional(&mut *tx)
             .await?;
-            let Some(finished_at) = finished_at else {
+            let Some((started_at, finished_at)) = times else {
                 if retry > 0 || maybe_ours {
                     let own: Option<(bool, String)> = sqlx::query_as(OWN_RECORD_SQL)
                         .bind(run_id)
@@ -680,7 +738,8 @@ impl Store {
                         reason = CASE WHEN $4 = 'dead' AND cancel_requested_at IS NULL
                                       THEN $7 ELSE reason END,
                         next_attempt_at = CASE WHEN $4 = 'retrying' AND cancel_requested_at IS NULL
-                                               THEN $8 END
+                                               THEN $8 END,
+                        started_at = $9
                   WHERE id = $1 AND attempt = $2 AND worker_id = $3 AND state = 'running'
                  RETURNING state",
             )
@@ -692,6 +751,7 @@ impl Store {
             .bind(outcome.error.as_deref())
             .bind(reason)
             .bind(next_attempt_at)
+            .bind(started_at)
             .fetch_optional(&mut *tx)
             .await?;
             insert_logs(&mut *tx, run_id, attempt, lines).await?;
@@ -722,6 +782,7 @@ impl Store {
         let mut run_states = Vec::with_capacity(rows.len());
         let mut reasons = Vec::with_capacity(rows.len());
         let mut next_at = Vec::with_capacity(rows.len());
+        let mut started = Vec::with_capacity(rows.len());
         let (mut log_runs, mut log_attempts, mut log_at, mut log_levels, mut log_messages) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for row in rows {
@@ -738,6 +799,7 @@ impl Store {
                 _ => None,
             });
             next_at.push(row.record.next_attempt_at);
+            started.push(row.record.started_at);
             for line in row.record.lines {
                 log_runs.push(row.run_id);
                 log_attempts.push(attempt);
@@ -761,6 +823,7 @@ impl Store {
             .bind(&log_at)
             .bind(&log_levels)
             .bind(&log_messages)
+            .bind(&started)
             .persistent(CUSTOM_PLAN)
             .fetch_all(&self.pool)
             .await?;
@@ -1082,6 +1145,7 @@ mod tests {
                 .bind(Vec::<DateTime<Utc>>::new())
                 .bind(Vec::<&str>::new())
                 .bind(Vec::<&str>::new())
+                .bind(vec![Some(Utc::now()); n])
                 .persistent(CUSTOM_PLAN)
                 .fetch_one(&pool)
                 .await

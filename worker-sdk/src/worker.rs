@@ -720,6 +720,8 @@ pub(crate) struct Unrecorded {
     pub next_attempt_at: Option<DateTime<Utc>>,
     pub duration: Duration,
     pub lines: Vec<LogLine>,
+    /// When the handler started (database clock), kept so a late write records the same start.
+    pub started_at: Option<DateTime<Utc>>,
 }
 
 impl Unrecorded {
@@ -730,6 +732,7 @@ impl Unrecorded {
             next_attempt_at: self.next_attempt_at,
             duration: self.duration,
             lines: &self.lines,
+            started_at: self.started_at,
         }
     }
 }

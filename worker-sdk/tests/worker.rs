@@ -791,6 +791,113 @@ async fn a_trigger_published_ahead_is_claimed_at_once_and_started_at_its_instant
     );
     let done = env.run_in_state(run_id, "succeeded").await;
     assert!(done.finished_at.unwrap() >= handler_start - chrono::Duration::milliseconds(5));
+    // The outcome records the handler's start, which for an on-time run is its instant: never
+    // before it (the recorded start errs late, if at all), a few ms after.
+    assert_start_recorded(&env, run_id, handler_start).await;
+    let recorded = env.run(run_id).await.started_at.unwrap() - scheduled;
+    assert!(
+        recorded >= chrono::Duration::milliseconds(-1)
+            && recorded < chrono::Duration::milliseconds(100),
+        "recorded as started {recorded} late"
+    );
+    running.stop().await;
+    env.cleanup().await;
+}
+
+/// The run's and its attempt's `started_at` are the handler's start as the handler saw it
+/// (`seen`, the same machine's clock), give or take the claim statement's way to the server and
+/// the handler task's spawn. `finished_at` is `started_at` + duration.
+async fn assert_start_recorded(env: &Env, run_id: i64, seen: chrono::DateTime<chrono::Utc>) {
+    let run = env.run(run_id).await;
+    let attempts = env.attempts(run_id).await;
+    let started = run.started_at.unwrap();
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(attempts[0].started_at, started, "run and attempt agree");
+    let off = started - seen;
+    assert!(
+        off.abs() < chrono::Duration::milliseconds(50),
+        "recorded start {started} is {} µs off the handler's own {seen}",
+        off.num_microseconds().unwrap()
+    );
+    let duration = chrono::Duration::milliseconds(attempts[0].duration_ms.unwrap());
+    assert_eq!(attempts[0].finished_at, Some(started + duration));
+    assert_eq!(run.finished_at, Some(started + duration));
+}
+
+/// Regression (issue 11): a trigger claimed ahead of its instant was recorded as started at the
+/// instant however long its handler then waited for a free slot, so every surface reported the
+/// run on time. Here the only slot is busy until the test releases it, well after the instant.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_run_claimed_ahead_but_held_up_records_its_real_start(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let release = Arc::new(Notify::new());
+    let released = release.clone();
+    let block_tx = started_tx.clone();
+    let worker = env
+        .worker()
+        .capacity(1)
+        .handle("block", move |_: JobContext, _: Value| {
+            let (started_tx, released) = (block_tx.clone(), released.clone());
+            async move {
+                started_tx.send(("block", chrono::Utc::now())).unwrap();
+                released.notified().await;
+                Ok(())
+            }
+        })
+        .handle("tick", move |_: JobContext, _: Value| {
+            let started_tx = started_tx.clone();
+            async move {
+                started_tx.send(("tick", chrono::Utc::now())).unwrap();
+                Ok(())
+            }
+        })
+        .build()
+        .unwrap();
+    let running = env.start(worker);
+    let blocker = env.submit("block", Value::Null).await;
+    let (job, _) = tokio::time::timeout(WAIT, started.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(job, "block", "the blocker holds the only slot");
+
+    let (run_id, trigger, headers) = early_trigger(&env, "tick", Duration::from_millis(200)).await;
+    env.publish_with_headers(&trigger, headers).await;
+    // Claimed during the hold: until its outcome, the run shows the claim's estimate.
+    let claimed = env.run_in_state(run_id, "running").await;
+    assert_eq!(claimed.started_at, Some(trigger.scheduled_at));
+
+    // The hold-up under test: the slot stays busy until 160 ms past the instant.
+    let hold_up = chrono::Duration::milliseconds(160);
+    let until = trigger.scheduled_at + hold_up;
+    tokio::time::sleep((until - chrono::Utc::now()).to_std().unwrap_or_default()).await;
+    let released_at = chrono::Utc::now();
+    release.notify_one();
+
+    let (job, handler_start) = tokio::time::timeout(WAIT, started.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(job, "tick");
+    assert!(
+        handler_start >= released_at,
+        "capacity 1: tick waits for the slot"
+    );
+    env.run_in_state(run_id, "succeeded").await;
+    env.run_in_state(blocker, "succeeded").await;
+    // The recorded start is never earlier than the real one, which is after the release.
+    let run = env.run(run_id).await;
+    let late = run.started_at.unwrap() - trigger.scheduled_at;
+    let released_late = released_at - trigger.scheduled_at;
+    assert!(
+        late >= released_late - chrono::Duration::milliseconds(1),
+        "recorded {} ms late; its handler started after the slot was released {} ms late",
+        late.num_milliseconds(),
+        released_late.num_milliseconds()
+    );
+    assert!(released_late >= hold_up);
+    assert_start_recorded(&env, run_id, handler_start).await;
     running.stop().await;
     env.cleanup().await;
 }

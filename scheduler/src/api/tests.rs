@@ -771,6 +771,55 @@ async fn metrics_export_every_name_and_observe_new_runs(pool: PgPool) {
     );
 }
 
+/// While a run is `running` its `started_at` is the claim's estimate (the instant, for a
+/// trigger claimed ahead); the lateness metric waits for the outcome, which records the
+/// handler's real start, and observes that.
+#[sqlx::test(migrations = "../migrations")]
+async fn lateness_metric_reads_the_start_the_outcome_recorded(pool: PgPool) {
+    let app = app(pool).await;
+    app.config_jobs(&[manual_job("report")]).await;
+    // The first scrape starts the cursor at the newest run.
+    app.call(Method::GET, "/metrics", None, None).await;
+    sqlx::query(
+        "INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, state, attempt,
+                                 published_at, started_at)
+         VALUES ('report', 'g1', now() - interval '1s', 'schedule', 'running', 1,
+                 now() - interval '1200ms', now() - interval '1s')",
+    )
+    .execute(&app.pool)
+    .await
+    .expect("run");
+    let lateness = |text: &str, name: &str| -> f64 {
+        let line = format!("chime_fire_lateness_seconds_{name}{{stage=\"started\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(line.as_str()))
+            .unwrap_or_else(|| panic!("{line} missing:\n{text}"))
+            .parse()
+            .expect("number")
+    };
+    let (_, text) = app.call(Method::GET, "/metrics", None, None).await;
+    assert_eq!(
+        lateness(text.as_str().expect("text"), "count"),
+        0.0,
+        "a running run's estimate is not observed"
+    );
+    sqlx::query(
+        "UPDATE chime_runs SET state = 'succeeded', started_at = scheduled_at + interval '160ms',
+                               finished_at = scheduled_at + interval '170ms'",
+    )
+    .execute(&app.pool)
+    .await
+    .expect("outcome");
+    let (_, text) = app.call(Method::GET, "/metrics", None, None).await;
+    let text = text.as_str().expect("text");
+    assert_eq!(lateness(text, "count"), 1.0, "{text}");
+    let sum = lateness(text, "sum");
+    assert!(
+        (0.159..0.161).contains(&sum),
+        "observed {sum} s, not 0.16 s"
+    );
+}
+
 /// The Grafana dashboard in deploy/ uses only metric names `/metrics` exports.
 #[test]
 fn the_grafana_dashboard_uses_only_exported_metrics() {

@@ -139,7 +139,7 @@ pub struct ObservedRun {
     pub scheduled_at: DateTime<Utc>,
     /// When the broker's confirm was recorded.
     pub published_at: Option<DateTime<Utc>>,
-    /// When the latest attempt started.
+    /// When the latest recorded attempt's handler started (`None` while that attempt runs).
     pub started_at: Option<DateTime<Utc>>,
     /// In a final state.
     pub is_final: bool,
@@ -595,7 +595,9 @@ impl Store {
     }
 
     /// Runs with an id above `after`, oldest first, at most `limit`, as the metrics observer
-    /// reads them; `settled` once a run is older than `settle`.
+    /// reads them; `settled` once a run is older than `settle`. `started_at` only once the run
+    /// has left `running` (or settled): while it runs, the column holds the claim's estimate,
+    /// which the outcome write replaces with the handler's real start (docs/runs.md).
     pub async fn runs_after(
         &self,
         after: i64,
@@ -603,10 +605,13 @@ impl Store {
         settle: std::time::Duration,
     ) -> anyhow::Result<Vec<ObservedRun>> {
         let rows = sqlx::query(
-            "SELECT id, job_name, state, attempt, scheduled_at, published_at, started_at,
+            "SELECT id, job_name, state, attempt, scheduled_at, published_at,
+                    CASE WHEN state <> 'running' OR settled THEN started_at END AS started_at,
                     state IN ('succeeded', 'failed', 'dead', 'cancelled', 'skipped') AS is_final,
-                    created_at < now() - make_interval(secs => $3) AS settled
-             FROM chime_runs WHERE id > $1 ORDER BY id LIMIT $2",
+                    settled
+             FROM (SELECT *, created_at < now() - make_interval(secs => $3) AS settled
+                     FROM chime_runs WHERE id > $1 ORDER BY id LIMIT $2) r
+             ORDER BY id",
         )
         .bind(after)
         .bind(limit)
