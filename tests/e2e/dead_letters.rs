@@ -82,7 +82,7 @@ async fn exchange_exists(connection: &Connection, exchange: &str) -> bool {
 }
 
 /// Ready messages of an existing queue.
-async fn depth(connection: &Connection, queue: &str) -> u32 {
+pub(crate) async fn depth(connection: &Connection, queue: &str) -> u32 {
     let channel = connection.create_channel().await.expect("channel");
     let declared = channel
         .queue_declare(

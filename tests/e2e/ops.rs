@@ -88,20 +88,9 @@ async fn wait_depth(queue: &str, expected: u32) {
 /// Messages ready in a queue.
 async fn depth(queue: &str) -> u32 {
     let connection = broker().await;
-    let channel = connection.create_channel().await.expect("channel");
-    let declared = channel
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .expect("queue exists");
+    let ready = crate::dead_letters::depth(&connection, queue).await;
     let _ = connection.close(200, "done".into()).await;
-    declared.message_count()
+    ready
 }
 
 async fn delete_control_exchange(prefix: &str) {
