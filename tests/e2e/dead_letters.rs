@@ -11,12 +11,9 @@ use chime_scheduler::ops::{Broker, Operations};
 use chime_scheduler::store::{Fence, Store};
 use chime_worker::Topology;
 use chime_worker::protocol::{HEADER_ATTEMPT, HEADER_DEAD_REASON};
-use chime_worker::topology::PARKING_KEY;
-use lapin::options::{
-    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueDeclareOptions,
-};
+use lapin::options::{ConfirmSelectOptions, ExchangeDeclareOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Connection, ConnectionProperties, ExchangeKind};
+use lapin::{Connection, ConnectionProperties, ExchangeKind};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -30,8 +27,9 @@ async fn broker() -> Connection {
         .expect("connect to RabbitMQ")
 }
 
-/// Whether a queue exists, by a passive declare (which creates nothing).
-async fn queue_exists(connection: &Connection, queue: &str) -> bool {
+/// A passive declare of `queue` (which creates nothing): its figures, or `None` if it does not
+/// exist.
+async fn declared(connection: &Connection, queue: &str) -> Option<lapin::Queue> {
     let channel = connection.create_channel().await.expect("channel");
     let declared = channel
         .queue_declare(
@@ -44,15 +42,20 @@ async fn queue_exists(connection: &Connection, queue: &str) -> bool {
         )
         .await;
     match declared {
-        Ok(_) => {
+        Ok(queue) => {
             let _ = channel.close(200, "done".into()).await;
-            true
+            Some(queue)
         }
         Err(e) => {
             assert!(e.to_string().contains("NOT_FOUND"), "{e}");
-            false
+            None
         }
     }
+}
+
+/// Whether a queue exists, by a passive declare (which creates nothing).
+async fn queue_exists(connection: &Connection, queue: &str) -> bool {
+    declared(connection, queue).await.is_some()
 }
 
 /// Whether an exchange exists, by a passive declare.
@@ -83,20 +86,10 @@ async fn exchange_exists(connection: &Connection, exchange: &str) -> bool {
 
 /// Ready messages of an existing queue.
 pub(crate) async fn depth(connection: &Connection, queue: &str) -> u32 {
-    let channel = connection.create_channel().await.expect("channel");
-    let declared = channel
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
+    declared(connection, queue)
         .await
-        .expect("the queue exists");
-    let _ = channel.close(200, "done".into()).await;
-    declared.message_count()
+        .expect("the queue exists")
+        .message_count()
 }
 
 /// Publishes a message with a fixed body to `group`'s parking lot, as a worker parks one;
@@ -125,28 +118,14 @@ async fn park_fixed(
     }
     let body = json!({"v": 1, "run_id": run_id, "job": "fixed", "group": group, "attempt": 2,
                       "scheduled_at": "2026-12-01T00:00:00Z", "params": {}});
-    let confirm = channel
-        .basic_publish(
-            topology.exchange().as_str().into(),
-            PARKING_KEY.into(),
-            BasicPublishOptions {
-                mandatory: true,
-                ..BasicPublishOptions::default()
-            },
-            body.to_string().as_bytes(),
-            BasicProperties::default()
-                .with_message_id(run_id.to_string().into())
-                .with_delivery_mode(2)
-                .with_headers(headers),
-        )
-        .await
-        .expect("publish")
-        .await
-        .expect("confirm");
-    assert!(
-        matches!(confirm, lapin::Confirmation::Ack(None)),
-        "parked: {confirm:?}"
-    );
+    crate::ops::publish_parked(
+        &channel,
+        &topology,
+        run_id,
+        &body.to_string().into_bytes(),
+        headers,
+    )
+    .await;
     let _ = channel.close(200, "done".into()).await;
 }
 

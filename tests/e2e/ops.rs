@@ -338,6 +338,19 @@ pub(crate) async fn park(
         HEADER_DEAD_BY.into(),
         AMQPValue::LongString("w-test".into()),
     );
+    publish_parked(&channel, &topology, run_id, &trigger.to_body(), headers).await;
+    let _ = connection.close(200, "done".into()).await;
+}
+
+/// Publishes `body` with `headers` to the parking lot of `topology` on `channel` (in confirm
+/// mode), as a worker parks a message of run `run_id`, and waits for the broker's plain ack.
+pub(crate) async fn publish_parked(
+    channel: &lapin::Channel,
+    topology: &Topology,
+    run_id: i64,
+    body: &[u8],
+    headers: FieldTable,
+) {
     let confirm = channel
         .basic_publish(
             topology.exchange().as_str().into(),
@@ -346,7 +359,7 @@ pub(crate) async fn park(
                 mandatory: true,
                 ..BasicPublishOptions::default()
             },
-            &trigger.to_body(),
+            body,
             BasicProperties::default()
                 .with_message_id(run_id.to_string().into())
                 .with_delivery_mode(2)
@@ -360,7 +373,6 @@ pub(crate) async fn park(
         matches!(confirm, lapin::Confirmation::Ack(None)),
         "parked: {confirm:?}"
     );
-    let _ = connection.close(200, "done".into()).await;
 }
 
 /// Waits until the leader has drained `count` dead letters of `group` into the database.
