@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod misfire;
 pub mod ops;
 pub mod overdue;
+pub mod pace;
 pub mod parking;
 pub mod planner;
 pub mod publish;

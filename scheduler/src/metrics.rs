@@ -68,10 +68,11 @@ pub const METRIC_NAMES: &[&str] = &[
     "chime_scrape_errors_total",
 ];
 
-/// Buckets of `chime_fire_publish_offset_seconds`: fine around the lead (−200 ms, at most
-/// −240 ms), then lateness as for `chime_fire_lateness_seconds`.
+/// Buckets of `chime_fire_publish_offset_seconds`: fine around the base lead (−200 ms), coarser
+/// out to the longest lead of a large burst (−3 s), then lateness as for
+/// `chime_fire_lateness_seconds`.
 pub const PUBLISH_OFFSET_BUCKETS: &[f64] = &[
-    -0.5, -0.25, -0.22, -0.2, -0.18, -0.15, -0.1, -0.05, -0.01, 0.0, 0.01, 0.05, 0.1, 0.25, 0.5,
+    -3.0, -2.0, -1.0, -0.5, -0.25, -0.22, -0.2, -0.18, -0.15, -0.1, -0.05, -0.01, 0.0, 0.01, 0.05, 0.1, 0.25, 0.5,
     1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
 
@@ -155,8 +156,9 @@ impl Metrics {
             HistogramOpts::new(
                 "chime_fire_publish_offset_seconds",
                 "Published (broker confirm recorded) minus the scheduled instant, database \
-                 clock: about minus the dispatcher's lead (200 ms) while triggers go out ahead \
-                 of their instant, positive when published late.",
+                 clock: about minus the dispatcher's lead (200 ms, up to 3 s for an instant \
+                 with many runs) while triggers go out ahead of their instant, positive when \
+                 published late.",
             )
             .buckets(PUBLISH_OFFSET_BUCKETS.to_vec()),
             &[],

@@ -47,6 +47,8 @@ use crate::config::{AlertSettings, RescuerSettings};
 use crate::job::{ConcurrencyPolicy, JobSpec};
 use crate::leader::Leadership;
 use crate::misfire::{self, CatchUpPolicy, Decision};
+pub use crate::pace::MAX_LEAD;
+use crate::pace::{Instants, Pace, minus, plus};
 use crate::publish::Publisher;
 use crate::schedule::Schedule;
 use crate::store::{
@@ -61,18 +63,12 @@ pub struct PlannerTimings {
     pub lookahead: Duration,
     /// How often the outbox is swept for runs nobody holds.
     pub sweep_interval: Duration,
-    /// Triggers are published this long before their instant; the worker holds them until it.
-    /// Long enough for a burst of 1,000 same-instant triggers to cross the broker (about
-    /// 100 ms here), short enough that workers hold few messages (rate × lead) and that a
-    /// trigger is never re-tiered: it must stay below the worker's in-memory hold limit
-    /// ([`chime_worker::retry::HOLD_MAX`], 250 ms) and below `lookahead`. Larger values are
-    /// capped at [`MAX_LEAD`].
+    /// Triggers of an instant are published at least this long before it, plus an allowance
+    /// for the number due at that instant ([`crate::pace`]); the worker holds them until it.
+    /// The whole lead is capped at [`MAX_LEAD`], under the worker's hold limit for triggers.
+    /// Keep it below `lookahead`, so the rows exist before their triggers go out.
     pub lead: Duration,
 }
-
-/// The longest `lead` honoured: a little under the worker's in-memory hold limit, so a trigger
-/// published early is always held, never sent through a delay tier.
-pub const MAX_LEAD: Duration = Duration::from_millis(240);
 
 impl Default for PlannerTimings {
     fn default() -> Self {
@@ -113,11 +109,13 @@ pub async fn lead(
         term,
     };
     let (tx, rx) = mpsc::channel(4096);
+    let pace = Arc::new(Pace::default());
     let dispatcher = Dispatcher {
         ctx: ctx.clone(),
         fence: fence.clone(),
         leadership,
         stop: stop.clone(),
+        pace: pace.clone(),
     };
     let dispatch = tokio::spawn(dispatcher.run(rx));
     let rescuer = tokio::spawn(crate::rescuer::run(
@@ -139,6 +137,8 @@ pub async fn lead(
         fence,
         jobs: HashMap::new(),
         heap: BinaryHeap::new(),
+        instants: Instants::default(),
+        pace,
         dispatch: tx,
         generation: 0,
         schedules: HashMap::new(),
@@ -215,6 +215,11 @@ struct Planner {
     /// Planned jobs by name; the heap's slots share the name.
     jobs: HashMap<Arc<str>, Planned>,
     heap: BinaryHeap<Slot>,
+    /// How many heap slots fall on each instant (stale ones included until popped), so a large
+    /// burst is written earlier than a lone fire.
+    instants: Instants,
+    /// The dispatcher's measured publish rate.
+    pace: Arc<Pace>,
     dispatch: mpsc::Sender<OutboxRun>,
     generation: u64,
     /// Parsed schedules by definition, while a batch of jobs is admitted.
@@ -255,10 +260,12 @@ impl Planner {
         loop {
             self.tick().await?;
 
-            let wake = match self.heap.peek() {
-                Some(Reverse((at, _, _))) => (minus(*at, self.ctx.timings.lookahead) - Utc::now())
-                    .to_std()
-                    .unwrap_or(Duration::ZERO),
+            let base = self.ctx.timings.lookahead;
+            let wake = match self.instants.next_due(
+                |n| self.pace.lookahead(base, n),
+                Pace::max_lookahead(base),
+            ) {
+                Some(at) => (at - Utc::now()).to_std().unwrap_or(Duration::ZERO),
                 None => Duration::from_secs(3600),
             };
             tokio::select! {
@@ -275,19 +282,32 @@ impl Planner {
         }
     }
 
-    /// Writes the fires due by the lookahead horizon.
+    /// Writes the fires due by the lookahead horizon: each instant `lookahead` ahead, more for
+    /// an instant with many fires ([`Pace::lookahead`]).
     async fn tick(&mut self) -> anyhow::Result<()> {
         let now = Utc::now();
-        let horizon = plus(now, self.ctx.timings.lookahead);
+        let base = self.ctx.timings.lookahead;
+        let horizon = self.instants.horizon(
+            now,
+            |n| self.pace.lookahead(base, n),
+            Pace::max_lookahead(base),
+        );
         let mut fires = Vec::new();
-        while let Some(Reverse((at, _, _))) = self.heap.peek() {
-            if *at > horizon {
-                break;
-            }
+        while let Some(horizon) = horizon
+            && let Some(Reverse((at, _, _))) = self.heap.peek()
+            && *at <= horizon
+        {
             let Reverse((at, name, generation)) = self.heap.pop().expect("peeked");
+            self.instants.remove(at);
             self.fire(at, name, generation, now, &mut fires);
         }
         self.write(fires).await
+    }
+
+    /// Plans a job's next fire.
+    fn push(&mut self, at: DateTime<Utc>, name: Arc<str>, generation: u64) {
+        self.instants.add(at);
+        self.heap.push(Reverse((at, name, generation)));
     }
 
     /// Takes a job into the plan: applies its misfire policy from the persisted cursor, then
@@ -353,8 +373,7 @@ impl Planner {
             cursor
         };
         if let Some(next) = planned.schedule.next_after(next_from) {
-            self.heap
-                .push(Reverse((next, name.clone(), planned.generation)));
+            self.push(next, name.clone(), planned.generation);
         }
         self.jobs.insert(name, planned);
     }
@@ -404,8 +423,9 @@ impl Planner {
             fires.push(new_fire(&name, planned, at, TriggerKind::Schedule, None));
             at
         };
-        if let Some(next) = planned.schedule.next_after(next_from) {
-            self.heap.push(Reverse((next, name, generation)));
+        let next = planned.schedule.next_after(next_from);
+        if let Some(next) = next {
+            self.push(next, name, generation);
         }
     }
 
@@ -604,6 +624,16 @@ struct Dispatcher {
     fence: Fence,
     leadership: watch::Receiver<Leadership>,
     stop: CancellationToken,
+    /// The measured publish rate, which sizes each instant's lead.
+    pace: Arc<Pace>,
+}
+
+/// A group of triggers released together, timed from its release to its last confirm to
+/// measure the publish rate ([`Pace::observe`]).
+struct Burst {
+    size: usize,
+    unsettled: usize,
+    released: Instant,
 }
 
 /// Marks of published runs are flushed at least this often.
@@ -636,22 +666,36 @@ impl Dispatcher {
             marks_done,
             swept_tx,
         ));
+        // Held runs by scheduled instant; `instants` counts them per instant, and `release` is
+        // the next moment some instant's lead begins (cached: recomputed after each release).
         let mut waiting: BinaryHeap<Reverse<(DateTime<Utc>, i64)>> = BinaryHeap::new();
+        let mut instants = Instants::default();
+        let mut release: Option<DateTime<Utc>> = None;
+        let mut bursts: HashMap<u64, Burst> = HashMap::new();
+        let mut burst_seq = 0u64;
         let mut runs: HashMap<i64, OutboxRun> = HashMap::new();
         let mut held: HashSet<i64> = HashSet::new();
         let mut marked: VecDeque<Marked> = VecDeque::new();
         let mut in_flight = FuturesUnordered::new();
 
         loop {
-            let next_due = waiting
-                .peek()
-                .map(|Reverse((at, _))| (*at - Utc::now()).to_std().unwrap_or(Duration::ZERO))
+            let next_due = release
+                .map(|at| (at - Utc::now()).to_std().unwrap_or(Duration::ZERO))
                 .unwrap_or(Duration::from_secs(3600));
             tokio::select! {
                 biased;
                 () = self.stop.cancelled() => break,
-                Some((id, result)) = in_flight.next(), if !in_flight.is_empty() => {
+                Some((id, burst, result)) = in_flight.next(), if !in_flight.is_empty() => {
                     let result: anyhow::Result<()> = result;
+                    if let Some(b) = bursts.get_mut(&burst) {
+                        b.unsettled -= 1;
+                        if b.unsettled == 0 {
+                            let b = bursts.remove(&burst).expect("present");
+                            if result.is_ok() {
+                                self.pace.observe(b.size, b.released.elapsed());
+                            }
+                        }
+                    }
                     match result {
                         Ok(()) => {
                             // The marker only ends once the leadership ends.
@@ -663,25 +707,34 @@ impl Dispatcher {
                         }
                     }
                 }
-                () = tokio::time::sleep(next_due), if !waiting.is_empty() => {
+                () = tokio::time::sleep(next_due), if release.is_some() => {
                     let Some(term) = self.trusted_term() else { break };
-                    let now = Utc::now();
-                    while let Some(Reverse((at, _))) = waiting.peek() {
-                        if *at > now { break; }
-                        let Reverse((_, id)) = waiting.pop().expect("peeked");
+                    let horizon = instants.horizon(Utc::now(), |n| self.lead(n), MAX_LEAD);
+                    burst_seq += 1;
+                    let mut size = 0;
+                    while let Some(horizon) = horizon
+                        && let Some(Reverse((at, _))) = waiting.peek()
+                        && *at <= horizon
+                    {
+                        let Reverse((at, id)) = waiting.pop().expect("peeked");
+                        instants.remove(at);
                         let Some(run) = runs.remove(&id) else { continue };
                         let ctx = self.ctx.clone();
                         let fence = self.fence.clone();
+                        size += 1;
                         in_flight.push(async move {
                             let result = publish(&ctx, &fence, &run, term).await;
-                            (run.id, result)
+                            (run.id, burst_seq, result)
                         });
                     }
+                    if size > 0 {
+                        bursts.insert(burst_seq, Burst { size, unsettled: size, released: Instant::now() });
+                    }
+                    release = instants.next_due(|n| self.lead(n), MAX_LEAD);
                 }
                 Some(run) = incoming.recv() => {
                     if held.insert(run.id) {
-                        waiting.push(Reverse((self.release_at(&run), run.id)));
-                        runs.insert(run.id, run);
+                        self.hold(run, &mut waiting, &mut instants, &mut release, &mut runs);
                     }
                 }
                 Some(batch) = marked_rx.recv() => marked.push_back(batch),
@@ -697,8 +750,7 @@ impl Dispatcher {
                     for run in pending {
                         if held.insert(run.id) {
                             debug!(run_id = run.id, job = %run.job, "outbox run picked up");
-                            waiting.push(Reverse((self.release_at(&run), run.id)));
-                            runs.insert(run.id, run);
+                            self.hold(run, &mut waiting, &mut instants, &mut release, &mut runs);
                         }
                     }
                 }
@@ -706,7 +758,7 @@ impl Dispatcher {
         }
         // Stopping: let publishes already sent get their confirms and record them, so the next
         // leader does not publish them again.
-        while let Some((id, result)) = in_flight.next().await {
+        while let Some((id, _, result)) = in_flight.next().await {
             if result.is_ok() {
                 let _ = published_tx.send(id);
             }
@@ -719,10 +771,26 @@ impl Dispatcher {
         }
     }
 
-    /// When a run's trigger goes out: `lead` before its instant (a run already due goes at once).
-    fn release_at(&self, run: &OutboxRun) -> DateTime<Utc> {
-        let lead = self.ctx.timings.lead.min(MAX_LEAD);
-        minus(run.scheduled_at, lead)
+    /// The lead of an instant with `n` triggers ([`Pace::lead`]).
+    fn lead(&self, n: usize) -> Duration {
+        self.pace.lead(self.ctx.timings.lead, n)
+    }
+
+    /// Holds a run until its instant's lead begins. The instant now has one more trigger, so its
+    /// lead can only have grown: the next release moves earlier or stays.
+    fn hold(
+        &self,
+        run: OutboxRun,
+        waiting: &mut BinaryHeap<Reverse<(DateTime<Utc>, i64)>>,
+        instants: &mut Instants,
+        release: &mut Option<DateTime<Utc>>,
+        runs: &mut HashMap<i64, OutboxRun>,
+    ) {
+        let n = instants.add(run.scheduled_at);
+        let at = minus(run.scheduled_at, self.lead(n));
+        *release = Some(release.map_or(at, |r| r.min(at)));
+        waiting.push(Reverse((run.scheduled_at, run.id)));
+        runs.insert(run.id, run);
     }
 
     fn trusted_term(&self) -> Option<i64> {
@@ -826,7 +894,9 @@ async fn sweep_loop(
             }
         }
         let marks_before = marks_done.load(Ordering::SeqCst);
-        let horizon = plus(Utc::now(), ctx.timings.lookahead);
+        // As far ahead as the planner writes the largest burst: a new leader takes over runs
+        // its predecessor wrote early for their lead.
+        let horizon = plus(Utc::now(), Pace::max_lookahead(ctx.timings.lookahead));
         let pending = tokio::select! {
             () = stop.cancelled() => return,
             pending = ctx.store.outbox(horizon, SWEEP_LIMIT) => pending,
@@ -919,19 +989,4 @@ async fn listen(store: &Store, channel: &'static str) -> mpsc::Receiver<String> 
     rx
 }
 
-/// `at + d`, saturating at the latest instant chrono represents: a duration from settings or a
-/// job definition never panics the planner, whatever its size.
-fn plus(at: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
-    chrono::TimeDelta::from_std(d)
-        .ok()
-        .and_then(|d| at.checked_add_signed(d))
-        .unwrap_or(DateTime::<Utc>::MAX_UTC)
-}
 
-/// `at - d`, saturating at the earliest instant chrono represents.
-fn minus(at: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
-    chrono::TimeDelta::from_std(d)
-        .ok()
-        .and_then(|d| at.checked_sub_signed(d))
-        .unwrap_or(DateTime::<Utc>::MIN_UTC)
-}

@@ -205,7 +205,8 @@ impl Publisher {
         let mut headers = FieldTable::default();
         headers.insert(HEADER_ATTEMPT.into(), AMQPValue::LongUInt(run.attempt));
         headers.insert(HEADER_TERM.into(), AMQPValue::LongLongInt(term));
-        // Published up to the planner's lead before the instant: the worker holds it until then.
+        // Published up to the dispatcher's lead before the instant (crate::pace): the worker
+        // holds it until then.
         headers.insert(
             HEADER_NOT_BEFORE.into(),
             AMQPValue::LongLongInt(run.scheduled_at.timestamp_millis()),

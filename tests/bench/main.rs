@@ -44,7 +44,10 @@ enum Command {
     /// N jobs due every second for D seconds: delivered, missed, duplicates and lateness
     /// (scheduled instant → handler start) per (job, instant), from the worker side.
     Precision(RunArgs),
-    /// The highest sustained rate of durable runs before the lateness p99 exceeds 100 ms.
+    /// As precision, with 10,000 jobs due on the same instant every 10 s and 4 workers.
+    Burst(RunArgs),
+    /// A ramp of durable runs/s past saturation: the highest rate with lateness p99 ≤ 100 ms,
+    /// and nothing lost and no leader change at any rate.
     Throughput(RunArgs),
     /// N registered jobs with mixed schedules: scheduler RSS, start-up time, CPU per tick.
     Scale(RunArgs),
@@ -61,11 +64,13 @@ enum Command {
 
 #[derive(Debug, Clone, Args)]
 struct RunArgs {
-    /// precision: jobs every second (default 1000); scale: registered jobs (100000);
-    /// failover: jobs every second (100); crash: runs in flight on the killed worker (4).
+    /// precision: jobs every second (default 1000); burst: jobs every 10 s (10000); scale:
+    /// registered jobs (100000); failover: jobs every second (100); crash: runs in flight on
+    /// the killed worker (4).
     #[arg(long)]
     jobs: Option<usize>,
-    /// precision: seconds of firing (default 60); throughput: seconds per step (10); scale:
+    /// precision: seconds of firing (default 60); burst: seconds of firing (40); throughput:
+    /// seconds per step (10); scale:
     /// seconds of steady CPU measurement (60); failover: seconds from the first fire to the
     /// stop (30). Unused by crash.
     #[arg(long)]
@@ -86,9 +91,10 @@ struct RunArgs {
     /// scale: executor groups the jobs are spread over.
     #[arg(long, default_value_t = 10)]
     groups: usize,
-    /// In-process workers (precision, throughput, failover).
-    #[arg(long, default_value_t = 1)]
-    workers: usize,
+    /// In-process workers (precision, burst, throughput, failover); default 4 for burst, 1
+    /// for the others.
+    #[arg(long)]
+    workers: Option<usize>,
     /// Handlers each in-process worker runs at once; each holds capacity + 2 database
     /// connections.
     #[arg(long, default_value_t = 32)]
@@ -116,7 +122,14 @@ struct RunArgs {
 }
 
 /// The scenarios, in the order `all` runs them.
-const SCENARIOS: [&str; 5] = ["precision", "throughput", "scale", "failover", "crash"];
+const SCENARIOS: [&str; 6] = [
+    "precision",
+    "burst",
+    "throughput",
+    "scale",
+    "failover",
+    "crash",
+];
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -144,6 +157,7 @@ async fn main() -> ExitCode {
             };
         }
         Command::Precision(args) => (vec!["precision"], args),
+        Command::Burst(args) => (vec!["burst"], args),
         Command::Throughput(args) => (vec!["throughput"], args),
         Command::Scale(args) => (vec!["scale"], args),
         Command::Failover(args) => (vec!["failover"], args),
@@ -227,9 +241,26 @@ async fn run(scenario: &str, args: &RunArgs, services: &Services) -> anyhow::Res
     match scenario {
         "precision" => {
             let params = precision::Params {
+                scenario: "precision",
                 jobs: args.jobs.unwrap_or(1000),
+                period: 1,
+                p99_limit_ms: 10.0,
                 seconds: args.seconds.unwrap_or(60),
-                workers: args.workers,
+                workers: args.workers.unwrap_or(1),
+                capacity: args.capacity,
+                hold: args.hold,
+                csv: args.csv.clone(),
+            };
+            precision::run(services, &params).await
+        }
+        "burst" => {
+            let params = precision::Params {
+                scenario: "burst",
+                jobs: args.jobs.unwrap_or(10_000),
+                period: 10,
+                p99_limit_ms: 100.0,
+                seconds: args.seconds.unwrap_or(40),
+                workers: args.workers.unwrap_or(4),
                 capacity: args.capacity,
                 hold: args.hold,
                 csv: args.csv.clone(),
@@ -240,7 +271,7 @@ async fn run(scenario: &str, args: &RunArgs, services: &Services) -> anyhow::Res
             let params = throughput::Params {
                 rates: args.rates.clone(),
                 seconds: args.seconds.unwrap_or(10),
-                workers: args.workers,
+                workers: args.workers.unwrap_or(1),
                 capacity: args.capacity,
                 hold: args.hold,
             };
@@ -258,7 +289,7 @@ async fn run(scenario: &str, args: &RunArgs, services: &Services) -> anyhow::Res
             let params = failover::Params {
                 jobs: args.jobs.unwrap_or(100),
                 seconds: args.seconds.unwrap_or(30),
-                workers: args.workers,
+                workers: args.workers.unwrap_or(1),
                 capacity: args.capacity,
                 hold: args.hold,
             };

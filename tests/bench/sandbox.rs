@@ -165,6 +165,14 @@ impl Sandbox {
         }
     }
 
+    /// The leader lease's current term: each election adds one.
+    pub async fn lease_term(&self) -> anyhow::Result<i64> {
+        sqlx::query_scalar("SELECT term FROM chime_leader WHERE name = 'default'")
+            .fetch_one(self.store.pool())
+            .await
+            .context("reading the lease's term")
+    }
+
     /// Consumers on a group's work queue (0 while it does not exist).
     pub async fn consumers(&self, group: &str) -> anyhow::Result<u32> {
         broker_call(self.count_consumers(group)).await

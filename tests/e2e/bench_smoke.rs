@@ -152,6 +152,30 @@ async fn bench_smoke_precision_delivers_every_fire_once_and_writes_the_csv() {
 }
 
 #[tokio::test]
+async fn bench_smoke_burst_delivers_one_instant_of_many_jobs_once_each() {
+    // Jobs every 10 s: the steady window (first fire + 2 s to 12 − 1 s) holds one instant.
+    let report = bench(&[
+        "burst",
+        "--jobs",
+        "300",
+        "--seconds",
+        "12",
+        "--workers",
+        "2",
+        "--capacity",
+        "8",
+        "--hold",
+        "512",
+    ])
+    .await;
+    assert_eq!(number(&report, "/tally/expected"), 300);
+    assert_eq!(number(&report, "/tally/delivered"), 300);
+    assert_eq!(number(&report, "/tally/duplicates"), 0);
+    assert_eq!(number(&report, "/term_changes"), 0);
+    assert_eq!(report["correct"], true);
+}
+
+#[tokio::test]
 async fn bench_smoke_throughput_steps_lose_and_double_nothing() {
     let report = bench(&[
         "throughput",
@@ -171,6 +195,7 @@ async fn bench_smoke_throughput_steps_lose_and_double_nothing() {
         assert_eq!(drained["missed"], 0, "after the drain: {step:#}");
         assert_eq!(drained["duplicates"], 0, "{step:#}");
     }
+    assert_eq!(number(&report, "/term_changes"), 0);
     assert_eq!(report["correct"], true);
 }
 

@@ -427,14 +427,22 @@ async fn plan_start(
     trigger: &Trigger,
     due: DateTime<Utc>,
 ) -> Start {
-    // The header has millisecond precision; the trigger's own instant is exact.
-    let due = if due.timestamp_millis() == trigger.scheduled_at.timestamp_millis() {
+    // The header has millisecond precision; the trigger's own instant is exact. A delivery due
+    // at its own instant is a trigger the scheduler published ahead (its lead grows with the
+    // triggers due at that instant); any other is a retry's delay.
+    let own_instant = due.timestamp_millis() == trigger.scheduled_at.timestamp_millis();
+    let due = if own_instant {
         due.max(trigger.scheduled_at)
     } else {
         due
     };
     let remaining = (due - Utc::now()).to_std().unwrap_or_default();
-    match retry::plan_wait(remaining) {
+    let wait = if own_instant {
+        retry::plan_trigger_wait(remaining)
+    } else {
+        retry::plan_wait(remaining)
+    };
+    match wait {
         Wait::Now => Start::Now,
         Wait::Hold(wait) => {
             tracing::debug!(?wait, "due shortly; claiming it and holding it until due");

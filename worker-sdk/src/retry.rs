@@ -20,6 +20,13 @@ pub const JITTER_MAX: f64 = 1.2;
 /// A wait shorter than this is held in memory by the worker that received the message (keeping
 /// its consumer slot) rather than sent through another delay tier.
 pub const HOLD_MAX: Duration = Duration::from_millis(250);
+/// A trigger the scheduler published ahead of its own instant (its `x-chime-not-before` is the
+/// run's scheduled instant) is held in memory when due within this, however far ahead the
+/// scheduler's lead put it: the lead grows with the number of triggers due at the same instant
+/// and is capped a second below this (`chime_scheduler::pace::MAX_LEAD`, 3 s), which leaves room
+/// for clock skew between the two hosts. Held triggers count against the worker's `hold`
+/// budget, never its handler slots.
+pub const TRIGGER_HOLD_MAX: Duration = Duration::from_secs(4);
 
 /// What becomes of a run whose attempt failed retryably.
 #[derive(Debug, Clone, PartialEq)]
@@ -125,10 +132,20 @@ pub enum Wait {
 /// under an hour takes at most 14 hops (most take one to four), longer ones one more per
 /// hour.
 pub fn plan_wait(remaining: Duration) -> Wait {
+    plan_wait_within(remaining, HOLD_MAX)
+}
+
+/// [`plan_wait`] for a trigger published ahead of its own instant: held in memory when due
+/// within [`TRIGGER_HOLD_MAX`].
+pub fn plan_trigger_wait(remaining: Duration) -> Wait {
+    plan_wait_within(remaining, TRIGGER_HOLD_MAX)
+}
+
+fn plan_wait_within(remaining: Duration, hold_max: Duration) -> Wait {
     if remaining.is_zero() {
         return Wait::Now;
     }
-    if remaining < HOLD_MAX {
+    if remaining < hold_max {
         return Wait::Hold(remaining);
     }
     match RETRY_TIERS.iter().rev().find(|t| t.ttl <= remaining) {
@@ -275,6 +292,18 @@ mod tests {
         for (ms, want) in table {
             assert_eq!(plan_wait(MS(ms)), want, "{ms} ms");
         }
+    }
+
+    #[test]
+    fn a_trigger_published_ahead_is_held_up_to_the_trigger_limit() {
+        assert_eq!(plan_trigger_wait(MS(0)), Wait::Now);
+        assert_eq!(plan_trigger_wait(MS(249)), Wait::Hold(MS(249)));
+        assert_eq!(plan_trigger_wait(MS(2_500)), Wait::Hold(MS(2_500)));
+        assert_eq!(plan_trigger_wait(MS(3_999)), Wait::Hold(MS(3_999)));
+        let four = *RETRY_TIERS.iter().find(|t| t.name == "2s").unwrap();
+        assert_eq!(plan_trigger_wait(MS(4_000)), Wait::Tier(four));
+        // A retry's wait is not a trigger's: it goes through the tiers as before.
+        assert_eq!(plan_wait(MS(2_500)), Wait::Tier(four));
     }
 
     /// Follows a delay through the tiers as the worker does, with zero broker overhead.
