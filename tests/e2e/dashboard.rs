@@ -1074,17 +1074,22 @@ async fn the_live_log_shows_each_line_of_a_running_handler_as_it_is_logged(pool:
     let instance = ServingInstance::start(&pool, &prefix, group).await;
     let (base, operator) = (instance.base.clone(), instance.operator.clone());
     const LINES: usize = 4;
-    // The handler logs a line every 2 s, then holds the run open until the test releases it.
-    let release = chime_worker::CancellationToken::new();
-    let held = release.clone();
+    // Once the test has the run's page open, the handler logs a line every 2 s, then holds the
+    // run open until the test releases it.
+    let (go, release) = (
+        chime_worker::CancellationToken::new(),
+        chime_worker::CancellationToken::new(),
+    );
+    let (started, held) = (go.clone(), release.clone());
     let worker = chime_worker::Worker::builder(group)
         .database_url(&db)
         .amqp_url(AMQP_URL)
         .prefix(&prefix)
         .capacity(1)
         .handle("ping", move |ctx: chime_worker::JobContext, _: Value| {
-            let release = held.clone();
+            let (go, release) = (started.clone(), held.clone());
             async move {
+                go.cancelled().await;
                 for i in 1..=LINES {
                     ctx.log().info(format!("tick {i} of {LINES}"));
                     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -1119,6 +1124,12 @@ async fn the_live_log_shows_each_line_of_a_running_handler_as_it_is_logged(pool:
         return {lines: [...box.querySelectorAll('.line')].map(l => l.textContent.trim()), \
                 state: state.textContent, \
                 following: box.scrollTop + box.clientHeight >= box.scrollHeight - 4};";
+    browser
+        .wait_eval("the running run's empty live box", SEEN, |v| {
+            v["state"] == "running" && v["lines"] == json!([])
+        })
+        .await;
+    go.cancel();
     for n in 1..=LINES {
         let seen = browser
             .wait_eval(&format!("log line {n} in the live box"), SEEN, |v| {
@@ -1149,6 +1160,12 @@ async fn the_live_log_shows_each_line_of_a_running_handler_as_it_is_logged(pool:
         )
         .await;
     assert_eq!(title, " (live)");
+    browser
+        .eval(
+            "document.getElementById('logs').scrollIntoView();",
+            json!([]),
+        )
+        .await;
     browser.screenshot("live-log").await;
 
     release.cancel();
