@@ -1060,3 +1060,125 @@ async fn the_overview_refreshes_and_dead_letters_are_replayed_in_bulk_and_purged
     instance.stop().await;
     topology.delete().await;
 }
+
+/// Issue 12: the run page's "Log (live)" box showed a slow handler's lines only once it
+/// finished. A handler logs a line every 2 s; each line shows up in the box on its own while the
+/// run is still running, and the box follows the newest line.
+#[sqlx::test(migrations = "../migrations")]
+async fn the_live_log_shows_each_line_of_a_running_handler_as_it_is_logged(pool: PgPool) {
+    init_tracing();
+    let db = database_url(&pool);
+    let prefix = unique("dashlog");
+    let group = "dashlogg";
+    let topology = TopologyGuard::new(&prefix, &[group]);
+    let instance = ServingInstance::start(&pool, &prefix, group).await;
+    let (base, operator) = (instance.base.clone(), instance.operator.clone());
+    const LINES: usize = 4;
+    // Once the test has the run's page open, the handler logs a line every 2 s, then holds the
+    // run open until the test releases it.
+    let (go, release) = (
+        chime_worker::CancellationToken::new(),
+        chime_worker::CancellationToken::new(),
+    );
+    let (started, held) = (go.clone(), release.clone());
+    let worker = chime_worker::Worker::builder(group)
+        .database_url(&db)
+        .amqp_url(AMQP_URL)
+        .prefix(&prefix)
+        .capacity(1)
+        .handle("ping", move |ctx: chime_worker::JobContext, _: Value| {
+            let (go, release) = (started.clone(), held.clone());
+            async move {
+                go.cancelled().await;
+                for i in 1..=LINES {
+                    ctx.log().info(format!("tick {i} of {LINES}"));
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+                release.cancelled().await;
+                Ok::<(), chime_worker::JobError>(())
+            }
+        })
+        .build()
+        .expect("worker builds");
+    let stop = chime_worker::CancellationToken::new();
+    let worker = tokio::spawn(worker.run(stop.clone()));
+
+    let browser = Browser::start().await;
+    login(&browser, &base, &operator, "token:alice (operator)").await;
+    let body: Value = reqwest::Client::new()
+        .post(format!("{base}/api/jobs/ping/trigger"))
+        .bearer_auth(&operator)
+        .send()
+        .await
+        .expect("trigger")
+        .json()
+        .await
+        .expect("JSON");
+    let run_id = body["run_id"].as_i64().expect("run id");
+    browser.open(&base, &format!("#/runs/{run_id}")).await;
+
+    // Lines shown, the run's state on the page, and whether the box shows its last line.
+    const SEEN: &str = "const box = document.getElementById('logs'); \
+        const state = document.getElementById('run-state'); \
+        if (!box || !state) return null; \
+        return {lines: [...box.querySelectorAll('.line')].map(l => l.textContent.trim()), \
+                state: state.textContent, \
+                following: box.scrollTop + box.clientHeight >= box.scrollHeight - 4};";
+    browser
+        .wait_eval("the running run's empty live box", SEEN, |v| {
+            v["state"] == "running" && v["lines"] == json!([])
+        })
+        .await;
+    go.cancel();
+    for n in 1..=LINES {
+        let seen = browser
+            .wait_eval(&format!("log line {n} in the live box"), SEEN, |v| {
+                v["lines"].as_array().is_some_and(|l| l.len() >= n)
+            })
+            .await;
+        let lines: Vec<&str> = seen["lines"]
+            .as_array()
+            .expect("lines")
+            .iter()
+            .map(|l| l.as_str().expect("text"))
+            .collect();
+        // One by one: the line just logged is there, the next one (2 s away) is not yet.
+        assert_eq!(lines.len(), n, "{lines:?}");
+        for (i, line) in lines.iter().enumerate() {
+            assert!(
+                line.ends_with(&format!("info tick {} of {LINES}", i + 1)),
+                "{lines:?}"
+            );
+        }
+        assert_eq!(seen["state"], "running", "seen while the run runs");
+        assert_eq!(seen["following"], true, "the box follows the newest line");
+    }
+    let title = browser
+        .eval(
+            "return document.querySelector('h2 .muted').textContent;",
+            json!([]),
+        )
+        .await;
+    assert_eq!(title, " (live)");
+    browser
+        .eval(
+            "document.getElementById('logs').scrollIntoView();",
+            json!([]),
+        )
+        .await;
+    browser.screenshot("live-log").await;
+
+    release.cancel();
+    browser.wait_text("#run-state", |t| t == "succeeded").await;
+    let errors = browser.console_errors().await;
+    assert!(errors.is_empty(), "console errors: {errors:?}");
+    browser.quit().await;
+    drop(browser);
+    stop.cancel();
+    worker
+        .await
+        .expect("worker task")
+        .expect("worker ran cleanly");
+    instance.stop().await;
+    topology.delete().await;
+}

@@ -16,5 +16,6 @@ mod ha;
 mod ops;
 mod outage;
 mod policies;
+mod quickstart;
 mod restarts;
 mod tls;

@@ -26,10 +26,15 @@ pub struct Process {
 impl Process {
     /// Starts `command` with stderr going to `log` and stdout lines kept.
     pub fn spawn(name: &str, mut command: Command, log: &Path) -> anyhow::Result<Process> {
-        // This process's own settings must not leak into the child.
+        // This process's own settings must not leak into the child; the command's own stay.
+        let given: Vec<_> = command
+            .as_std()
+            .get_envs()
+            .map(|(key, _)| key.to_owned())
+            .collect();
         for (key, _) in std::env::vars_os() {
             let key_text = key.to_string_lossy();
-            if key_text.starts_with("CHIME_") {
+            if key_text.starts_with("CHIME_") && !given.contains(&key) {
                 command.env_remove(&key);
             }
         }

@@ -6,11 +6,11 @@
 //! ```
 //!
 //! Settings come from the environment: the group from the first argument or `CHIME_GROUP`
-//! (default `examples`, the group of the example jobs); `CHIME_DATABASE_URL` or `DATABASE_URL`
-//! (default `postgres://postgres@127.0.0.1:5432/chime`); `CHIME_AMQP_URL` or `AMQP_URL` (default
-//! `amqp://guest:guest@127.0.0.1:5672/%2f`); `CHIME_QUEUE_PREFIX` or `CHIME_PREFIX` (default
-//! `chime`); `CHIME_CAPACITY` (default 8); `RUST_LOG` (default `info`). SIGTERM or Ctrl-C drains
-//! and exits.
+//! (default `examples`, the group of the example jobs); `CHIME_CAPACITY` (default 8); `RUST_LOG`
+//! (default `info`); and, read by `Worker::builder` itself, `CHIME_DATABASE_URL` (default
+//! `postgres://postgres@127.0.0.1:5432/chime`), `CHIME_AMQP_URL` (default
+//! `amqp://guest:guest@127.0.0.1:5672/%2f`) and `CHIME_QUEUE_PREFIX` (default `chime`). SIGTERM
+//! or Ctrl-C drains and exits.
 
 use std::time::Duration;
 
@@ -154,29 +154,15 @@ async fn main() -> anyhow::Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
-    let env = |names: &[&str], default: &str| {
-        names
-            .iter()
-            .find_map(|name| std::env::var(name).ok())
-            .unwrap_or_else(|| default.to_owned())
-    };
+    let env = |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.into());
     let group = std::env::args()
         .nth(1)
-        .unwrap_or_else(|| env(&["CHIME_GROUP"], "examples"));
-    let capacity: u16 = env(&["CHIME_CAPACITY"], "8")
+        .unwrap_or_else(|| env("CHIME_GROUP", "examples"));
+    let capacity: u16 = env("CHIME_CAPACITY", "8")
         .parse()
         .context("CHIME_CAPACITY must be a number from 1 to 65535")?;
 
     Worker::builder(group)
-        .database_url(env(
-            &["CHIME_DATABASE_URL", "DATABASE_URL"],
-            "postgres://postgres@127.0.0.1:5432/chime",
-        ))
-        .amqp_url(env(
-            &["CHIME_AMQP_URL", "AMQP_URL"],
-            chime_worker::DEFAULT_AMQP_URL,
-        ))
-        .prefix(env(&["CHIME_QUEUE_PREFIX", "CHIME_PREFIX"], "chime"))
         .capacity(capacity)
         .handle("heartbeat", heartbeat)
         .handle("weekday-digest", weekday_digest)

@@ -1,21 +1,31 @@
 //! The handler's view of one attempt: [`JobContext`] and its run logger, [`JobLogger`].
 //!
 //! Log lines are emitted as `tracing` events at once and buffered for PostgreSQL
-//! (`chime_run_logs`): every [`FLUSH_EVERY`] lines a batch goes to the attempt's flusher, and the
-//! rest is written with the attempt's outcome. The buffer is bounded: if the store falls so far
-//! behind that [`MAX_PENDING_BATCHES`] batches wait, further batches are dropped and counted, and
-//! the count is stored as a final line, so a chatty handler cannot exhaust memory.
+//! (`chime_run_logs`): a batch goes to the attempt's flusher when it holds [`FLUSH_EVERY`] lines
+//! or when its oldest line is [`FLUSH_AFTER`] old (a timer task per attempt), so a line reaches
+//! the database within about a second even from a handler that logs once a minute; the rest is
+//! written with the attempt's outcome, after every batch, in order. Memory and storage are
+//! bounded: an attempt stores at most [`MAX_LOG_LINES_PER_ATTEMPT`] lines and then one line
+//! saying how many further lines were dropped; and if the store falls so far behind that
+//! [`MAX_PENDING_BATCHES`] batches wait, further batches are dropped and counted, and the count
+//! is stored as a final line.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
+
+use crate::limits::MAX_LOG_LINES_PER_ATTEMPT;
 
 /// Lines per batch handed to the store while the handler runs.
 pub(crate) const FLUSH_EVERY: usize = 100;
+/// Age of the oldest unflushed line at which the timer hands the batch to the store anyway, so
+/// that a quiet handler's lines show up live (the dashboard polls every second).
+pub(crate) const FLUSH_AFTER: Duration = Duration::from_millis(250);
 /// Batches that may wait for the store before new ones are dropped.
 pub(crate) const MAX_PENDING_BATCHES: usize = 16;
 /// Longest stored log line, in bytes; longer lines are cut at a character boundary.
@@ -160,8 +170,8 @@ impl JobContext {
 /// Writes log lines that are stored with the run and also emitted as `tracing` events (target
 /// `chime_worker::job`, fields `run_id`, `job`, `attempt`).
 ///
-/// The methods never block and never fail: storing happens in the background.
-#[derive(Clone)]
+/// The methods never block and never fail: storing happens in the background, within about a
+/// second of the call.
 pub struct JobLogger {
     sink: Arc<LogSink>,
 }
@@ -174,8 +184,21 @@ impl fmt::Debug for JobLogger {
     }
 }
 
+impl Clone for JobLogger {
+    fn clone(&self) -> Self {
+        JobLogger::new(self.sink.clone())
+    }
+}
+
+impl Drop for JobLogger {
+    fn drop(&mut self) {
+        self.sink.state().loggers -= 1;
+    }
+}
+
 impl JobLogger {
     pub(crate) fn new(sink: Arc<LogSink>) -> Self {
+        sink.state().loggers += 1;
         JobLogger { sink }
     }
 
@@ -210,39 +233,95 @@ pub(crate) struct LogSink {
     run_id: i64,
     job: Arc<str>,
     attempt: u32,
-    /// Where full batches go while the handler runs; `None` keeps every line in the buffer
-    /// (the `testing` helper).
+    /// Where batches go while the handler runs; `None` keeps every line in the buffer (the
+    /// `testing` helper).
     flush: Option<mpsc::Sender<Vec<LogLine>>>,
+    shared: Arc<Shared>,
+}
+
+/// What the sink shares with its flush timer.
+struct Shared {
     state: Mutex<SinkState>,
+    /// Rung when a line goes into an empty buffer: the timer starts counting [`FLUSH_AFTER`].
+    first_line: Notify,
+    /// Fires when the sink is finished or dropped: the timer ends.
+    stop: CancellationToken,
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, SinkState> {
+        // A panic while holding this lock cannot leave the buffer inconsistent: keep going.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 #[derive(Default)]
 struct SinkState {
     lines: Vec<LogLine>,
+    /// Lines accepted for storage so far (at most [`MAX_LOG_LINES_PER_ATTEMPT`]).
+    accepted: usize,
+    /// Lines refused beyond [`MAX_LOG_LINES_PER_ATTEMPT`].
+    over_limit: u64,
+    /// Lines dropped because the store fell behind.
     dropped: u64,
+    /// Live [`JobLogger`]s. The timer hands batches over only while one lives: once the handler
+    /// has returned (and dropped its context), the attempt's flusher is draining and about to
+    /// stop, and the rest belongs to [`LogSink::finish`].
+    loggers: usize,
     closed: bool,
 }
 
+impl SinkState {
+    /// Hands the buffered lines to `flush`, in order. If the flusher has stopped, they stay
+    /// buffered (in front of any later ones) for [`LogSink::finish`]; if it is full, they are
+    /// dropped and counted.
+    fn hand_over(&mut self, flush: &mpsc::Sender<Vec<LogLine>>) {
+        if self.lines.is_empty() {
+            return;
+        }
+        let batch = std::mem::take(&mut self.lines);
+        match flush.try_send(batch) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(batch)) => self.dropped += batch.len() as u64,
+            Err(mpsc::error::TrySendError::Closed(mut batch)) => {
+                batch.append(&mut self.lines);
+                self.lines = batch;
+            }
+        }
+    }
+}
+
 impl LogSink {
-    /// A sink that hands batches of [`FLUSH_EVERY`] lines to `flush`.
+    /// A sink that hands batches to `flush`: every [`FLUSH_EVERY`] lines, and through a timer
+    /// task (when called inside a Tokio runtime) once the oldest buffered line is
+    /// [`FLUSH_AFTER`] old.
     pub(crate) fn new(
         run_id: i64,
         job: Arc<str>,
         attempt: u32,
         flush: Option<mpsc::Sender<Vec<LogLine>>>,
     ) -> Self {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(SinkState::default()),
+            first_line: Notify::new(),
+            stop: CancellationToken::new(),
+        });
+        if let Some(flush) = &flush
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(flush_timer(shared.clone(), flush.clone()));
+        }
         LogSink {
             run_id,
             job,
             attempt,
             flush,
-            state: Mutex::new(SinkState::default()),
+            shared,
         }
     }
 
     fn state(&self) -> MutexGuard<'_, SinkState> {
-        // A panic while holding this lock cannot leave the buffer inconsistent: keep going.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.shared.state()
     }
 
     fn push(&self, level: Level, mut message: String) {
@@ -272,24 +351,40 @@ impl LogSink {
             // The attempt is already recorded (a task the handler spawned outlived it).
             return;
         }
+        if state.accepted >= MAX_LOG_LINES_PER_ATTEMPT {
+            state.over_limit += 1;
+            return;
+        }
+        state.accepted += 1;
         state.lines.push(line);
+        if state.lines.len() == 1 {
+            self.shared.first_line.notify_one();
+        }
         if let Some(flush) = &self.flush
             && state.lines.len() >= FLUSH_EVERY
         {
-            let batch = std::mem::take(&mut state.lines);
-            let n = batch.len() as u64;
-            if flush.try_send(batch).is_err() {
-                state.dropped += n;
-            }
+            state.hand_over(flush);
         }
     }
 
-    /// Closes the sink and returns the lines not yet handed to the flusher, with a final warning
-    /// line if any were dropped.
+    /// Closes the sink (its timer ends) and returns the lines not yet handed to the flusher,
+    /// with a final line for lines beyond the limit and a final warning if any were dropped.
     pub(crate) fn finish(&self) -> Vec<LogLine> {
         let mut state = self.state();
         state.closed = true;
+        self.shared.stop.cancel();
         let mut lines = std::mem::take(&mut state.lines);
+        if state.over_limit > 0 {
+            lines.push(LogLine {
+                at: Utc::now(),
+                level: Level::Warn,
+                message: format!(
+                    "… {} further lines dropped (limit {MAX_LOG_LINES_PER_ATTEMPT} lines per \
+                     attempt)",
+                    state.over_limit
+                ),
+            });
+        }
         if state.dropped > 0 {
             lines.push(LogLine {
                 at: Utc::now(),
@@ -301,6 +396,31 @@ impl LogSink {
             });
         }
         lines
+    }
+}
+
+impl Drop for LogSink {
+    fn drop(&mut self) {
+        self.shared.stop.cancel();
+    }
+}
+
+/// One attempt's flush timer: when a line goes into an empty buffer, waits [`FLUSH_AFTER`] and
+/// hands over whatever is buffered by then (unless a full batch went first). Ends with the sink.
+async fn flush_timer(shared: Arc<Shared>, flush: mpsc::Sender<Vec<LogLine>>) {
+    loop {
+        tokio::select! {
+            _ = shared.stop.cancelled() => return,
+            _ = shared.first_line.notified() => {}
+        }
+        tokio::select! {
+            _ = shared.stop.cancelled() => return,
+            _ = tokio::time::sleep(FLUSH_AFTER) => {}
+        }
+        let mut state = shared.state();
+        if !state.closed && state.loggers > 0 {
+            state.hand_over(&flush);
+        }
     }
 }
 
@@ -356,6 +476,104 @@ mod tests {
             )
         );
         assert_eq!(rest[0].level, Level::Warn);
+    }
+
+    /// Issue 12: a handler logging every few seconds showed no line until it finished.
+    #[tokio::test(start_paused = true)]
+    async fn a_quiet_handlers_lines_are_flushed_after_flush_after() {
+        let (tx, mut rx) = mpsc::channel(MAX_PENDING_BATCHES);
+        let logger = JobLogger::new(sink(Some(tx)));
+        for round in 0..3 {
+            let start = tokio::time::Instant::now();
+            logger.info(format!("tick {round}"));
+            tokio::time::sleep(FLUSH_AFTER / 2).await;
+            logger.info(format!("tock {round}"));
+            let batch = rx.recv().await.expect("a timed batch");
+            assert_eq!(
+                start.elapsed(),
+                FLUSH_AFTER,
+                "flushed when the oldest line was due"
+            );
+            let messages: Vec<_> = batch.iter().map(|l| l.message.as_str()).collect();
+            assert_eq!(messages, [format!("tick {round}"), format!("tock {round}")]);
+            // A quiet minute: nothing else is sent.
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            assert!(rx.try_recv().is_err());
+        }
+        assert!(logger.sink.finish().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn timed_and_full_batches_and_the_final_rest_keep_every_line_once_in_order() {
+        let (tx, mut rx) = mpsc::channel(MAX_PENDING_BATCHES);
+        let logger = JobLogger::new(sink(Some(tx)));
+        let mut sent = Vec::new();
+        let mut stored = Vec::new();
+        for i in 0..(3 * FLUSH_EVERY + 7) {
+            sent.push(format!("line {i}"));
+            logger.info(format!("line {i}"));
+            if i % 37 == 0 {
+                tokio::time::sleep(FLUSH_AFTER).await;
+            }
+            while let Ok(batch) = rx.try_recv() {
+                stored.extend(batch.into_iter().map(|l| l.message));
+            }
+        }
+        stored.extend(logger.sink.finish().into_iter().map(|l| l.message));
+        assert_eq!(stored, sent);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn once_the_handler_dropped_its_logger_the_rest_waits_for_finish() {
+        let (tx, mut rx) = mpsc::channel(MAX_PENDING_BATCHES);
+        let sink = sink(Some(tx));
+        let logger = JobLogger::new(sink.clone());
+        logger.info("last words");
+        drop(logger);
+        tokio::time::sleep(FLUSH_AFTER * 4).await;
+        assert!(
+            rx.try_recv().is_err(),
+            "the flusher may be draining: not sent"
+        );
+        let rest = sink.finish();
+        assert_eq!(rest.len(), 1);
+        assert_eq!(rest[0].message, "last words");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lines_for_a_stopped_flusher_are_kept_for_finish() {
+        let (tx, rx) = mpsc::channel(MAX_PENDING_BATCHES);
+        drop(rx);
+        let logger = JobLogger::new(sink(Some(tx)));
+        for i in 0..FLUSH_EVERY + 1 {
+            logger.info(format!("line {i}"));
+        }
+        tokio::time::sleep(FLUSH_AFTER * 2).await;
+        let rest = logger.sink.finish();
+        assert_eq!(rest.len(), FLUSH_EVERY + 1);
+        assert_eq!(rest[FLUSH_EVERY].message, format!("line {FLUSH_EVERY}"));
+    }
+
+    #[test]
+    fn lines_beyond_the_limit_are_dropped_and_counted_in_one_marker_line() {
+        let logger = JobLogger::new(sink(None));
+        for i in 0..MAX_LOG_LINES_PER_ATTEMPT + 5 {
+            logger.debug(format!("line {i}"));
+        }
+        let lines = logger.sink.finish();
+        assert_eq!(lines.len(), MAX_LOG_LINES_PER_ATTEMPT + 1);
+        assert_eq!(
+            lines[MAX_LOG_LINES_PER_ATTEMPT - 1].message,
+            format!("line {}", MAX_LOG_LINES_PER_ATTEMPT - 1)
+        );
+        let marker = &lines[MAX_LOG_LINES_PER_ATTEMPT];
+        assert_eq!(
+            marker.message,
+            format!(
+                "… 5 further lines dropped (limit {MAX_LOG_LINES_PER_ATTEMPT} lines per attempt)"
+            )
+        );
+        assert_eq!(marker.level, Level::Warn);
     }
 
     #[test]

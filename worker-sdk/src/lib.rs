@@ -1,7 +1,7 @@
 //! Chime worker SDK: embed it in a service to consume an executor group's trigger queue.
 //!
 //! A [`Worker`] registers async handlers by job name, consumes its group's RabbitMQ work queue
-//! with bounded concurrency (prefetch = capacity), claims each attempt in PostgreSQL before
+//! with bounded concurrency (prefetch = capacity + hold), claims each attempt in PostgreSQL before
 //! running it (so a duplicate delivery never executes twice), records the attempt's timings,
 //! outcome and log lines, then acks. Messages it cannot run (undecodable, unknown job) go to the
 //! group's parking lot with the reason. On shutdown it drains: stop consuming, let in-flight
@@ -27,10 +27,11 @@
 //! }
 //!
 //! # async fn main_() -> anyhow::Result<()> {
+//! // The database, broker and queue prefix come from CHIME_DATABASE_URL, CHIME_AMQP_URL and
+//! // CHIME_QUEUE_PREFIX, as for the `chime` CLI (see `Worker::builder`), unless set here.
 //! Worker::builder("orders")
-//!     .database_url("postgres://postgres@127.0.0.1:5432/chime")
-//!     .amqp_url("amqp://guest:guest@127.0.0.1:5672/%2f")
-//!     .capacity(4)
+//!     .capacity(4) // concurrent handlers
+//!     .hold(256) // + triggers held for their instant; prefetch = capacity + hold
 //!     .handle("close-unpaid-orders", close_unpaid_orders)
 //!     .build()?
 //!     .run_until_signal()
@@ -43,9 +44,12 @@
 //! and `sslrootcert=` ([`tls`]). Errors and `Debug` output show URLs through
 //! [`redact::redact_url`], never with a password.
 //!
+//! Log lines written through [`JobContext::log`] reach `chime_run_logs` within a second (a batch
+//! every 100 lines or 250 ms), at most [`limits::MAX_LOG_LINES_PER_ATTEMPT`] per attempt.
+//!
 //! Handlers are unit-tested without a broker or database through [`testing`]. The wire contract
-//! (for workers in other languages) is in `docs/protocol.md`; a runnable example is
-//! `examples/example_worker.rs`.
+//! (for workers in other languages) is in `docs/protocol.md`; runnable examples are
+//! `examples/quickstart.rs` (the README's worker) and `examples/example_worker.rs`.
 
 mod backoff;
 mod claims;
@@ -77,7 +81,8 @@ pub use tls::AmqpTls;
 pub use topology::Topology;
 pub use worker::{
     BuildError, DEFAULT_ACK_AFTER, DEFAULT_AMQP_URL, DEFAULT_CANCEL_GRACE, DEFAULT_CAPACITY,
-    DEFAULT_DB_RETRY_BUDGET, DEFAULT_DRAIN_TIMEOUT, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HOLD,
+    DEFAULT_DATABASE_URL, DEFAULT_DB_RETRY_BUDGET, DEFAULT_DRAIN_TIMEOUT,
+    DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HOLD, ENV_AMQP_URL, ENV_DATABASE_URL, ENV_QUEUE_PREFIX,
     Worker, WorkerBuilder, WorkerError,
 };
 

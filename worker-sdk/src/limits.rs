@@ -76,6 +76,11 @@ pub const MAX_CONSECUTIVE_FAILURES: u32 = MAX_ATTEMPTS;
 /// Largest retention batch (`retention.batch_size`): each batch is one short statement.
 pub const MAX_BATCH_SIZE: u32 = 100_000;
 
+/// Most log lines one attempt stores in `chime_run_logs` (each at most 16 KiB). Lines beyond it
+/// are still emitted as `tracing` events but not stored; the attempt's last stored line says how
+/// many were dropped.
+pub const MAX_LOG_LINES_PER_ATTEMPT: usize = 10_000;
+
 /// Largest trigger message body a worker decodes, in bytes (params plus the envelope).
 pub const MAX_TRIGGER_BYTES: usize = MAX_PARAMS_BYTES + 4 * 1024;
 

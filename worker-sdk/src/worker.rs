@@ -36,6 +36,15 @@ use crate::store::{AttemptRecord, Store, WorkerRow};
 use crate::tls::{AmqpTls, TlsError};
 use crate::topology::{DEFAULT_PREFIX, Topology};
 
+/// PostgreSQL URL used when neither the builder nor `CHIME_DATABASE_URL` gives one: the
+/// development machine's database, as the `chime` CLI's default.
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/chime";
+/// Environment variable of the database URL (the CLI's `database_url` setting).
+pub const ENV_DATABASE_URL: &str = "CHIME_DATABASE_URL";
+/// Environment variable of the RabbitMQ URL (the CLI's `amqp_url` setting).
+pub const ENV_AMQP_URL: &str = "CHIME_AMQP_URL";
+/// Environment variable of the queue name prefix (the CLI's `queue_prefix` setting).
+pub const ENV_QUEUE_PREFIX: &str = "CHIME_QUEUE_PREFIX";
 /// RabbitMQ URL used when none is given.
 pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 /// Concurrent handlers when none is given.
@@ -79,7 +88,8 @@ pub enum BuildError {
     /// `.heartbeat_interval(Duration::ZERO)`.
     #[error("heartbeat_interval must be longer than 0, such as 500ms (the default)")]
     ZeroHeartbeat,
-    /// Neither `.pool(..)` nor `.database_url(..)`.
+    /// Neither `.pool(..)` nor `.database_url(..)`. No longer returned: without either, the
+    /// builder reads `CHIME_DATABASE_URL` or falls back to [`DEFAULT_DATABASE_URL`].
     #[error("no database: call .pool(pool) or .database_url(\"postgres://…\")")]
     NoDatabase,
     /// `.database_url(..)` does not parse.
@@ -172,13 +182,14 @@ impl WorkerBuilder {
         self
     }
 
-    /// Connects to PostgreSQL at `url` (a pool of `capacity + 2` connections, closed on exit).
+    /// Connects to PostgreSQL at `url` (a pool of `capacity + 2` connections, closed on exit);
+    /// default `CHIME_DATABASE_URL`, else [`DEFAULT_DATABASE_URL`].
     pub fn database_url(mut self, url: impl Into<String>) -> Self {
         self.database_url = Some(url.into());
         self
     }
 
-    /// The RabbitMQ URL; default [`DEFAULT_AMQP_URL`].
+    /// The RabbitMQ URL; default `CHIME_AMQP_URL`, else [`DEFAULT_AMQP_URL`].
     pub fn amqp_url(mut self, url: impl Into<String>) -> Self {
         self.amqp_url = url.into();
         self
@@ -206,8 +217,8 @@ impl WorkerBuilder {
         self
     }
 
-    /// Name prefix of the group's exchange and queues; default `chime`. Must match the
-    /// scheduler's.
+    /// Name prefix of the group's exchange and queues; default `CHIME_QUEUE_PREFIX`, else
+    /// `chime`. Must match the scheduler's `queue_prefix`.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self
@@ -397,14 +408,33 @@ impl fmt::Debug for Worker {
 
 impl Worker {
     /// Starts configuring a worker of executor group `group`.
+    ///
+    /// The connection settings start from the same environment variables as the `chime` CLI's
+    /// settings, with the same defaults; an explicit builder call wins over both:
+    ///
+    /// | Builder call | Environment variable | Default |
+    /// | --- | --- | --- |
+    /// | [`database_url`](WorkerBuilder::database_url) (or [`pool`](WorkerBuilder::pool)) | `CHIME_DATABASE_URL` | [`DEFAULT_DATABASE_URL`] |
+    /// | [`amqp_url`](WorkerBuilder::amqp_url) | `CHIME_AMQP_URL` | [`DEFAULT_AMQP_URL`] |
+    /// | [`prefix`](WorkerBuilder::prefix) | `CHIME_QUEUE_PREFIX` | `chime` |
+    ///
+    /// An empty variable counts as unset. Everything else has a builder call only.
     pub fn builder(group: impl Into<String>) -> WorkerBuilder {
+        Self::builder_with_env(group.into(), |name| std::env::var(name).ok())
+    }
+
+    /// [`Worker::builder`] with the environment looked up through `env`.
+    fn builder_with_env(group: String, env: impl Fn(&str) -> Option<String>) -> WorkerBuilder {
+        let env = |name| env(name).filter(|value: &String| !value.is_empty());
         WorkerBuilder {
-            group: group.into(),
+            group,
             pool: None,
-            database_url: None,
-            amqp_url: DEFAULT_AMQP_URL.to_owned(),
+            database_url: Some(
+                env(ENV_DATABASE_URL).unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned()),
+            ),
+            amqp_url: env(ENV_AMQP_URL).unwrap_or_else(|| DEFAULT_AMQP_URL.to_owned()),
             amqp_tls: AmqpTls::default(),
-            prefix: DEFAULT_PREFIX.to_owned(),
+            prefix: env(ENV_QUEUE_PREFIX).unwrap_or_else(|| DEFAULT_PREFIX.to_owned()),
             capacity: DEFAULT_CAPACITY,
             hold: DEFAULT_HOLD,
             worker_id: None,
@@ -906,13 +936,55 @@ mod tests {
             err(Worker::builder("g").handle("a", noop).handle("a", noop)),
             "job `a` has two handlers: register each job name once"
         );
-        assert!(err(Worker::builder("g").handle("a", noop)).contains(".pool(pool)"));
         assert!(
             err(Worker::builder("g")
                 .handle("a", noop)
                 .database_url("postgres://h:notaport/db"))
             .starts_with("invalid database URL")
         );
+    }
+
+    /// Issue 12: README's worker, with no database call, failed with "no database"; the
+    /// builder reads the CLI's variables, and explicit calls win.
+    #[tokio::test]
+    async fn builder_reads_the_clis_environment_variables_and_explicit_calls_win() {
+        let vars = [
+            (ENV_DATABASE_URL, "postgres://env@db.internal/chime"),
+            (ENV_AMQP_URL, "amqp://env:pw@mq.internal:5672/%2f"),
+            (ENV_QUEUE_PREFIX, "envp"),
+        ];
+        let env = |name: &str| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        };
+        let from_env = Worker::builder_with_env("g".into(), env);
+        assert_eq!(
+            from_env.database_url.as_deref(),
+            Some("postgres://env@db.internal/chime")
+        );
+        let w = from_env.handle("a", noop).build().expect("builds");
+        assert_eq!(w.amqp_url, "amqp://env:pw@mq.internal:5672/%2f");
+        assert_eq!(w.topology().work_queue(), "envp.g.work");
+
+        let explicit = Worker::builder_with_env("g".into(), env)
+            .database_url("postgres://mine@h/db")
+            .amqp_url("amqp://mine@h:5672/%2f")
+            .prefix("mine");
+        assert_eq!(
+            explicit.database_url.as_deref(),
+            Some("postgres://mine@h/db")
+        );
+        let w = explicit.handle("a", noop).build().expect("builds");
+        assert_eq!(w.amqp_url, "amqp://mine@h:5672/%2f");
+        assert_eq!(w.topology().work_queue(), "mine.g.work");
+
+        let unset = |name: &str| (name == ENV_QUEUE_PREFIX).then(String::new);
+        let defaults = Worker::builder_with_env("g".into(), unset);
+        assert_eq!(defaults.database_url.as_deref(), Some(DEFAULT_DATABASE_URL));
+        let w = defaults.handle("a", noop).build().expect("builds");
+        assert_eq!(w.amqp_url, DEFAULT_AMQP_URL);
+        assert_eq!(w.topology().work_queue(), "chime.g.work");
     }
 
     /// Issue 10: a URL that does not parse was shown whole, password included.

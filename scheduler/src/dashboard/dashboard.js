@@ -384,6 +384,7 @@ async function run(page, id) {
     ["finished", time(r.finished_at)], ["next attempt", time(r.next_attempt_at)],
   ];
   const live = !TERMINAL.has(r.state);
+  const logs = logBox(r);
   page.append(...[
     el("h1", {}, "Run #" + r.id + " ", el("span", { id: "run-state", class: "state state-" + r.state }, r.state)),
     live ? actionButton("Cancel", "cancel", async () => {
@@ -397,10 +398,27 @@ async function run(page, id) {
       ["duration", (a) => (a.duration_ms === null ? "—" : a.duration_ms + " ms")], ["error", (a) => a.error]],
     r.attempts),
     el("h2", {}, "Log", live ? el("span", { class: "muted" }, " (live)") : null),
-    el("pre", { id: "logs", class: "logs" }, r.logs.map((l) =>
-      time(l.at) + " [" + l.attempt + "] " + l.level + " " + l.message + "\n")),
+    logs.box,
   ].filter((node) => node !== null));
+  page.shown = logs.shown;
   if (live) refreshIn(1000);
+}
+
+// The run's log box. While the run is live its page renders again every second: the lines
+// already shown move over to the new box and only the lines after them (the API returns them
+// oldest first, and a run's lines are only ever appended) are added, so a reader's selection and
+// scroll position survive; the box follows new lines unless the reader scrolled up.
+function logBox(r) {
+  const old = document.getElementById("logs");
+  const same = old && old.dataset.runId === String(r.id);
+  const shown = same ? Number(old.dataset.lines) : 0;
+  const box = el("pre", { id: "logs", class: "logs", "data-run-id": r.id, "data-lines": r.logs.length });
+  if (same) box.append(...old.childNodes);
+  box.append(...r.logs.slice(shown).map((l) =>
+    el("span", { class: "line" }, time(l.at) + " [" + l.attempt + "] " + l.level + " " + l.message + "\n")));
+  const follow = !same || old.scrollTop + old.clientHeight >= old.scrollHeight - 4;
+  const top = same ? old.scrollTop : 0;
+  return { box, shown: () => { box.scrollTop = follow ? box.scrollHeight : top; } };
 }
 
 async function workers(page) {
@@ -585,6 +603,7 @@ async function route() {
   if (mine !== rendering) return;
   page.setAttribute("data-loaded", "true");
   document.getElementById("page").replaceWith(page);
+  if (page.shown) page.shown();
 }
 
 async function login(token) {

@@ -1,0 +1,92 @@
+//! README.md's worker, as a reader runs it: the built `worker-sdk/examples/quickstart.rs`
+//! (which `worker-sdk/tests/readme.rs` keeps identical to the README's text) as its own process,
+//! configured only through `CHIME_DATABASE_URL`, `CHIME_AMQP_URL` and `CHIME_QUEUE_PREFIX`, runs
+//! a triggered run of its job to success and drains on SIGTERM.
+
+use std::time::Duration;
+
+use chime_e2e::process::{Process, sibling_binary};
+use chime_e2e::{
+    AMQP_URL, Scheduler, database_url, init_tracing, service_config, unique, wait_for,
+};
+use chime_scheduler::auth::Caller;
+use chime_scheduler::ops::Operations;
+use chime_scheduler::store::Store;
+use serde_json::json;
+use sqlx::PgPool;
+
+use crate::common::{TopologyGuard, job, runs};
+
+/// Generous for a shared two-core machine; every wait ends as soon as its condition holds.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// Issue 12: the README's worker failed with "no database" as written.
+#[sqlx::test(migrations = "../migrations")]
+async fn the_readme_quickstart_worker_runs_a_job_configured_by_environment(pool: PgPool) {
+    init_tracing();
+    let db = database_url(&pool);
+    let prefix = unique("qs");
+    // The quickstart's group and job, as written in the README.
+    let (group, name) = ("orders", "close-unpaid-orders");
+    let topology = TopologyGuard::new(&prefix, &[group]);
+    let scheduler = Scheduler::start(
+        service_config(&db, AMQP_URL, &unique("qs-sched"), &prefix),
+        vec![job(json!({"name": name, "group": group}))],
+    );
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let binary = sibling_binary("chime-quickstart").expect("chime-quickstart is built");
+    let mut command = tokio::process::Command::new(binary);
+    command
+        .env("CHIME_DATABASE_URL", &db)
+        .env("CHIME_AMQP_URL", AMQP_URL)
+        .env("CHIME_QUEUE_PREFIX", &prefix);
+    let log = dir.path().join("quickstart.log");
+    let mut worker = Process::spawn("quickstart", command, &log).expect("quickstart starts");
+
+    // The worker is up once it has registered in the test's own database.
+    wait_for("the quickstart worker to register", PATIENCE, || async {
+        let online: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM chime_workers WHERE group_name = $1")
+                .bind(group)
+                .fetch_one(&pool)
+                .await
+                .ok()?;
+        (online == 1).then_some(())
+    })
+    .await;
+    let ops = Operations::new(Store::from_pool(pool.clone()), None);
+    let run_id = wait_for("the job to be loaded and triggered", PATIENCE, || async {
+        ops.trigger(&Caller::cli(), name, Some(json!({"batch": 5})))
+            .await
+            .ok()
+            .map(|t| t.run_id)
+    })
+    .await;
+    wait_for("the run to succeed", PATIENCE, || async {
+        runs(&pool, name)
+            .await
+            .into_iter()
+            .find(|r| r.id == run_id && r.state == "succeeded")
+    })
+    .await;
+    let lines: Vec<String> =
+        sqlx::query_scalar("SELECT message FROM chime_run_logs WHERE run_id = $1 ORDER BY id")
+            .bind(run_id)
+            .fetch_all(&pool)
+            .await
+            .expect("log lines");
+    assert_eq!(lines, ["closing up to 5 orders"]);
+
+    // SIGTERM to its PID: it drains and exits cleanly, having printed what it did (the README
+    // promises a subscriber that shows the run and its log line).
+    worker.ensure_running().expect("still running");
+    assert!(
+        worker.stop(PATIENCE).await.expect("stopped"),
+        "the quickstart did not exit cleanly on SIGTERM; its log: {}",
+        log.display()
+    );
+    let printed = std::fs::read_to_string(&log).expect("its log");
+    assert!(printed.contains("closing up to 5 orders"), "{printed}");
+    scheduler.stop().await.expect("scheduler stops");
+    topology.delete().await;
+}
