@@ -836,4 +836,6 @@ mod tests;
 #[cfg(test)]
 mod tests_hostile;
 #[cfg(test)]
+mod tests_params;
+#[cfg(test)]
 mod tests_views;

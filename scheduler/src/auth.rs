@@ -65,17 +65,42 @@ impl Caller {
         }
     }
 
-    /// The local command line. Whoever can reach the database directly can do anything the
-    /// API allows, so the CLI acts as an admin; its actions are audited all the same.
+    /// The local command line, as [`default_cli_actor`]. Whoever can reach the database
+    /// directly can do anything the API allows, so the CLI acts as an admin; its actions are
+    /// audited all the same.
     pub fn cli() -> Caller {
-        let user = std::env::var("USER")
-            .or_else(|_| std::env::var("LOGNAME"))
-            .unwrap_or_else(|_| "unknown".into());
+        Caller::cli_as(None)
+    }
+
+    /// The local command line for `name` (`--as NAME` or `CHIME_ACTOR`), audited as
+    /// `cli:NAME`; without one, as [`default_cli_actor`].
+    pub fn cli_as(name: Option<&str>) -> Caller {
         Caller {
-            actor: format!("cli:{user}"),
+            actor: match name {
+                Some(name) => format!("cli:{name}"),
+                None => default_cli_actor(),
+            },
             role: Role::Admin,
         }
     }
+}
+
+/// Who the command line acts for when no `--as`/`CHIME_ACTOR` names it: `cli:$USER` (or
+/// `$LOGNAME`), else, where neither is set (containers, cron), `cli:uid-UID@HOST` from the
+/// process's user id and the host name.
+pub fn default_cli_actor() -> String {
+    let user = ["USER", "LOGNAME"]
+        .into_iter()
+        .filter_map(|var| std::env::var(var).ok())
+        .find(|user| !user.trim().is_empty());
+    if let Some(user) = user {
+        return format!("cli:{user}");
+    }
+    use std::os::unix::fs::MetadataExt as _;
+    // /proc/self belongs to the process's effective user.
+    let uid =
+        std::fs::metadata("/proc/self").map_or_else(|_| "unknown".into(), |m| m.uid().to_string());
+    format!("cli:uid-{uid}@{}", crate::config::host_name())
 }
 
 /// The prefix of every token secret, so a leaked one is recognisable (secret scanners, logs).

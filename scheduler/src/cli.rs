@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use crate::auth::{Caller, Role};
 pub use crate::ops::Broker;
-use crate::ops::{Cancelled, FieldProblem, MAX_PAGE, Operations, OpsError, OpsResult};
+use crate::ops::{Cancelled, FieldProblem, JobView, MAX_PAGE, Operations, OpsError, OpsResult};
 use crate::store::{RunDetail, RunQuery, RunRecord, Store};
 
 /// Chime: a distributed job scheduler on PostgreSQL and RabbitMQ.
@@ -25,6 +25,11 @@ pub struct Cli {
     /// Output format of listings.
     #[arg(long, short = 'o', global = true, value_enum, default_value_t = Output::Table)]
     pub output: Output,
+    /// Who the audit log records for changing commands, as `cli:NAME` (default: `cli:$USER`,
+    /// else `cli:uid-UID@HOST`).
+    #[arg(long = "as", global = true, env = "CHIME_ACTOR", value_name = "NAME",
+          value_parser = actor_name)]
+    pub actor: Option<String>,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -71,6 +76,29 @@ pub enum Command {
     /// Create, list and revoke API tokens.
     #[command(subcommand)]
     Tokens(TokensCommand),
+    /// Print a shell completion script: `chime completions bash > /etc/bash_completion.d/chime`.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+}
+
+/// Longest `--as` name.
+const MAX_ACTOR_LEN: usize = 100;
+
+/// Checks an `--as`/`CHIME_ACTOR` name: printable, no spaces, at most [`MAX_ACTOR_LEN`] bytes.
+fn actor_name(name: &str) -> Result<String, String> {
+    if name.is_empty()
+        || name.len() > MAX_ACTOR_LEN
+        || name.chars().any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(format!(
+            "use a name of 1 to {MAX_ACTOR_LEN} characters without spaces, such as \
+             `--as alice` or `--as cron-nightly`"
+        ));
+    }
+    Ok(name.to_owned())
 }
 
 /// `chime workers …`
@@ -243,9 +271,20 @@ pub async fn operate(
     command: Command,
     out: &mut dyn Write,
 ) -> anyhow::Result<ExitCode> {
+    operate_as(store, broker, &Caller::cli(), output, command, out).await
+}
+
+/// [`operate`] for `caller` (`chime --as NAME …`: [`Caller::cli_as`]).
+pub async fn operate_as(
+    store: &Store,
+    broker: Option<&Broker>,
+    caller: &Caller,
+    output: Output,
+    command: Command,
+    out: &mut dyn Write,
+) -> anyhow::Result<ExitCode> {
     let ops = Operations::new(store.clone(), broker.cloned());
-    let caller = Caller::cli();
-    let result = execute(&ops, &caller, output, command, out).await;
+    let result = execute(&ops, caller, output, command, out).await;
     ops.close().await;
     match result {
         Ok(()) => Ok(ExitCode::SUCCESS),
@@ -294,9 +333,12 @@ async fn execute(
             })
         }
         Command::Tokens(command) => tokens(ops, caller, output, command, out).await,
-        Command::Scheduler { .. } | Command::Migrate | Command::Check { .. } => Err(
-            OpsError::Internal(anyhow::anyhow!("not a runtime control command")),
-        ),
+        Command::Scheduler { .. }
+        | Command::Migrate
+        | Command::Check { .. }
+        | Command::Completions { .. } => Err(OpsError::Internal(anyhow::anyhow!(
+            "not a runtime control command"
+        ))),
     }
 }
 
@@ -318,7 +360,7 @@ async fn jobs(
                         j.group.clone(),
                         j.schedule.clone(),
                         time(j.next_fire),
-                        if j.paused { "yes" } else { "no" }.into(),
+                        paused(j),
                         j.source.clone(),
                     ]);
                 }
@@ -329,23 +371,7 @@ async fn jobs(
             if output == Output::Json {
                 return json_out(out, &job);
             }
-            let mut t = table();
-            for (k, v) in [
-                ("job", job.name.clone()),
-                ("group", job.group.clone()),
-                ("schedule", job.schedule.clone()),
-                ("next fire", time(job.next_fire)),
-                ("paused", if job.paused { "yes" } else { "no" }.into()),
-                ("source", job.source.clone()),
-                (
-                    "definition",
-                    serde_json::to_string(&job.spec).map_err(anyhow::Error::from)?,
-                ),
-            ] {
-                t.add_row([k.to_owned(), v]);
-            }
-            writeln!(out, "{t}").map_err(io)?;
-            Ok(())
+            show_job(&job, out).map_err(io)
         }
         JobsCommand::Trigger { name, params } => {
             let params = params
@@ -361,6 +387,15 @@ async fn jobs(
                     })
                 })
                 .transpose()?;
+            if let Some(p) = params.as_ref().filter(|p| !p.is_object() && !p.is_null()) {
+                return Err(OpsError::Invalid(vec![FieldProblem {
+                    field: Some("--params".into()),
+                    value: Some(p.to_string()),
+                    message: "params must be a JSON object of named values; pass one such as \
+                              '{\"batch\": 10}'"
+                        .into(),
+                }]));
+            }
             let triggered = ops.trigger(caller, &name, params).await?;
             match output {
                 Output::Json => json_line(out, &triggered),
@@ -496,6 +531,36 @@ async fn runs(
             }
         }
     }
+}
+
+/// `paused` of a job as listed: `no`, or `yes` and by whom.
+fn paused(job: &JobView) -> String {
+    match (job.paused, job.paused_by.as_deref()) {
+        (false, _) => "no".into(),
+        (true, Some("file")) => "yes (job file)".into(),
+        (true, Some(by)) => format!("yes ({by})"),
+        (true, None) => "yes".into(),
+    }
+}
+
+/// `chime jobs show`: one `key  value` line per fact, then the definition as indented JSON.
+fn show_job(job: &JobView, out: &mut dyn Write) -> std::io::Result<()> {
+    for (k, v) in [
+        ("job", job.name.clone()),
+        ("group", job.group.clone()),
+        ("schedule", job.schedule.clone()),
+        ("next fire", time(job.next_fire)),
+        ("paused", paused(job)),
+        ("source", job.source.clone()),
+    ] {
+        writeln!(out, "{k:<10} {v}")?;
+    }
+    let definition = serde_json::to_string_pretty(&job.spec)?;
+    writeln!(out, "definition:")?;
+    for line in definition.lines() {
+        writeln!(out, "  {line}")?;
+    }
+    Ok(())
 }
 
 fn show_run(detail: &RunDetail, out: &mut dyn Write) -> std::io::Result<()> {
@@ -702,6 +767,49 @@ async fn tokens(
             writeln!(out, "revoked token {name:?}").map_err(io)
         }
     }
+}
+
+/// An error as `chime` prints it: its chain of causes on one line, each said once (a cause
+/// whose text the line already holds is left out), database errors without the server's source
+/// location, and, when the database or Chime's tables are missing, the fix.
+pub fn error_report(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain() {
+        // A database error ends the chain: its message says it all, whereas its Display and
+        // its source add the server's source line ("… at line 948").
+        let database = match cause.downcast_ref::<sqlx::Error>() {
+            Some(sqlx::Error::Database(e)) => Some(e.message().to_owned()),
+            _ => None,
+        };
+        let part = database.clone().unwrap_or_else(|| cause.to_string());
+        if !part.is_empty() && !text.contains(&part) {
+            if !text.is_empty() {
+                text.push_str(": ");
+            }
+            text.push_str(&part);
+        }
+        if database.is_some() {
+            break;
+        }
+    }
+    if needs_migrate(error) {
+        text.push_str(
+            "\nhint: run `chime migrate` first (with the same settings): it creates the \
+             database and its tables",
+        );
+    }
+    text
+}
+
+/// Whether `error` says the database (SQLSTATE 3D000) or one of its tables (42P01) does not
+/// exist.
+fn needs_migrate(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<sqlx::Error>(),
+            Some(sqlx::Error::Database(e)) if matches!(e.code().as_deref(), Some("3D000" | "42P01"))
+        )
+    })
 }
 
 fn io(e: std::io::Error) -> OpsError {

@@ -28,7 +28,7 @@ pub(crate) use jobs::{LoadedJob, load_located_jobs};
 pub use settings::{
     ALERT_GROUP_KEYS, AlertSettings, DEFAULT_AMQP_URL, DEFAULT_BIND, DEFAULT_DATABASE_URL,
     DEFAULT_QUEUE_PREFIX, GroupAlertSettings, LeaderSettings, PlannerSettings, RescuerSettings,
-    RetentionSettings, SETTINGS_KEYS, Settings, default_instance_id, webhook_target,
+    RetentionSettings, SETTINGS_KEYS, Settings, default_instance_id, host_name, webhook_target,
 };
 
 /// Which job a [`ConfigError`] is about.

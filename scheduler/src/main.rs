@@ -1,28 +1,29 @@
 //! `chime`: parse arguments, load settings, set up logging, dispatch to the command.
 
-use std::io::Write as _;
+use std::io::{IsTerminal as _, Write as _};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use chime_scheduler::auth::Caller;
 use chime_scheduler::cli::{Broker, Cli, Command};
 use chime_scheduler::config::Settings;
 use chime_scheduler::leader::LeaseTimings;
 use chime_scheduler::planner::PlannerTimings;
 use chime_scheduler::service::{self, DutySettings, JobLoader, ServiceConfig};
 use chime_scheduler::store::Store;
-use clap::Parser as _;
+use clap::{CommandFactory as _, Parser as _};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    init_tracing(matches!(cli.command, Command::Scheduler { .. }));
     match run(cli).await {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", chime_scheduler::cli::error_report(&e));
             ExitCode::FAILURE
         }
     }
@@ -39,6 +40,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             ExitCode::FAILURE
         });
     }
+    if let Command::Completions { shell } = cli.command {
+        let mut out = std::io::stdout().lock();
+        clap_complete::generate(shell, &mut Cli::command(), "chime", &mut out);
+        out.flush()?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let settings = Settings::load(cli.config.as_deref()).map_err(|e| anyhow::anyhow!("{e}"))?;
     match cli.command {
         Command::Scheduler { jobs } => {
@@ -46,10 +53,19 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Migrate => {
-            Store::create_database_if_missing(&settings.database_url).await?;
+            let created = Store::create_database_if_missing(&settings.database_url).await?;
             let store = Store::connect(&settings.database_url, 2).await?;
-            store.migrate().await?;
-            println!("database is up to date");
+            let applied = store.migrate().await?;
+            let database = database_name(&settings.database_url);
+            let migrations = match applied {
+                1 => "1 migration".to_owned(),
+                n => format!("{n} migrations"),
+            };
+            match (created, applied) {
+                (true, _) => println!("created database {database}; applied {migrations}"),
+                (false, 0) => println!("database {database} is up to date"),
+                (false, _) => println!("database {database}: applied {migrations}"),
+            }
             Ok(ExitCode::SUCCESS)
         }
         command => {
@@ -57,9 +73,17 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let broker = Broker::new(&settings.amqp_url, &settings.queue_prefix)
                 .with_amqp_tls(settings.amqp_tls.clone())
                 .with_management_url(settings.management_url.as_deref());
+            let caller = Caller::cli_as(cli.actor.as_deref());
             let mut out = std::io::stdout().lock();
-            chime_scheduler::cli::operate(&store, Some(&broker), cli.output, command, &mut out)
-                .await
+            chime_scheduler::cli::operate_as(
+                &store,
+                Some(&broker),
+                &caller,
+                cli.output,
+                command,
+                &mut out,
+            )
+            .await
         }
     }
 }
@@ -119,13 +143,28 @@ async fn scheduler(settings: Settings, extra_jobs: Vec<PathBuf>) -> anyhow::Resu
     service::run_serving(config, duties, operations, loader, reload_rx, shutdown).await
 }
 
-/// Logs go to stderr; `RUST_LOG` filters (default `info`), `CHIME_LOG_FORMAT=json` switches to
-/// JSON lines.
-fn init_tracing() {
+/// The database `url` names, for messages (PostgreSQL's default: the user's name).
+fn database_name(url: &str) -> String {
+    url.parse::<sqlx::postgres::PgConnectOptions>()
+        .ok()
+        .and_then(|o| o.get_database().map(str::to_owned))
+        .unwrap_or_else(|| "(default)".into())
+}
+
+/// Logs go to stderr, coloured only when it is a terminal; `RUST_LOG` filters, `CHIME_LOG_FORMAT=json`
+/// switches to JSON lines. The scheduler logs at `info` by default; the other commands print
+/// their result to stdout and log only warnings and errors, unless `RUST_LOG` says otherwise.
+fn init_tracing(serving: bool) {
+    let default = if serving {
+        "info,sqlx=warn,lapin=warn"
+    } else {
+        "warn"
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn,lapin=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     if std::env::var("CHIME_LOG_FORMAT").is_ok_and(|f| f == "json") {
         builder.json().init();

@@ -145,6 +145,9 @@ pub struct JobView {
     pub upcoming: Vec<DateTime<Utc>>,
     /// Whether planning is paused.
     pub paused: bool,
+    /// Who paused it: `file` (its job file says `paused = true`), or the operator who did
+    /// (`cli:alice`, `token:ops`; `operator` when not recorded); `null` when not paused.
+    pub paused_by: Option<String>,
     /// `config` (from job files; change the file) or `api` (created at runtime).
     pub source: String,
     /// The full definition, in its config-file form.
@@ -723,7 +726,7 @@ impl Operations {
         self.allow(caller, action, Role::Operator, Some(name), None)
             .await?;
         let result = async {
-            if !self.store.set_paused(name, paused).await? {
+            if !self.store.set_paused(name, paused, &caller.actor).await? {
                 return Err(no_such_job(name));
             }
             self.existing_job(name).await
@@ -1334,6 +1337,7 @@ fn job_view(j: crate::store::JobRecord, now: DateTime<Utc>) -> JobView {
         name: j.spec.name.clone(),
         group: j.spec.group.clone(),
         paused: j.paused,
+        paused_by: j.paused_by,
         source: j.source,
         spec: j.spec,
     }

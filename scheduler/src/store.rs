@@ -24,6 +24,8 @@ mod ops;
 mod overdue;
 #[cfg(test)]
 mod tests_lease;
+#[cfg(test)]
+mod tests_pause;
 mod timeline;
 
 pub use dead_letters::{DeadLetterContent, DeadLetterRecord, NewDeadLetter};
@@ -196,6 +198,9 @@ pub struct JobRecord {
     pub source: String,
     /// Paused jobs are not planned (manual triggers still work).
     pub paused: bool,
+    /// Who paused it: `file` (its job file says `paused = true`) or the operator's actor
+    /// (`cli:alice`, `token:ops`); `None` when it is not paused.
+    pub paused_by: Option<String>,
     /// Last scheduled instant turned into a run or a skip.
     pub cursor_at: Option<DateTime<Utc>>,
 }
@@ -357,8 +362,8 @@ impl Store {
     }
 
     /// Creates the database `url` names if it does not exist yet (several instances may race
-    /// here; losing the race is fine).
-    pub async fn create_database_if_missing(url: &str) -> anyhow::Result<()> {
+    /// here; losing the race is fine); whether this call created it.
+    pub async fn create_database_if_missing(url: &str) -> anyhow::Result<bool> {
         use sqlx::migrate::MigrateDatabase as _;
         let exists = sqlx::Postgres::database_exists(url)
             .await
@@ -369,15 +374,28 @@ impl Store {
         {
             return Err(e).with_context(|| format!("creating the database at {}", redact_url(url)));
         }
-        Ok(())
+        Ok(!exists)
     }
 
-    /// Applies pending migrations.
-    pub async fn migrate(&self) -> anyhow::Result<()> {
+    /// Applies pending migrations; how many it applied.
+    pub async fn migrate(&self) -> anyhow::Result<usize> {
+        let applied = || async {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM _sqlx_migrations")
+                .fetch_one(&self.pool)
+                .await
+                .context("counting applied migrations")
+        };
+        let tracked: bool =
+            sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+                .fetch_one(&self.pool)
+                .await
+                .context("looking for applied migrations")?;
+        let before = if tracked { applied().await? } else { 0 };
         MIGRATOR
             .run(&self.pool)
             .await
-            .context("applying database migrations")
+            .context("applying database migrations")?;
+        Ok(usize::try_from(applied().await? - before).unwrap_or(0))
     }
 
     // ---- leader lease -------------------------------------------------------------------
@@ -449,10 +467,15 @@ impl Store {
     // ---- jobs ---------------------------------------------------------------------------
 
     /// Makes the config-declared jobs in the database equal to `specs`: inserts new ones,
-    /// updates changed ones (keeping their cursor and pause state), deletes config jobs that are
-    /// gone. Jobs created through the API are left alone unless a config job has the same name,
-    /// in which case the config wins (and is reported as changed). Of two specs with one name,
-    /// the last wins.
+    /// updates changed ones (keeping their cursor), deletes config jobs that are gone. Jobs
+    /// created through the API are left alone unless a config job has the same name, in which
+    /// case the config wins (and is reported as changed). Of two specs with one name, the last
+    /// wins.
+    ///
+    /// Pause: a new job starts paused when its file says `paused = true`. Later, an operator's
+    /// pause or resume stands across reloads, until the file's own `paused` value changes from
+    /// one load to the next (or the file takes over an API job): then the file's new word
+    /// applies, and a resume moves the cursor to now (no catch-up), as [`Store::set_paused`].
     ///
     /// Batched, so start-up with 100,000 jobs costs two hundred statements, not 100,000: per
     /// 1,000 jobs one `SELECT` finds the new and changed ones (comparing the stored `jsonb`
@@ -491,7 +514,8 @@ impl Store {
                 .collect::<anyhow::Result<Vec<String>>>()?;
             // The new jobs and those whose stored definition differs (or is an API job's).
             let differing = sqlx::query(
-                "SELECT j.ord, c.name IS NULL AS added
+                "SELECT j.ord, c.name IS NULL AS added, c.source <> 'config' AS taken_over,
+                        COALESCE((c.spec->>'paused')::boolean, false) AS file_paused
                    FROM UNNEST($1::text[], $2::text[]) WITH ORDINALITY AS j(name, spec, ord)
                    LEFT JOIN chime_jobs c ON c.name = j.name
                   WHERE c.name IS NULL OR c.source <> 'config' OR c.spec <> j.spec::jsonb
@@ -507,6 +531,9 @@ impl Store {
             }
             let (mut w_names, mut w_groups, mut w_jsons, mut w_paused) =
                 (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            // Existing jobs whose file turned `paused` (or took over an API job): the file's
+            // new word applies to them.
+            let (mut turned, mut turned_paused) = (Vec::new(), Vec::new());
             for row in differing {
                 let ord: i64 = row.get("ord");
                 let i = usize::try_from(ord - 1).context("row position")?;
@@ -515,6 +542,12 @@ impl Store {
                     diff.added.push(spec.name.clone());
                 } else {
                     diff.changed.push(spec.name.clone());
+                    if row.get::<bool, _>("taken_over")
+                        || row.get::<bool, _>("file_paused") != spec.paused
+                    {
+                        turned.push(names[i]);
+                        turned_paused.push(spec.paused);
+                    }
                 }
                 w_names.push(names[i]);
                 w_groups.push(spec.group.as_str());
@@ -522,8 +555,9 @@ impl Store {
                 w_paused.push(spec.paused);
             }
             sqlx::query(
-                "INSERT INTO chime_jobs (name, group_name, spec, source, paused)
-                 SELECT j.name, j.group_name, j.spec::jsonb, 'config', j.paused
+                "INSERT INTO chime_jobs (name, group_name, spec, source, paused, paused_by)
+                 SELECT j.name, j.group_name, j.spec::jsonb, 'config', j.paused,
+                        CASE WHEN j.paused THEN 'file' END
                    FROM UNNEST($1::text[], $2::text[], $3::text[], $4::bool[])
                         AS j(name, group_name, spec, paused)
                  ON CONFLICT (name) DO UPDATE SET group_name = EXCLUDED.group_name,
@@ -536,6 +570,22 @@ impl Store {
             .execute(&mut *tx)
             .await
             .with_context(|| format!("saving {} jobs", w_names.len()))?;
+            if !turned.is_empty() {
+                // As `set_paused`: a resume moves the cursor to now (no catch-up).
+                sqlx::query(
+                    "UPDATE chime_jobs c SET paused = u.paused,
+                         paused_by = CASE WHEN u.paused THEN 'file' END,
+                         cursor_at = CASE WHEN c.paused AND NOT u.paused THEN now()
+                                          ELSE c.cursor_at END
+                       FROM UNNEST($1::text[], $2::bool[]) AS u(name, paused)
+                      WHERE c.name = u.name",
+                )
+                .bind(&turned)
+                .bind(&turned_paused)
+                .execute(&mut *tx)
+                .await
+                .context("applying the job files' pause changes")?;
+            }
         }
         let mut removed: Vec<String> = config_names
             .into_iter()
@@ -564,11 +614,12 @@ impl Store {
 
     /// All jobs, by name.
     pub async fn jobs(&self) -> anyhow::Result<Vec<JobRecord>> {
-        let rows =
-            sqlx::query("SELECT spec, source, paused, cursor_at FROM chime_jobs ORDER BY name")
-                .fetch_all(&self.pool)
-                .await
-                .context("loading jobs")?;
+        let rows = sqlx::query(
+            "SELECT spec, source, paused, paused_by, cursor_at FROM chime_jobs ORDER BY name",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .context("loading jobs")?;
         rows.into_iter().map(job_record).collect()
     }
 
@@ -581,7 +632,7 @@ impl Store {
         limit: i64,
     ) -> anyhow::Result<Vec<JobRecord>> {
         let rows = sqlx::query(
-            "SELECT spec, source, paused, cursor_at FROM chime_jobs
+            "SELECT spec, source, paused, paused_by, cursor_at FROM chime_jobs
              WHERE name > $1 ORDER BY name LIMIT $2",
         )
         .bind(after.unwrap_or(""))
@@ -594,26 +645,31 @@ impl Store {
 
     /// One job.
     pub async fn job(&self, name: &str) -> anyhow::Result<Option<JobRecord>> {
-        let row =
-            sqlx::query("SELECT spec, source, paused, cursor_at FROM chime_jobs WHERE name = $1")
-                .bind(name)
-                .fetch_optional(&self.pool)
-                .await
-                .with_context(|| format!("loading job {name:?}"))?;
+        let row = sqlx::query(
+            "SELECT spec, source, paused, paused_by, cursor_at FROM chime_jobs WHERE name = $1",
+        )
+        .bind(name)
+        .fetch_optional(&self.pool)
+        .await
+        .with_context(|| format!("loading job {name:?}"))?;
         row.map(job_record).transpose()
     }
 
-    /// Pauses or resumes a job. Returns false if there is no such job. Resuming moves the cursor
-    /// to now: fires that fell due while paused are not caught up.
-    pub async fn set_paused(&self, name: &str, paused: bool) -> anyhow::Result<bool> {
+    /// Pauses or resumes a job for operator `by` (recorded as who paused it). Returns false if
+    /// there is no such job. Resuming moves the cursor to now: fires that fell due while paused
+    /// are not caught up. The operator's word stands across job-file reloads until the file's
+    /// own `paused` value changes.
+    pub async fn set_paused(&self, name: &str, paused: bool, by: &str) -> anyhow::Result<bool> {
         let mut tx = self.pool.begin().await?;
         let found = sqlx::query(
             "UPDATE chime_jobs SET paused = $2, updated_at = now(),
+                 paused_by = CASE WHEN NOT $2 THEN NULL WHEN paused THEN paused_by ELSE $3 END,
                  cursor_at = CASE WHEN paused AND NOT $2 THEN now() ELSE cursor_at END
              WHERE name = $1",
         )
         .bind(name)
         .bind(paused)
+        .bind(by)
         .execute(&mut *tx)
         .await?
         .rows_affected()
@@ -925,6 +981,7 @@ fn job_record(r: sqlx::postgres::PgRow) -> anyhow::Result<JobRecord> {
         spec,
         source: r.get("source"),
         paused: r.get("paused"),
+        paused_by: r.get("paused_by"),
         cursor_at: r.get("cursor_at"),
     })
 }

@@ -1,9 +1,15 @@
 //! The `chime` binary as an operator runs it: `chime check` exit codes and output on good,
-//! broken and missing job files. (Building this test also builds `target/*/chime`, which the
-//! end-to-end benchmark smoke tests start as a process.)
+//! broken and missing job files; completions; the runtime commands against a real database
+//! (`#[sqlx::test]`), with their one result line, their audit actor, and their errors when the
+//! database is missing. (Building this test also builds `target/*/chime`, which the end-to-end
+//! benchmark smoke tests start as a process.)
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+
+use chime_scheduler::config::{SourceFormat, parse_job_file};
+use chime_scheduler::store::Store;
+use sqlx::PgPool;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -55,4 +61,262 @@ fn check_of_a_missing_file_fails_with_its_path() {
     let text = stdout(&output) + &String::from_utf8_lossy(&output.stderr);
     assert_ne!(output.status.code(), Some(0), "{text}");
     assert!(text.contains("no/such/jobs.toml"), "{text}");
+}
+
+#[test]
+fn bash_completions_name_the_subcommands() {
+    let output = chime(&["completions", "bash"]);
+    let text = stdout(&output);
+    assert_eq!(output.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("complete "),
+        "not a bash completion script:\n{text}"
+    );
+    for word in [
+        "jobs", "runs", "dlq", "migrate", "check", "pause", "resume", "--as",
+    ] {
+        assert!(text.contains(word), "`{word}` is not completed");
+    }
+    for shell in ["zsh", "fish"] {
+        let output = chime(&["completions", shell]);
+        assert_eq!(output.status.code(), Some(0), "{shell}");
+        assert!(stdout(&output).contains("trigger"), "{shell}");
+    }
+}
+
+/// The URL of the test's database (the same server as `DATABASE_URL`, another database).
+async fn url_of(pool: &PgPool) -> String {
+    let name: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(pool)
+        .await
+        .expect("database name");
+    with_database(&name)
+}
+
+fn with_database(name: &str) -> String {
+    let base = std::env::var("DATABASE_URL").expect("DATABASE_URL (.cargo/config.toml)");
+    let server = base
+        .rsplit_once('/')
+        .map_or(base.as_str(), |(server, _)| server);
+    format!("{server}/{name}")
+}
+
+/// Runs `chime` against the database at `url`, with the environment adjusted by `env` (`None`
+/// removes a variable). Its stderr is a pipe, not a terminal.
+fn chime_at(url: &str, args: &[&str], env: &[(&str, Option<&str>)]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_chime"));
+    command
+        .args(args)
+        .env_remove("CHIME_CONFIG")
+        .env_remove("CHIME_ACTOR")
+        .env_remove("RUST_LOG")
+        .env("CHIME_DATABASE_URL", url);
+    for (key, value) in env {
+        match value {
+            Some(value) => command.env(key, value),
+            None => command.env_remove(key),
+        };
+    }
+    command.output().expect("the chime binary runs")
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+async fn declare_job(pool: &PgPool) {
+    let specs = parse_job_file(
+        "jobs.toml",
+        "[[jobs]]\nname = \"nightly\"\ngroup = \"g\"\nevery = \"1h\"\n\
+         params = { batch = 500, region = \"eu\" }\ndescription = \"reconciles the ledger\"\n",
+        SourceFormat::Toml,
+    )
+    .expect("valid job file");
+    Store::from_pool(pool.clone())
+        .sync_config_jobs(&specs)
+        .await
+        .expect("jobs stored");
+}
+
+async fn last_actor(pool: &PgPool) -> String {
+    sqlx::query_scalar("SELECT actor FROM chime_audit ORDER BY id DESC LIMIT 1")
+        .fetch_one(pool)
+        .await
+        .expect("an audit entry")
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_changing_command_prints_one_plain_line_and_no_log(pool: PgPool) {
+    declare_job(&pool).await;
+    let url = url_of(&pool).await;
+    let output = chime_at(
+        &url,
+        &["jobs", "pause", "nightly"],
+        &[("USER", Some("alice"))],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(stdout(&output), "paused nightly\n");
+    assert_eq!(stderr(&output), "", "no log lines at the default level");
+    assert_eq!(last_actor(&pool).await, "cli:alice");
+
+    // Asked for, logs go to stderr, without colour when it is not a terminal.
+    let output = chime_at(
+        &url,
+        &["jobs", "resume", "nightly"],
+        &[("USER", Some("alice")), ("RUST_LOG", Some("info"))],
+    );
+    assert_eq!(stdout(&output), "resumed nightly\n");
+    let log = stderr(&output);
+    assert!(log.contains("operator action"), "{log}");
+    assert!(!log.contains('\u{1b}'), "ANSI escapes in a pipe: {log:?}");
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn the_audit_actor_is_named_by_as_or_chime_actor_else_user_else_uid_and_host(pool: PgPool) {
+    declare_job(&pool).await;
+    let url = url_of(&pool).await;
+    let no_user = [("USER", None), ("LOGNAME", None)];
+
+    let output = chime_at(
+        &url,
+        &["--as", "deploy-bot", "jobs", "pause", "nightly"],
+        &no_user,
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(last_actor(&pool).await, "cli:deploy-bot");
+
+    let output = chime_at(
+        &url,
+        &["jobs", "resume", "nightly"],
+        &[
+            ("USER", None),
+            ("LOGNAME", None),
+            ("CHIME_ACTOR", Some("cron-nightly")),
+        ],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(last_actor(&pool).await, "cli:cron-nightly");
+
+    // Neither, nor $USER (containers, cron): the user id and the host, never `unknown`.
+    let output = chime_at(&url, &["jobs", "pause", "nightly"], &no_user);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let actor = last_actor(&pool).await;
+    assert!(
+        actor.starts_with("cli:uid-") && actor.contains('@'),
+        "{actor}"
+    );
+
+    // A name with a space is refused before anything runs.
+    let output = chime_at(
+        &url,
+        &["--as", "a b", "jobs", "resume", "nightly"],
+        &no_user,
+    );
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("without spaces"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn jobs_show_prints_the_definition_readably_with_who_paused_it(pool: PgPool) {
+    declare_job(&pool).await;
+    let url = url_of(&pool).await;
+    chime_at(&url, &["--as", "alice", "jobs", "pause", "nightly"], &[]);
+    let output = chime_at(&url, &["jobs", "show", "nightly"], &[]);
+    let text = stdout(&output);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(
+        text.lines().any(|l| l == "paused     yes (cli:alice)"),
+        "{text}"
+    );
+    assert!(text.contains("\"batch\": 500"), "pretty JSON:\n{text}");
+    for line in text.lines() {
+        assert!(
+            line.len() < 100,
+            "a padded or one-line definition: {line:?}"
+        );
+        assert_eq!(line, line.trim_end(), "trailing padding: {line:?}");
+    }
+
+    let output = chime_at(&url, &["jobs", "list"], &[]);
+    assert!(
+        stdout(&output).contains("yes (cli:alice)"),
+        "{}",
+        stdout(&output)
+    );
+    let output = chime_at(&url, &["-o", "json", "jobs", "show", "nightly"], &[]);
+    let job: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(job["paused_by"], "cli:alice");
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn trigger_refuses_params_that_are_not_an_object_before_sending(pool: PgPool) {
+    declare_job(&pool).await;
+    let url = url_of(&pool).await;
+    for params in ["[1,2]", "7", "\"x\"", "not json"] {
+        let output = chime_at(
+            &url,
+            &["jobs", "trigger", "nightly", "--params", params],
+            &[],
+        );
+        let error = stderr(&output);
+        assert_eq!(output.status.code(), Some(1), "{params}: {error}");
+        assert!(error.contains("--params"), "{params}: {error}");
+    }
+    let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM chime_runs")
+        .fetch_one(&pool)
+        .await
+        .expect("count");
+    assert_eq!(runs, 0);
+    let audited: i64 = sqlx::query_scalar("SELECT count(*) FROM chime_audit")
+        .fetch_one(&pool)
+        .await
+        .expect("count");
+    assert_eq!(audited, 0, "refused before reaching the operation");
+}
+
+#[sqlx::test(migrations = false)]
+async fn commands_against_a_missing_database_or_tables_say_to_migrate_once(pool: PgPool) {
+    // (Not named after the test's database: PostgreSQL cuts names at 63 bytes.)
+    let missing = with_database(&format!("chime_cli_missing_{}", std::process::id()));
+    for url in [missing, url_of(&pool).await] {
+        let output = chime_at(&url, &["jobs", "list"], &[]);
+        let error = stderr(&output);
+        assert_eq!(output.status.code(), Some(1), "{error}");
+        assert_eq!(error.matches("error:").count(), 1, "{error}");
+        assert_eq!(
+            error.matches("run `chime migrate` first").count(),
+            1,
+            "{error}"
+        );
+        assert!(!error.contains("at line"), "{error}");
+        assert!(!error.contains('\u{1b}'), "{error:?}");
+    }
+}
+
+#[sqlx::test(migrations = false)]
+async fn migrate_says_it_created_the_database_and_how_many_migrations_it_applied(pool: PgPool) {
+    let name = format!("chime_cli_fresh_{}", std::process::id());
+    let url = with_database(&name);
+    let output = chime_at(&url, &["migrate"], &[]);
+    let first = stdout(&output);
+    let second = stdout(&chime_at(&url, &["migrate"], &[]));
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
+    )))
+    .execute(&pool)
+    .await
+    .expect("dropped");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let migrations = std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../migrations"))
+        .expect("migrations folder")
+        .count();
+    assert_eq!(
+        first,
+        format!("created database {name}; applied {migrations} migrations\n")
+    );
+    assert_eq!(second, format!("database {name} is up to date\n"));
 }

@@ -1312,11 +1312,81 @@ fn slug(text: &str) -> String {
     out
 }
 
-/// The zone to suggest for an unknown one: the same name in its proper case, a zone whose name
-/// is a near miss, a well-known alias, or a plain example.
+/// Common time-zone abbreviations (lower case) that are not IANA names, with the zones they
+/// usually mean and what they stand for there. An abbreviation can mean several places (CST is
+/// China's and the US Central time): every one is offered, the most populous first.
+const ZONE_ABBREVIATIONS: &[(&str, &[(&str, &str)])] = &[
+    (
+        "cst",
+        &[
+            ("Asia/Shanghai", "China Standard Time"),
+            ("America/Chicago", "US Central Time"),
+        ],
+    ),
+    ("cdt", &[("America/Chicago", "US Central Time")]),
+    ("est", &[("America/New_York", "US Eastern Time")]),
+    ("edt", &[("America/New_York", "US Eastern Time")]),
+    ("pst", &[("America/Los_Angeles", "US Pacific Time")]),
+    ("pdt", &[("America/Los_Angeles", "US Pacific Time")]),
+    (
+        "mst",
+        &[
+            ("America/Denver", "US Mountain Time"),
+            ("America/Phoenix", "Arizona"),
+        ],
+    ),
+    ("mdt", &[("America/Denver", "US Mountain Time")]),
+    ("akst", &[("America/Anchorage", "Alaska Time")]),
+    ("hst", &[("Pacific/Honolulu", "Hawaii Time")]),
+    ("cet", &[("Europe/Berlin", "Central European Time")]),
+    ("cest", &[("Europe/Berlin", "Central European Time")]),
+    ("eet", &[("Europe/Athens", "Eastern European Time")]),
+    ("eest", &[("Europe/Athens", "Eastern European Time")]),
+    ("wet", &[("Europe/Lisbon", "Western European Time")]),
+    ("bst", &[("Europe/London", "British Time")]),
+    ("msk", &[("Europe/Moscow", "Moscow Time")]),
+    (
+        "ist",
+        &[
+            ("Asia/Kolkata", "India Standard Time"),
+            ("Europe/Dublin", "Irish Time"),
+            ("Asia/Jerusalem", "Israel Time"),
+        ],
+    ),
+    ("pkt", &[("Asia/Karachi", "Pakistan Time")]),
+    ("wib", &[("Asia/Jakarta", "Western Indonesia Time")]),
+    ("sgt", &[("Asia/Singapore", "Singapore Time")]),
+    ("hkt", &[("Asia/Hong_Kong", "Hong Kong Time")]),
+    ("jst", &[("Asia/Tokyo", "Japan Standard Time")]),
+    ("kst", &[("Asia/Seoul", "Korea Standard Time")]),
+    ("awst", &[("Australia/Perth", "Australian Western Time")]),
+    ("acst", &[("Australia/Adelaide", "Australian Central Time")]),
+    (
+        "aest",
+        &[
+            ("Australia/Sydney", "Australian Eastern Time"),
+            ("Australia/Brisbane", "Queensland, no daylight saving"),
+        ],
+    ),
+    ("aedt", &[("Australia/Sydney", "Australian Eastern Time")]),
+    ("nzst", &[("Pacific/Auckland", "New Zealand Time")]),
+    ("nzdt", &[("Pacific/Auckland", "New Zealand Time")]),
+    ("brt", &[("America/Sao_Paulo", "Brasilia Time")]),
+];
+
+/// The zone to suggest for an unknown one: the same name in its proper case, the zones a
+/// common abbreviation stands for, a well-known alias, a zone whose name is a near miss, or a
+/// plain example.
 fn zone_suggestion(text: &str) -> String {
     let names = || chrono_tz::TZ_VARIANTS.iter().map(|tz| tz.name());
     let lower = text.trim().to_lowercase();
+    if let Some((_, zones)) = ZONE_ABBREVIATIONS.iter().find(|(abbr, _)| *abbr == lower) {
+        let offered: Vec<String> = zones
+            .iter()
+            .map(|(zone, meaning)| format!("{zone:?} ({meaning})"))
+            .collect();
+        return offered.join(" or ");
+    }
     let exact = names().find(|name| name.to_lowercase() == lower);
     // Zones people expect to exist but the tz database names after another city.
     let alias = match lower.as_str() {

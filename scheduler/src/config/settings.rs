@@ -356,13 +356,17 @@ impl Settings {
 /// `hostname-pid`: unique among the instances running at one time, recognisable in the
 /// dashboard. The host name comes from the kernel (Linux), else `$HOSTNAME`, else `localhost`.
 pub fn default_instance_id() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+    format!("{}-{}", host_name(), std::process::id())
+}
+
+/// This machine's name: from the kernel (Linux), else `$HOSTNAME`, else `localhost`.
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .or_else(|| std::env::var("HOSTNAME").ok())
         .map(|name| name.trim().to_owned())
         .filter(|name| !name.is_empty())
-        .unwrap_or_else(|| "localhost".to_owned());
-    format!("{host}-{}", std::process::id())
+        .unwrap_or_else(|| "localhost".to_owned())
 }
 
 /// Where a setting's value came from, to name it in messages.

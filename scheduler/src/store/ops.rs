@@ -304,8 +304,9 @@ impl Store {
     /// Creates a job at runtime (`source = 'api'`); false if the name is taken.
     pub async fn create_api_job(&self, spec: &JobSpec) -> anyhow::Result<bool> {
         let insert = sqlx::query(
-            "INSERT INTO chime_jobs (name, group_name, spec, source, paused)
-             VALUES ($1, $2, $3, 'api', $4) ON CONFLICT (name) DO NOTHING",
+            "INSERT INTO chime_jobs (name, group_name, spec, source, paused, paused_by)
+             VALUES ($1, $2, $3, 'api', $4, CASE WHEN $4 THEN 'operator' END)
+             ON CONFLICT (name) DO NOTHING",
         )
         .bind(&spec.name)
         .bind(&spec.group)

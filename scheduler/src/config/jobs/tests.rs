@@ -281,6 +281,23 @@ fn unknown_time_zone_suggestions() {
         ("europe/berlin", r#""Europe/Berlin""#),
         ("America/NewYork", r#""America/New_York""#),
         ("Asia/Beijing", r#""Asia/Shanghai""#),
+        // Issue 12: abbreviations are not near misses of other zones (CST is not CET).
+        (
+            "CST",
+            r#""Asia/Shanghai" (China Standard Time) or "America/Chicago" (US Central Time)"#,
+        ),
+        ("pdt", r#""America/Los_Angeles" (US Pacific Time)"#),
+        ("JST", r#""Asia/Tokyo" (Japan Standard Time)"#),
+        ("KST", r#""Asia/Seoul" (Korea Standard Time)"#),
+        ("BST", r#""Europe/London" (British Time)"#),
+        (
+            "AEST",
+            r#""Australia/Sydney" (Australian Eastern Time) or "Australia/Brisbane" (Queensland, no daylight saving)"#,
+        ),
+        (
+            "IST",
+            r#""Asia/Kolkata" (India Standard Time) or "Europe/Dublin" (Irish Time) or "Asia/Jerusalem" (Israel Time)"#,
+        ),
         (
             "Mars/Olympus_Mons",
             r#""Europe/Berlin", "America/New_York" or "UTC""#,
@@ -288,6 +305,22 @@ fn unknown_time_zone_suggestions() {
     ];
     for (text, want) in table {
         assert_eq!(zone_suggestion(text), want, "{text:?}");
+    }
+}
+
+#[test]
+fn every_suggested_zone_for_an_abbreviation_exists_and_the_abbreviation_does_not() {
+    for (abbreviation, zones) in ZONE_ABBREVIATIONS {
+        for (zone, _) in *zones {
+            assert!(zone.parse::<Tz>().is_ok(), "{abbreviation}: {zone}");
+        }
+    }
+    // Those the tz database lacks get the suggestion; those it has (EST, CET, MST, …) parse,
+    // and never reach it.
+    for missing in [
+        "CST", "PDT", "JST", "KST", "BST", "AEST", "IST", "PST", "EDT",
+    ] {
+        assert!(missing.parse::<Tz>().is_err(), "{missing} is a tz name now");
     }
 }
 
