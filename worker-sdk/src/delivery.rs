@@ -871,7 +871,10 @@ async fn flush_logs(
             _ = done.cancelled() => break,
         }
     }
-    while let Ok(batch) = batches.try_recv() {
+    // Closed first: a batch the flush timer hands over from now on stays in the sink for the
+    // outcome's final write instead of landing in a receiver nobody reads.
+    batches.close();
+    while let Some(batch) = batches.recv().await {
         write(batch).await;
     }
     lost
