@@ -102,6 +102,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/api/jobs/{name}/pause", post(pause_job))
         .route("/api/jobs/{name}/resume", post(resume_job))
         .route("/api/jobs/{name}/trigger", post(trigger_job))
+        .route("/api/jobs/{name}/report", get(views::job_report))
         .route("/api/schedules/preview", post(views::preview_schedule))
         .route("/api/runs", get(list_runs))
         .route("/api/runs/{id}", get(show_run))

@@ -29,8 +29,10 @@ use crate::store::{
     WorkerRecord,
 };
 
+mod report;
 mod views;
 
+pub use report::{JobReport, REPORT_DAYS, REPORT_OUTCOMES, ReportDay};
 pub use views::{
     DeadLetterMessage, MAX_TIMELINE_BUCKETS, PREVIEW_FIELDS, RunTimeline, SchedulePreview,
     TIMELINE_WINDOWS, TimelineBucket,
@@ -143,6 +145,12 @@ pub struct JobView {
     /// The schedule's next [`UPCOMING`] fire times, also while paused (what resuming, or a
     /// schedule just changed, leads to).
     pub upcoming: Vec<DateTime<Utc>>,
+    /// The IANA time zone the job's schedule is read in (`UTC` unless set).
+    pub timezone: String,
+    /// `next_fire` in the job's time zone, RFC 3339 with the zone's offset.
+    pub next_fire_local: Option<String>,
+    /// `upcoming` in the job's time zone, RFC 3339 with the zone's offset.
+    pub upcoming_local: Vec<String>,
     /// Whether planning is paused.
     pub paused: bool,
     /// Who paused it: `file` (its job file says `paused = true`), or the operator who did
@@ -1324,15 +1332,25 @@ fn shown_to(caller: &Caller, mut view: JobView) -> JobView {
 
 fn job_view(j: crate::store::JobRecord, now: DateTime<Utc>) -> JobView {
     let schedule = j.spec.schedule().ok();
+    let upcoming = schedule
+        .as_ref()
+        .map_or_else(Vec::new, |s| s.upcoming(now, UPCOMING));
+    let next_fire = if j.paused {
+        None
+    } else {
+        schedule.as_ref().and_then(|s| s.next_after(now))
+    };
+    let zone = j.spec.timezone;
+    let local = |t: &DateTime<Utc>| {
+        t.with_timezone(&zone)
+            .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, false)
+    };
     JobView {
-        upcoming: schedule
-            .as_ref()
-            .map_or_else(Vec::new, |s| s.upcoming(now, UPCOMING)),
-        next_fire: if j.paused {
-            None
-        } else {
-            schedule.as_ref().and_then(|s| s.next_after(now))
-        },
+        timezone: zone.name().to_owned(),
+        next_fire_local: next_fire.as_ref().map(local),
+        upcoming_local: upcoming.iter().map(local).collect(),
+        upcoming,
+        next_fire,
         schedule: schedule.map_or_else(|| "invalid".into(), |s| s.describe()),
         name: j.spec.name.clone(),
         group: j.spec.group.clone(),

@@ -22,6 +22,7 @@ mod dead_letters;
 mod failures;
 mod ops;
 mod overdue;
+mod report;
 #[cfg(test)]
 mod tests_lease;
 #[cfg(test)]
@@ -37,6 +38,7 @@ pub use ops::{
     AuditQuery, AuditRecord, NewAuditEntry, ObservedRun, RunQuery, TokenRecord, WorkerRecord,
 };
 pub use overdue::Overdue;
+pub use report::ReportRow;
 
 /// Migrations embedded from `migrations/`; `run` takes an advisory lock, so several instances
 /// starting at once migrate safely.

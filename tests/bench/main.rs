@@ -14,6 +14,7 @@ mod failover;
 mod jobs;
 mod precision;
 mod process;
+mod raw;
 mod recorder;
 mod report;
 mod sandbox;

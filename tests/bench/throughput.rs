@@ -20,6 +20,7 @@ use chime_e2e::Scheduler;
 use serde::Serialize;
 
 use crate::jobs::{JobDef, specs};
+use crate::raw::{self, RawRate};
 use crate::recorder::Workers;
 use crate::report::{Report, Row, ms, summary};
 use crate::sandbox::{Sandbox, Services, bounded, now_us, poll, sleep_until_us, within};
@@ -79,6 +80,8 @@ pub struct Results {
     pub saturated_at: Option<u32>,
     /// Leader elections between the first fire and the end of the drain.
     pub term_changes: i64,
+    /// The broker's own limit, measured just before the ramp.
+    pub raw_broker: RawRate,
     /// Every step run.
     pub steps: Vec<Step>,
 }
@@ -111,7 +114,15 @@ pub async fn run(services: &Services, params: &Params) -> anyhow::Result<Report>
     .await
 }
 
+/// Seconds of the raw broker measurement before the ramp.
+const RAW_SECONDS: u64 = 5;
+
 async fn measure(sandbox: &Sandbox, params: &Params) -> anyhow::Result<Report> {
+    let raw_broker = raw::measure(sandbox, RAW_SECONDS).await?;
+    eprintln!(
+        "[throughput] raw broker limit: {:.0} msg/s (quorum queue, persistent, confirm + consume + ack)",
+        raw_broker.per_second
+    );
     let group = sandbox.group("throughput");
     let most = params.rates.last().copied().unwrap_or_default() / RATE_PER_JOB;
     let names: Vec<String> = (0..most).map(|i| format!("throughput-{i:05}")).collect();
@@ -215,6 +226,7 @@ async fn measure(sandbox: &Sandbox, params: &Params) -> anyhow::Result<Report> {
             sustained_rate,
             saturated_at,
             term_changes,
+            raw_broker,
             steps,
         },
     ))
@@ -261,6 +273,15 @@ fn report(params: &Params, results: Results) -> Report {
         format!("{} runs/s", results.sustained_rate),
         "≥ 5,000 runs/s",
         results.sustained_rate >= 5000,
+    ));
+    rows.push(Row::info(
+        "raw broker limit beside it",
+        format!(
+            "{:.0} msg/s (one quorum queue, persistent, confirm + consume + ack, no database); \
+             the highest sustained rate is {:.0} % of it",
+            results.raw_broker.per_second,
+            100.0 * f64::from(results.sustained_rate) / results.raw_broker.per_second.max(1.0)
+        ),
     ));
     rows.push(Row::info(
         "saturates at",

@@ -5,7 +5,9 @@
 //! and replays a dead letter, cancels a run from its page, and the audit page names both; the
 //! overview refreshes itself in place and stops when another page opens; an operator replays
 //! every dead letter of a group and an admin purges them (an operator cannot); no page logs a
-//! console error; user-supplied strings show as text, never as markup. Screenshots of every
+//! console error; user-supplied strings show as text, never as markup; an admin creates, edits
+//! and deletes an Asia/Shanghai job through the form, triggers it through the params dialog, and
+//! reads its times in its zone, its job page, its report and a readable workers page. Screenshots of every
 //! page go to `target/dashboard-screenshots/` for a person to look at.
 //!
 //! chromedriver and chromium come from the Debian packages of those names (`.ci/run` installs
@@ -340,6 +342,8 @@ async fn an_operator_triggers_a_job_and_watches_its_run_finish_and_a_viewer_cann
     browser
         .click("tr[data-job=\"ping\"] button.trigger:not([disabled])")
         .await;
+    browser.wait_text("#trigger-params", |_| true).await;
+    browser.click("#trigger-run").await;
     let notice = browser
         .wait_text("#notice", |t| t.starts_with("Triggered ping"))
         .await;
@@ -502,8 +506,14 @@ async fn an_operator_triggers_a_job_and_watches_its_run_finish_and_a_viewer_cann
         .await;
     browser.open(&base, "#/jobs/report").await;
     let upcoming =
-        |minute: &'static str| move |t: &str| t.matches(&format!(":{minute}:00Z")).count() == 5;
+        |minute: &'static str| move |t: &str| t.matches(&format!(":{minute}:00 UTC")).count() == 5;
     browser.wait_text("#upcoming", upcoming("00")).await;
+    browser.click("#edit-job").await;
+    browser
+        .wait_text("#page[data-page=\"jobs/report/edit\"][data-loaded]", |_| {
+            true
+        })
+        .await;
     // The form previews the current schedule at once.
     browser
         .wait_text("#preview[data-state=\"valid\"]", |t| {
@@ -515,7 +525,7 @@ async fn an_operator_triggers_a_job_and_watches_its_run_finish_and_a_viewer_cann
     // message, and nothing is saved.
     browser.eval(&clear("schedule"), json!([])).await;
     browser.type_into("#schedule", "every tuesday").await;
-    browser.click("#edit-schedule button").await;
+    browser.click("#job-form button[type=submit]").await;
     browser
         .wait_text("#edit-error", |t| t.contains("field \"schedule\""))
         .await;
@@ -532,7 +542,7 @@ async fn an_operator_triggers_a_job_and_watches_its_run_finish_and_a_viewer_cann
         })
         .await;
     browser.screenshot("job-preview-invalid").await;
-    let save_disabled = "return document.querySelector('#edit-schedule button').disabled;";
+    let save_disabled = "return document.querySelector('#job-form button[type=submit]').disabled;";
     assert_eq!(browser.eval(save_disabled, json!([])).await, true);
     browser.eval(&clear("timezone"), json!([])).await;
     browser.type_into("#timezone", "Asia/Tokyo").await;
@@ -572,7 +582,7 @@ async fn an_operator_triggers_a_job_and_watches_its_run_finish_and_a_viewer_cann
             t.matches(":00+00:00").count() == 5
         })
         .await;
-    browser.click("#edit-schedule button").await;
+    browser.click("#job-form button[type=submit]").await;
     browser
         .wait_text("#notice", |t| t.starts_with("Changed"))
         .await;
@@ -587,6 +597,7 @@ async fn an_operator_triggers_a_job_and_watches_its_run_finish_and_a_viewer_cann
     browser
         .wait_text("table.fields", |t| t.contains("every 30m"))
         .await;
+    browser.open(&base, "#/jobs/report/edit").await;
     browser
         .eval(
             "const k = document.getElementById('schedule-kind'); k.value = 'schedule'; \
@@ -596,7 +607,7 @@ async fn an_operator_triggers_a_job_and_watches_its_run_finish_and_a_viewer_cann
         .await;
     browser.eval(&clear("schedule"), json!([])).await;
     browser.type_into("#schedule", "0 30 * * * *").await;
-    browser.click("#edit-schedule button").await;
+    browser.click("#job-form button[type=submit]").await;
     browser.wait_text("#upcoming", upcoming("30")).await;
     browser.screenshot("job").await;
     assert_eq!(
@@ -1179,6 +1190,355 @@ async fn the_live_log_shows_each_line_of_a_running_handler_as_it_is_logged(pool:
         .await
         .expect("worker task")
         .expect("worker ran cleanly");
+    instance.stop().await;
+    topology.delete().await;
+}
+
+/// Sets the value of the form field `id` (replacing what it holds) and tells the page.
+async fn set_value(browser: &Browser, id: &str, value: &str) {
+    browser
+        .eval(
+            "const e = document.getElementById(arguments[0]); e.value = arguments[1]; \
+             e.dispatchEvent(new Event('input', {bubbles: true})); return true;",
+            json!([id, value]),
+        )
+        .await;
+}
+
+/// Script: a chart's counts by state, summed over its bars (`arguments[0]` names the chart).
+const BAR_COUNTS: &str = "const n = {}; \
+    for (const r of document.querySelectorAll(arguments[0] + ' rect.bar')) \
+    n[r.dataset.state] = (n[r.dataset.state] || 0) + Number(r.dataset.count || 1); return n;";
+
+/// An operator coming from XXL-Job: creates a job in Asia/Shanghai through the form (a wrong
+/// field is named next to it), reads its times in Shanghai time with UTC on hover, triggers it
+/// through the confirmation dialog (Cancel and invalid JSON create nothing; edited params are
+/// the run's), edits it, reads its page (recent runs, success rate, duration chart) and its
+/// report (runs per day by outcome, p50 and p95), reads the workers page, sees a job-file job
+/// as read-only, and deletes the job.
+#[sqlx::test(migrations = "../migrations")]
+async fn an_admin_manages_a_shanghai_job_triggers_it_with_params_and_reads_its_report(
+    pool: PgPool,
+) {
+    init_tracing();
+    let db = database_url(&pool);
+    let prefix = unique("dash4");
+    let group = "dash4g";
+    let topology = TopologyGuard::new(&prefix, &[group]);
+    let instance = ServingInstance::start(&pool, &prefix, group).await;
+    let base = instance.base.clone();
+    let worker = RecordingWorker::start(&db, AMQP_URL, &prefix, group, &["ping", "shanghai"]);
+    let admin = Operations::new(Store::from_pool(pool.clone()), None)
+        .create_token(&Caller::cli(), "root", Role::Admin)
+        .await
+        .expect("token")
+        .secret;
+    let browser = Browser::start().await;
+    login(&browser, &base, &admin, "token:root (admin)").await;
+
+    // Create through the form; a wrong timeout comes back next to its field, nothing saved.
+    browser.open(&base, "#/jobs").await;
+    browser.click("#new-job").await;
+    browser
+        .wait_text("#page[data-page=\"new-job\"][data-loaded]", |_| true)
+        .await;
+    set_value(&browser, "job-name", "shanghai").await;
+    set_value(&browser, "job-group", group).await;
+    set_value(&browser, "job-description", "daily settlement").await;
+    set_value(&browser, "schedule", "0 30 9 * * *").await;
+    set_value(&browser, "timezone", "Asia/Shanghai").await;
+    set_value(
+        &browser,
+        "job-params",
+        "{\"region\": \"cn\", \"batch\": 500}",
+    )
+    .await;
+    set_value(&browser, "job-timeout", "soon").await;
+    browser
+        .wait_text("#preview[data-state=\"valid\"]", |t| {
+            t.matches("T09:30:00+08:00").count() == 5
+        })
+        .await;
+    browser.click("#job-form button[type=submit]").await;
+    browser
+        .wait_text(".field-error[data-field=\"timeout\"]", |t| {
+            t.contains("soon") || !t.is_empty()
+        })
+        .await;
+    browser.screenshot("job-form-error").await;
+    let jobs = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM chime_jobs WHERE name = 'shanghai'")
+            .fetch_one(&pool)
+            .await
+            .expect("count")
+    };
+    assert_eq!(jobs().await, 0);
+    set_value(&browser, "job-timeout", "30s").await;
+    browser.click("#job-form button[type=submit]").await;
+    browser
+        .wait_text("#page[data-page=\"jobs/shanghai\"][data-loaded]", |_| true)
+        .await;
+    browser
+        .wait_text("#notice", |t| t == "Created job shanghai")
+        .await;
+    assert_eq!(jobs().await, 1);
+    // The previews of half-typed schedules and the refused timeout logged their 400s; from
+    // here on, no page may log an error.
+    browser.console_errors().await;
+    // Its next fires read in Shanghai time, with the UTC instant on hover.
+    browser
+        .wait_text("#upcoming", |t| t.matches("09:30:00 +08:00").count() == 5)
+        .await;
+    let title = browser
+        .eval(
+            "return document.querySelector('#upcoming time').title;",
+            json!([]),
+        )
+        .await;
+    assert!(
+        title.as_str().expect("title").ends_with("01:30:00Z"),
+        "{title}"
+    );
+    browser
+        .wait_text("#definition", |t| {
+            t.contains("Asia/Shanghai") && t.contains("daily settlement") && t.contains("30s")
+        })
+        .await;
+
+    // The jobs list shows the next fire in the job's zone too.
+    browser.open(&base, "#/jobs").await;
+    browser
+        .wait_text("tr[data-job=\"shanghai\"]", |t| {
+            t.contains("09:30:00 +08:00")
+        })
+        .await;
+    browser.screenshot("jobs-zoned").await;
+
+    // Trigger: Cancel sends nothing; invalid JSON and a non-object are refused here.
+    browser
+        .click("tr[data-job=\"shanghai\"] button.trigger")
+        .await;
+    browser.wait_text("#trigger-params", |_| true).await;
+    let prefilled = browser
+        .eval(
+            "return document.getElementById('trigger-params').value;",
+            json!([]),
+        )
+        .await;
+    assert_eq!(
+        prefilled, "{\n  \"batch\": 500,\n  \"region\": \"cn\"\n}",
+        "the job's params, pretty"
+    );
+    browser.screenshot("trigger-dialog").await;
+    browser.click("#trigger-cancel").await;
+    browser
+        .wait_eval(
+            "the dialog to close",
+            "return document.getElementById('trigger-dialog') === null;",
+            |v| v == true,
+        )
+        .await;
+    browser
+        .click("tr[data-job=\"shanghai\"] button.trigger")
+        .await;
+    set_value(&browser, "trigger-params", "{\"region\": ").await;
+    browser.click("#trigger-run").await;
+    browser
+        .wait_text("#trigger-error", |t| t.contains("not valid JSON"))
+        .await;
+    browser.screenshot("trigger-dialog-invalid").await;
+    set_value(&browser, "trigger-params", "[1, 2]").await;
+    browser.click("#trigger-run").await;
+    browser
+        .wait_text("#trigger-error", |t| t.contains("must be a JSON object"))
+        .await;
+    assert_eq!(run_count(&pool).await, 0, "nothing was triggered");
+    // Run with edited params: the run carries them.
+    set_value(
+        &browser,
+        "trigger-params",
+        "{\"region\": \"eu\", \"day\": 3}",
+    )
+    .await;
+    browser.click("#trigger-run").await;
+    let notice = browser
+        .wait_text("#notice", |t| t.starts_with("Triggered shanghai"))
+        .await;
+    let run_id: i64 = notice
+        .rsplit('#')
+        .next()
+        .and_then(|id| id.parse().ok())
+        .unwrap_or_else(|| panic!("a run id in {notice:?}"));
+    let params: Value = sqlx::query_scalar("SELECT params FROM chime_runs WHERE id = $1")
+        .bind(run_id)
+        .fetch_one(&pool)
+        .await
+        .expect("params");
+    assert_eq!(params, json!({"region": "eu", "day": 3}));
+    assert_eq!(run_count(&pool).await, 1);
+    wait_for("the triggered run to succeed", PATIENCE, || async {
+        let state: String = sqlx::query_scalar("SELECT state FROM chime_runs WHERE id = $1")
+            .bind(run_id)
+            .fetch_one(&pool)
+            .await
+            .ok()?;
+        (state == "succeeded").then_some(())
+    })
+    .await;
+
+    // Earlier days' runs, for the report and the page's numbers.
+    let day = chrono::Duration::days(1);
+    for (ago, state, ms) in [
+        (day, "succeeded", Some(850)),
+        (day, "succeeded", Some(10_873)),
+        (day, "failed", Some(4000)),
+        (day * 3, "dead", None),
+        (day * 3, "cancelled", None),
+    ] {
+        let at = chrono::Utc::now() - ago;
+        sqlx::query(
+            "INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, state,
+                                     started_at, finished_at, worker_id)
+             VALUES ('shanghai', $1, $2, 'manual', $3, $4, $5, 'seeded-worker')",
+        )
+        .bind(group)
+        .bind(at)
+        .bind(state)
+        .bind(ms.map(|_| at))
+        .bind(ms.map(|ms| at + chrono::Duration::milliseconds(ms)))
+        .execute(&pool)
+        .await
+        .expect("seeded run");
+    }
+
+    // Edit through the form: three attempts.
+    browser.open(&base, "#/jobs/shanghai/edit").await;
+    browser
+        .wait_text("#preview[data-state=\"valid\"]", |t| {
+            t.matches("T09:30:00+08:00").count() == 5
+        })
+        .await;
+    set_value(&browser, "job-attempts", "3").await;
+    browser.screenshot("job-form").await;
+    browser.click("#job-form button[type=submit]").await;
+    browser
+        .wait_text("#notice", |t| t == "Changed job shanghai")
+        .await;
+    let attempts: Option<String> = sqlx::query_scalar(
+        "SELECT spec->'retry'->>'max_attempts' FROM chime_jobs WHERE name = 'shanghai'",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("retry");
+    assert_eq!(attempts.as_deref(), Some("3"));
+
+    // The job page: readable definition, recent runs in Shanghai time, success rate, chart.
+    browser.open(&base, "#/jobs/shanghai").await;
+    browser
+        .wait_text("#definition", |t| t.contains("3 attempts"))
+        .await;
+    browser
+        .wait_text(&format!("tr[data-run-id=\"{run_id}\"]"), |t| {
+            t.contains("+08:00") && (t.contains(" ms") || t.contains(" s"))
+        })
+        .await;
+    browser
+        .wait_text("#success-rate .value", |t| t == "60.0%")
+        .await;
+    let bars = browser
+        .eval(
+            "return document.querySelectorAll('#duration-chart rect.bar').length;",
+            json!([]),
+        )
+        .await;
+    assert_eq!(bars, 4, "one bar per finished run");
+    let durations = browser
+        .eval(
+            "return [...document.querySelectorAll('#page table tbody tr')].map(r => r.textContent).join('|');",
+            json!([]),
+        )
+        .await;
+    let durations = durations.as_str().expect("text");
+    assert!(
+        durations.contains("850 ms") && durations.contains("10.9 s"),
+        "{durations}"
+    );
+    assert!(!durations.contains("10873"), "{durations}");
+    browser.screenshot("job-page").await;
+
+    // The report: runs per day by outcome, and durations per day.
+    browser.click("#report-link").await;
+    browser
+        .wait_text(
+            "#page[data-page=\"jobs/shanghai/report\"][data-loaded]",
+            |_| true,
+        )
+        .await;
+    let counts = browser.eval(BAR_COUNTS, json!(["#report-chart"])).await;
+    assert_eq!(
+        counts,
+        json!({"succeeded": 3, "failed": 1, "dead": 1, "cancelled": 1})
+    );
+    let dots = browser
+        .eval(
+            "return document.querySelectorAll('#report-durations circle').length;",
+            json!([]),
+        )
+        .await;
+    assert_eq!(dots, 4, "p50 and p95 on the two days with finished runs");
+    browser.screenshot("report").await;
+
+    // Runs list: duration and worker columns, times in each job's zone.
+    browser.open(&base, "#/runs?job=shanghai").await;
+    browser
+        .wait_text(&format!("tr[data-run-id=\"{run_id}\"]"), |t| {
+            t.contains("+08:00")
+        })
+        .await;
+    browser.screenshot("runs-zoned").await;
+
+    // Workers: a badge, capacity, running, jobs as a list, no raw booleans.
+    browser.open(&base, "#/workers").await;
+    let row = browser
+        .wait_text("tr[data-online=\"true\"]", |t| t.contains("online"))
+        .await;
+    assert!(!row.contains("true") && !row.contains("false"), "{row}");
+    let jobs_listed = browser
+        .eval(
+            "return [...document.querySelectorAll('tr[data-online=\"true\"] ul.jobs li')].map(l => l.textContent);",
+            json!([]),
+        )
+        .await;
+    assert_eq!(jobs_listed, json!(["ping", "shanghai"]));
+    browser.screenshot("workers-readable").await;
+
+    // A job-file job is read-only, with a note saying why.
+    browser.open(&base, "#/jobs/ping").await;
+    browser
+        .wait_text("#read-only", |t| t.contains("declared in a job file"))
+        .await;
+    let controls = browser
+        .eval(
+            "return document.querySelector('#edit-job, #delete-job') === null;",
+            json!([]),
+        )
+        .await;
+    assert_eq!(controls, true, "no edit or delete for a job-file job");
+
+    // Delete, after a confirmation.
+    browser.open(&base, "#/jobs/shanghai").await;
+    browser.click("#delete-job").await;
+    browser.click("#confirm-delete").await;
+    browser
+        .wait_text("#notice", |t| t == "Deleted job shanghai")
+        .await;
+    assert_eq!(jobs().await, 0);
+
+    let errors = browser.console_errors().await;
+    assert!(errors.is_empty(), "console errors: {errors:?}");
+    browser.quit().await;
+    drop(browser);
+    worker.stop().await;
     instance.stop().await;
     topology.delete().await;
 }

@@ -1,5 +1,5 @@
 //! The dashboard's read-only views through the router against a real database: the schedule
-//! preview and the runs-over-time timeline.
+//! preview, the runs-over-time timeline and a job's report (runs per day).
 
 use axum::http::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -220,4 +220,220 @@ async fn the_timeline_counts_runs_per_bucket_and_state(pool: PgPool) {
             "{query}: {body}"
         );
     }
+}
+
+/// Inserts a finished (or not started) manual run of `job` scheduled at `at`.
+async fn seed_run(
+    app: &super::tests::App,
+    job: &str,
+    at: chrono::DateTime<chrono::Utc>,
+    state: &str,
+    duration_ms: Option<i64>,
+) {
+    sqlx::query(
+        "INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, state, started_at,
+                                 finished_at)
+         VALUES ($1, 'reports', $2, 'manual', $3, $4, $5)",
+    )
+    .bind(job)
+    .bind(at)
+    .bind(state)
+    .bind(duration_ms.map(|_| at))
+    .bind(duration_ms.map(|ms| at + chrono::Duration::milliseconds(ms)))
+    .execute(&app.pool)
+    .await
+    .expect("seeding a run");
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_job_report_counts_runs_per_day_in_the_jobs_zone_with_duration_percentiles(pool: PgPool) {
+    use chrono::{Days, TimeZone as _};
+    let app = app(pool).await;
+    let (admin, viewer) = (app.token(Role::Admin).await, app.token(Role::Viewer).await);
+    for name in ["nightly", "other"] {
+        let (status, body) = app
+            .call(
+                Method::POST,
+                "/api/jobs",
+                Some(&admin),
+                Some(json!({"name": name, "group": "reports", "timezone": "Asia/Shanghai"})),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+    }
+    let zone = chrono_tz::Asia::Shanghai;
+    let today = chrono::Utc::now().with_timezone(&zone).date_naive();
+    let at = |day: chrono::NaiveDate, hour: u32, minute: u32| {
+        zone.from_local_datetime(&day.and_hms_opt(hour, minute, 0).expect("time"))
+            .single()
+            .expect("Shanghai has no DST")
+            .with_timezone(&chrono::Utc)
+    };
+    let yesterday = today - Days::new(1);
+    // Today: three finished runs of 1, 2 and 3 s, and one dead run that never started.
+    seed_run(&app, "nightly", at(today, 0, 1), "succeeded", Some(1000)).await;
+    seed_run(&app, "nightly", at(today, 0, 2), "failed", Some(2000)).await;
+    seed_run(&app, "nightly", at(today, 0, 3), "succeeded", Some(3000)).await;
+    seed_run(&app, "nightly", at(today, 0, 4), "dead", None).await;
+    // 00:30 in Shanghai is 16:30 UTC the day before: the run counts on Shanghai's day.
+    seed_run(
+        &app,
+        "nightly",
+        at(yesterday, 0, 30),
+        "succeeded",
+        Some(500),
+    )
+    .await;
+    seed_run(&app, "nightly", at(yesterday, 23, 59), "cancelled", None).await;
+    // Before the window, and another job's run: not counted.
+    seed_run(
+        &app,
+        "nightly",
+        at(today - Days::new(14), 12, 0),
+        "succeeded",
+        Some(9),
+    )
+    .await;
+    seed_run(&app, "other", at(today, 0, 5), "failed", Some(7)).await;
+
+    let (status, body) = app
+        .call(
+            Method::GET,
+            "/api/jobs/nightly/report?days=14",
+            Some(&viewer),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["timezone"], "Asia/Shanghai");
+    assert!(
+        body["from"]
+            .as_str()
+            .expect("from")
+            .ends_with("T00:00:00+08:00"),
+        "{body}"
+    );
+    let days = body["days"].as_array().expect("days");
+    assert_eq!(days.len(), 14, "{body}");
+    assert_eq!(days[13]["day"], today.to_string());
+    assert_eq!(days[0]["day"], (today - Days::new(13)).to_string());
+    assert_eq!(days[13]["total"], 4);
+    assert_eq!(
+        days[13]["counts"],
+        json!({"succeeded": 2, "failed": 1, "dead": 1})
+    );
+    assert_eq!(days[13]["p50_ms"], 2000.0);
+    assert_eq!(days[13]["p95_ms"], 2900.0);
+    assert_eq!(days[12]["day"], yesterday.to_string());
+    assert_eq!(days[12]["counts"], json!({"succeeded": 1, "cancelled": 1}));
+    assert_eq!(days[12]["p50_ms"], 500.0);
+    assert_eq!(days[0]["total"], 0);
+    assert_eq!(days[0]["counts"], json!({}));
+    assert_eq!(days[0]["p50_ms"], Value::Null);
+    assert_eq!(
+        body["totals"],
+        json!({"succeeded": 3, "failed": 1, "dead": 1, "cancelled": 1})
+    );
+    assert_eq!(body["success_rate"], 0.6);
+    assert_eq!(
+        body["outcomes"],
+        json!(["succeeded", "failed", "dead", "cancelled"])
+    );
+    // One day is today only; the default is 14.
+    let (_, body) = app
+        .call(
+            Method::GET,
+            "/api/jobs/nightly/report?days=1",
+            Some(&viewer),
+            None,
+        )
+        .await;
+    assert_eq!(body["days"].as_array().expect("days").len(), 1, "{body}");
+    assert_eq!(body["days"][0]["total"], 4);
+    let (_, body) = app
+        .call(Method::GET, "/api/jobs/nightly/report", Some(&viewer), None)
+        .await;
+    assert_eq!(body["days"].as_array().expect("days").len(), 14);
+
+    // Days outside 1..=90, not a number, or an unknown parameter: a 400 naming the field.
+    for (query, field) in [
+        ("days=0", "days"),
+        ("days=91", "days"),
+        ("days=two", "days"),
+        ("days=-3", "days"),
+        ("day=3", "day"),
+    ] {
+        let (status, body) = app
+            .call(
+                Method::GET,
+                &format!("/api/jobs/nightly/report?{query}"),
+                Some(&viewer),
+                None,
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {body}");
+        assert_eq!(
+            body["error"]["problems"][0]["field"], field,
+            "{query}: {body}"
+        );
+    }
+    let (status, body) = app
+        .call(
+            Method::GET,
+            "/api/jobs/nightly/report?days=91",
+            Some(&viewer),
+            None,
+        )
+        .await;
+    assert_eq!(
+        body["error"]["message"],
+        "field \"days\" = \"91\": use a whole number of days from 1 to 90, such as 14",
+        "{status}"
+    );
+    let (status, _) = app
+        .call(Method::GET, "/api/jobs/nope/report", Some(&viewer), None)
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = app
+        .call(Method::GET, "/api/jobs/nightly/report", None, None)
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_job_shows_its_times_in_its_own_zone_besides_utc(pool: PgPool) {
+    let app = app(pool).await;
+    let admin = app.token(Role::Admin).await;
+    let (status, body) = app
+        .call(
+            Method::POST,
+            "/api/jobs",
+            Some(&admin),
+            Some(
+                json!({"name": "shanghai", "group": "g", "schedule": "0 30 9 * * *",
+                        "timezone": "Asia/Shanghai"}),
+            ),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (_, body) = app
+        .call(Method::GET, "/api/jobs/shanghai", Some(&admin), None)
+        .await;
+    assert_eq!(body["timezone"], "Asia/Shanghai");
+    let local = body["next_fire_local"].as_str().expect("next_fire_local");
+    assert!(local.ends_with("T09:30:00+08:00"), "{body}");
+    let utc = chrono::DateTime::parse_from_rfc3339(body["next_fire"].as_str().expect("UTC"))
+        .expect("RFC 3339");
+    assert_eq!(
+        chrono::DateTime::parse_from_rfc3339(local).expect("local"),
+        utc
+    );
+    let upcoming = body["upcoming_local"].as_array().expect("upcoming_local");
+    assert_eq!(upcoming.len(), 5);
+    assert!(
+        upcoming
+            .iter()
+            .all(|t| t.as_str().expect("text").ends_with("T09:30:00+08:00")),
+        "{body}"
+    );
 }

@@ -61,6 +61,7 @@ async function api(method, path, body) {
   if (!response.ok) {
     const error = new Error(data && data.error ? data.error.message : "HTTP " + response.status);
     error.status = response.status;
+    error.problems = data && data.error ? data.error.problems : [];
     throw error;
   }
   return data;
@@ -105,6 +106,78 @@ function runLink(id) {
 
 function stateCell(state) {
   return el("span", { class: "state state-" + state }, state);
+}
+
+// ---- times in a job's own zone, durations in words -------------------------------------------
+
+const zoneFormats = new Map();
+
+// The Intl formatter of an IANA zone (UTC for an unknown one), cached.
+function zoneFormat(zone) {
+  if (!zoneFormats.has(zone)) {
+    let format;
+    try {
+      format = new Intl.DateTimeFormat("en-GB", { timeZone: zone || "UTC", hourCycle: "h23",
+        year: "numeric", month: "2-digit", day: "2-digit", hour: "2-digit", minute: "2-digit",
+        second: "2-digit", timeZoneName: "longOffset" });
+    } catch (e) {
+      format = zoneFormat("UTC");
+    }
+    zoneFormats.set(zone, format);
+  }
+  return zoneFormats.get(zone);
+}
+
+// `iso` as `2026-12-01 09:30:00 +08:00` in `zone` (`… UTC` in UTC).
+function localText(iso, zone) {
+  const parts = {};
+  for (const p of zoneFormat(zone).formatToParts(new Date(iso))) parts[p.type] = p.value;
+  const offset = ["GMT", "GMT+00:00", "UTC"].includes(parts.timeZoneName) ? "UTC" : parts.timeZoneName.replace("GMT", "");
+  return parts.year + "-" + parts.month + "-" + parts.day + " " + parts.hour + ":" +
+    parts.minute + ":" + parts.second + " " + offset;
+}
+
+// A time as a person reads it: in the job's zone, the UTC instant on hover.
+function zoned(iso, zone) {
+  if (!iso) return "—";
+  return el("time", { datetime: iso, title: time(iso), class: "nowrap" }, localText(iso, zone));
+}
+
+// Milliseconds in words: `850 ms`, `10.9 s`, `3 min 5 s`, `2 h 4 min`, `3 d 2 h`.
+function duration(ms) {
+  if (ms === null || ms === undefined || Number.isNaN(ms)) return "—";
+  if (ms < 1000) return Math.round(ms) + " ms";
+  if (ms < 60000) return (ms / 1000).toFixed(1).replace(/\.0$/, "") + " s";
+  const s = Math.round(ms / 1000);
+  const [d, h, m, sec] = [Math.floor(s / 86400), Math.floor(s / 3600) % 24, Math.floor(s / 60) % 60, s % 60];
+  if (d) return d + " d" + (h ? " " + h + " h" : "");
+  if (h) return h + " h" + (m ? " " + m + " min" : "");
+  return m + " min" + (sec ? " " + sec + " s" : "");
+}
+
+// How long a run took: its latest attempt's start to its end; none while it runs.
+function runMs(r) {
+  return r.started_at && r.finished_at ? new Date(r.finished_at) - new Date(r.started_at) : null;
+}
+
+// Job name → time zone, for pages listing runs of many jobs.
+async function jobZones() {
+  const { jobs } = await api("GET", "/api/jobs");
+  return new Map(jobs.map((j) => [j.name, j.timezone]));
+}
+
+function badge(text, kind) {
+  return el("span", { class: "badge badge-" + kind }, text);
+}
+
+// A cell text that stays on one line, cut with an ellipsis, whole on hover.
+function clipped(text) {
+  if (text === null || text === undefined) return "—";
+  return el("span", { class: "clip", title: String(text) }, String(text));
+}
+
+function percent(rate) {
+  return rate === null || rate === undefined ? "—" : (rate * 100).toFixed(1) + "%";
 }
 
 // ---- pages ----------------------------------------------------------------------------------
@@ -213,55 +286,365 @@ async function jobs(page) {
   const last = await Promise.all(jobs.map((j) =>
     api("GET", "/api/runs?limit=1&job=" + encodeURIComponent(j.name)).then((p) => p.runs[0])));
   const lastRun = new Map(jobs.map((j, i) => [j.name, last[i]]));
-  const path = (j, action) => "/api/jobs/" + encodeURIComponent(j.name) + "/" + action;
-  page.append(el("h1", {}, "Jobs"), table([
-    ["name", (j) => el("a", { href: "#/jobs/" + encodeURIComponent(j.name) }, j.name)],
-    ["group", (j) => j.group], ["schedule", (j) => el("code", {}, j.schedule)],
-    ["next fire", (j) => time(j.next_fire)], ["paused", (j) => (j.paused ? "paused" : "no")],
-    ["last run", (j) => { const r = lastRun.get(j.name); return r ? [runLink(r.id), " ", stateCell(r.state)] : "—"; }],
-    ["actions", (j) => [
-      actionButton("Trigger", "trigger", async () => {
-        const t = await api("POST", path(j, "trigger"));
-        return "Triggered " + t.job + ": run #" + t.run_id;
-      }),
-      j.paused
-        ? actionButton("Resume", "resume", async () => { await api("POST", path(j, "resume")); return "Resumed " + j.name; })
-        : actionButton("Pause", "pause", async () => { await api("POST", path(j, "pause")); return "Paused " + j.name; }),
-    ]],
-  ], jobs, (j) => ({ "data-job": j.name })));
+  const admin = me.role === "admin";
+  page.append(el("h1", {}, "Jobs"),
+    el("p", { class: "toolbar" }, admin
+      ? el("a", { id: "new-job", class: "button", href: "#/new-job" }, "New job")
+      : null),
+    table([
+      ["name", (j) => el("a", { class: "clip", title: j.name, href: jobHref(j.name) }, j.name)],
+      ["group", (j) => clipped(j.group)], ["schedule", (j) => el("code", { class: "nowrap" }, j.schedule)],
+      ["time zone", (j) => j.timezone],
+      ["next fire", (j) => zoned(j.next_fire_local || j.next_fire, j.timezone)],
+      ["state", (j) => (j.paused ? badge("paused", "warn") : badge("active", "good"))],
+      ["last run", (j) => { const r = lastRun.get(j.name); return r ? el("span", { class: "nowrap" }, runLink(r.id), " ", stateCell(r.state)) : "—"; }],
+      ["actions", (j) => el("span", { class: "nowrap" }, jobActions(j))],
+    ], jobs, (j) => ({ "data-job": j.name })));
 }
 
-// One job: its definition, the next fire times, and (admins, jobs created through the API) a
-// schedule editor. While the operator types, the API previews the schedule (debounced): the
-// next five fire times, or the same problem `chime check` names (field, value, fix). Save
-// stays disabled while the schedule is invalid, and a submit previews first, so an invalid
-// schedule is never sent.
+function jobHref(name, sub) {
+  return "#/jobs/" + encodeURIComponent(name) + (sub ? "/" + sub : "");
+}
+
+// Trigger (through its dialog) and pause or resume.
+function jobActions(j) {
+  const path = (action) => "/api/jobs/" + encodeURIComponent(j.name) + "/" + action;
+  const allowed = mayOperate();
+  return [
+    el("button", { type: "button", class: "trigger", disabled: !allowed,
+      title: allowed ? null : "needs the operator role", onclick: () => triggerDialog(j) }, "Trigger"),
+    j.paused
+      ? actionButton("Resume", "resume", async () => { await api("POST", path("resume")); return "Resumed " + j.name; })
+      : actionButton("Pause", "pause", async () => { await api("POST", path("pause")); return "Paused " + j.name; }),
+  ];
+}
+
+// Asks before a manual run: the params for this run, pre-filled with the job's own as pretty
+// JSON, checked here to be a JSON object (the API checks them again). Cancel sends nothing.
+function triggerDialog(j) {
+  const old = document.getElementById("trigger-dialog");
+  if (old) old.remove();
+  const params = el("textarea", { id: "trigger-params", rows: 10, cols: 60, spellcheck: "false" });
+  params.value = JSON.stringify(j.spec.params === null || j.spec.params === undefined ? {} : j.spec.params, null, 2);
+  const error = el("p", { id: "trigger-error", class: "error", role: "alert" });
+  const close = () => { dialog.close(); dialog.remove(); };
+  const runButton = el("button", { type: "submit", id: "trigger-run", class: "primary" }, "Run");
+  const dialog = el("dialog", { id: "trigger-dialog", "aria-labelledby": "trigger-title" },
+    el("form", { method: "dialog", onsubmit: async (event) => {
+      event.preventDefault();
+      let value;
+      try {
+        value = JSON.parse(params.value);
+      } catch (e) {
+        error.textContent = "The params are not valid JSON (" + e.message + "); write a JSON object, such as {\"date\": \"2026-12-01\"}.";
+        return;
+      }
+      if (value === null || typeof value !== "object" || Array.isArray(value)) {
+        error.textContent = "The params must be a JSON object, such as {\"date\": \"2026-12-01\"}, not " +
+          (Array.isArray(value) ? "an array" : value === null ? "null" : "a " + typeof value) + ".";
+        return;
+      }
+      runButton.disabled = true;
+      try {
+        const t = await api("POST", "/api/jobs/" + encodeURIComponent(j.name) + "/trigger", { params: value });
+        close();
+        notice("Triggered " + t.job + ": run #" + t.run_id, false);
+        route();
+      } catch (e) {
+        error.textContent = e.message;
+        runButton.disabled = false;
+      }
+    } },
+    el("h2", { id: "trigger-title" }, "Run " + j.name + " now?"),
+    el("p", { class: "muted" }, "One run, now, also when the job is paused. Its params (a JSON object; the job's own are filled in):"),
+    params, error,
+    el("div", { class: "dialog-buttons" },
+      el("button", { type: "button", id: "trigger-cancel", onclick: close }, "Cancel"), runButton)));
+  dialog.addEventListener("cancel", () => dialog.remove());
+  document.body.append(dialog);
+  dialog.showModal();
+  params.focus();
+}
+
+// The retry policy in words.
+function retryText(r) {
+  if (!r || r.max_attempts <= 1) return "no retry (1 attempt)";
+  return r.max_attempts + " attempts; backoff " + r.initial + " × " + r.multiplier + " up to " + r.max +
+    (r.jitter ? ", with jitter" : "");
+}
+
+const CONCURRENCY = { allow: "allow overlapping runs", forbid: "forbid: skip a fire while a run is active",
+  queue: "queue: wait for the active run", replace: "replace: cancel the active run" };
+const MISFIRE = { skip: "skip missed fires", fire_once: "run the latest missed fire once",
+  fire_all: "run every missed fire" };
+
+// One job, readably: its definition, next fire times in its zone, its recent runs with their
+// success rate and a duration chart; trigger, pause, and (admins, jobs created through the
+// API) edit and delete. Jobs from job files are read-only here.
+async function job(page, name) {
+  const enc = encodeURIComponent(name);
+  const [j, recent, report] = await Promise.all([
+    api("GET", "/api/jobs/" + enc),
+    api("GET", "/api/runs?limit=50&job=" + enc),
+    api("GET", "/api/jobs/" + enc + "/report?days=14"),
+  ]);
+  const spec = j.spec;
+  const zone = j.timezone;
+  const editable = me.role === "admin" && j.source === "api";
+  const confirm = el("span", { id: "delete-confirm" });
+  const del = editable ? el("button", { type: "button", id: "delete-job", class: "danger", onclick: () => {
+    confirm.replaceChildren(
+      el("button", { type: "button", id: "confirm-delete", class: "danger", onclick: async (event) => {
+        event.target.disabled = true;
+        try {
+          await api("DELETE", "/api/jobs/" + enc);
+          flash = "Deleted job " + name;
+          location.hash = "#/jobs";
+        } catch (e) {
+          notice(e.message, true);
+          event.target.disabled = false;
+        }
+      } }, "Confirm delete of " + name),
+      el("button", { type: "button", id: "cancel-delete", onclick: () => confirm.replaceChildren() }, "Cancel"));
+  } }, "Delete") : null;
+  const finished = recent.runs.filter((r) => runMs(r) !== null);
+  const durations = finished.map(runMs).sort((a, b) => a - b);
+  const median = durations.length ? durations[Math.floor((durations.length - 1) / 2)] : null;
+  const total14 = report.days.reduce((n, d) => n + d.total, 0);
+  page.append(...[
+    el("h1", {}, "Job " + j.name + " ", j.source === "api" ? badge("created through the API", "info") : badge("job file", "muted"),
+      " ", j.paused ? badge("paused", "warn") : badge("active", "good")),
+    el("p", { class: "toolbar" }, jobActions(j),
+      el("a", { id: "report-link", class: "button", href: jobHref(name, "report") }, "Report"),
+      editable ? el("a", { id: "edit-job", class: "button", href: jobHref(name, "edit") }, "Edit") : null,
+      del, confirm),
+    j.source === "api" ? null : el("p", { id: "read-only", class: "muted" },
+      "Read-only here: declared in a job file. Change the file and reload (SIGHUP)."),
+    el("div", { class: "cards" },
+      card("success rate (14 days)", percent(report.success_rate), "success-rate"),
+      card("runs (14 days)", total14, "runs-14d"),
+      card("median duration (last " + finished.length + " runs)", duration(median), "median-duration")),
+    el("h2", {}, "Definition"),
+    el("table", { class: "fields", id: "definition" }, [
+      ["schedule", el("code", {}, j.schedule)], ["time zone", zone],
+      ["next fire", zoned(j.next_fire_local || j.next_fire, zone)],
+      ["group", spec.group], ["description", spec.description],
+      ["retry", retryText(spec.retry)], ["timeout", spec.timeout || "none"],
+      ["concurrency", CONCURRENCY[spec.concurrency] || spec.concurrency],
+      ["misfire", (MISFIRE[spec.misfire] || spec.misfire) + " (grace " + spec.misfire_grace + ")"],
+      ["params", el("pre", { id: "job-params-view", class: "payload" }, JSON.stringify(spec.params, null, 2))],
+      ["secret params", spec.secret_params && spec.secret_params.length ? spec.secret_params.join(", ") : null],
+      ["source", j.source === "api" ? "created through the API" : "job file"],
+    ].filter(([, v]) => v !== undefined).map(([k, v]) =>
+      el("tr", {}, el("th", {}, k), el("td", {}, v instanceof Node ? v : show(v))))),
+    el("h2", {}, "Next fire times (" + zone + ")"),
+    j.upcoming.length
+      ? el("ol", { id: "upcoming" }, j.upcoming.map((t, i) => el("li", {}, zoned(j.upcoming_local[i] || t, zone))))
+      : el("p", { id: "upcoming", class: "muted" }, "none"),
+    el("h2", {}, "Duration of recent runs"),
+    durationChart(recent.runs),
+    el("h2", {}, "Recent runs"),
+    runTable(recent.runs.slice(0, 20), () => zone, false),
+  ].filter((node) => node !== null));
+}
+
+// Runs as a table; `zoneOf(run)` names the zone its times are shown in.
+function runTable(rows, zoneOf, withJob) {
+  return table([
+    ["id", (r) => runLink(r.id)],
+    withJob ? ["job", (r) => el("a", { class: "clip", title: r.job, href: jobHref(r.job) }, r.job)] : null,
+    ["state", (r) => stateCell(r.state)], ["trigger", (r) => r.trigger], ["attempt", (r) => r.attempt],
+    ["scheduled", (r) => zoned(r.scheduled_at, zoneOf(r))], ["started", (r) => zoned(r.started_at, zoneOf(r))],
+    ["finished", (r) => zoned(r.finished_at, zoneOf(r))],
+    ["duration", (r) => el("span", { class: "nowrap" }, duration(runMs(r)))],
+    ["worker", (r) => clipped(r.worker_id)],
+    withJob ? ["group", (r) => clipped(r.group)] : null,
+    ["error", (r) => (r.error ? el("span", { class: "clip wide", title: r.error }, r.error) : "—")],
+  ].filter((c) => c !== null), rows, (r) => ({ "data-run-id": r.id, "data-state": r.state, "data-job": r.job }));
+}
+
+// The durations of the finished runs among `runs` (newest first), oldest left: a bar per
+// run, coloured by its state, its id and duration in a tooltip.
+function durationChart(runs) {
+  const points = runs.filter((r) => runMs(r) !== null).reverse();
+  if (!points.length) return el("p", { id: "duration-chart", class: "muted" }, "No finished runs yet.");
+  const [width, height, top, bottom, left] = [720, 150, 12, 22, 64];
+  const max = Math.max(1, ...points.map(runMs));
+  const slot = (width - left) / Math.max(points.length, 10);
+  const y = (ms) => height - bottom - ms * (height - bottom - top) / max;
+  const chart = svg("svg", { id: "duration-chart", class: "chart", width, height,
+    viewBox: "0 0 " + width + " " + height, role: "img",
+    "aria-label": "duration of the job's last " + points.length + " finished runs, oldest left" },
+  svg("line", { class: "axis", x1: left, x2: width, y1: y(0), y2: y(0) }),
+  svg("text", { class: "tick", x: left - 4, y: y(max) + 4, "text-anchor": "end" }, duration(max)),
+  svg("text", { class: "tick", x: left - 4, y: y(0), "text-anchor": "end" }, "0"),
+  svg("text", { class: "tick", x: left, y: height - 6 }, "older"),
+  svg("text", { class: "tick", x: left + points.length * slot, y: height - 6, "text-anchor": "end" }, "newest"));
+  points.forEach((r, i) => {
+    const ms = runMs(r);
+    chart.append(svg("rect", { class: "bar bar-" + r.state, "data-run-id": r.id, "data-ms": ms,
+      x: (left + i * slot + 1).toFixed(1), width: Math.max(1, slot - 2).toFixed(1),
+      y: y(ms).toFixed(1), height: Math.max(1, y(0) - y(ms)).toFixed(1) },
+    svg("title", {}, "#" + r.id + " " + r.state + ": " + duration(ms))));
+  });
+  return el("figure", { class: "chart" }, chart);
+}
+
+// XXL-Job's report for one job: runs per day by outcome (stacked bars) and the median and
+// 95th percentile duration per day (lines), over the last `days` days in the job's zone.
+async function jobReport(page, name, query) {
+  const wanted = Number(new URLSearchParams(query).get("days")) || 14;
+  const r = await api("GET", "/api/jobs/" + encodeURIComponent(name) + "/report?days=" + wanted);
+  const other = (d) => d.total - r.outcomes.reduce((n, s) => n + (d.counts[s] || 0), 0);
+  page.append(
+    el("h1", {}, "Report: ", el("a", { href: jobHref(name) }, name)),
+    el("p", { class: "toolbar" }, "Days in " + r.timezone + ": ",
+      [7, 14, 30, 90].map((n) => el("a", { class: n === wanted ? "button current" : "button",
+        href: jobHref(name, "report") + "?days=" + n }, n + " days"))),
+    el("div", { class: "cards" },
+      card("success rate", percent(r.success_rate), "report-success"),
+      r.outcomes.map((s) => card(s, r.totals[s] || 0, "report-" + s))),
+    el("h2", {}, "Runs per day by outcome"),
+    reportBars(r, other),
+    el("h2", {}, "Duration per day: median and 95th percentile"),
+    reportLines(r),
+    el("h2", {}, "By day"),
+    table([["day", (d) => el("span", { class: "nowrap" }, d.day)], ["runs", (d) => d.total]]
+      .concat(r.outcomes.map((s) => [s, (d) => d.counts[s] || 0]))
+      .concat([["other", other], ["p50", (d) => duration(d.p50_ms)], ["p95", (d) => duration(d.p95_ms)]]),
+    r.days.slice().reverse(), (d) => ({ "data-day": d.day })));
+}
+
+function dayLabel(day) {
+  return day.slice(5);
+}
+
+function reportBars(r, other) {
+  const [width, height, top, bottom, left] = [720, 180, 12, 22, 36];
+  const n = r.days.length;
+  const max = Math.max(1, ...r.days.map((d) => d.total));
+  const slot = (width - left) / n;
+  const y = (count) => height - bottom - count * (height - bottom - top) / max;
+  const chart = svg("svg", { id: "report-chart", class: "chart", width, height,
+    viewBox: "0 0 " + width + " " + height, role: "img",
+    "aria-label": "runs per day by outcome, last " + n + " days, stacked" },
+  svg("line", { class: "axis", x1: left, x2: width, y1: y(0), y2: y(0) }),
+  svg("text", { class: "tick", x: left - 4, y: y(max) + 4, "text-anchor": "end" }, max),
+  svg("text", { class: "tick", x: left - 4, y: y(0), "text-anchor": "end" }, 0));
+  const labelEvery = Math.ceil(n / 14);
+  r.days.forEach((d, i) => {
+    let below = 0;
+    for (const [state, count] of r.outcomes.map((s) => [s, d.counts[s] || 0]).concat([["other", other(d)]])) {
+      if (!count) continue;
+      chart.append(svg("rect", { class: "bar bar-" + state, "data-day": d.day, "data-state": state,
+        "data-count": count, x: (left + i * slot + 1).toFixed(1), width: Math.max(1, slot - 2).toFixed(1),
+        y: y(below + count).toFixed(1), height: (y(below) - y(below + count)).toFixed(1) },
+      svg("title", {}, d.day + " " + state + ": " + count)));
+      below += count;
+    }
+    if (i % labelEvery === 0) {
+      chart.append(svg("text", { class: "tick", x: (left + (i + 0.5) * slot).toFixed(1), y: height - 6,
+        "text-anchor": "middle" }, dayLabel(d.day)));
+    }
+  });
+  const legend = el("ul", { class: "legend" }, r.outcomes.concat(["other"]).map((s) =>
+    el("li", {}, el("span", { class: "swatch bar-" + s }), " " + s)));
+  return el("figure", { class: "chart" }, chart, legend);
+}
+
+function reportLines(r) {
+  const [width, height, top, bottom, left] = [720, 160, 12, 22, 64];
+  const n = r.days.length;
+  const max = Math.max(1, ...r.days.map((d) => d.p95_ms || 0));
+  const slot = (width - left) / n;
+  const x = (i) => (left + (i + 0.5) * slot).toFixed(1);
+  const y = (ms) => (height - bottom - ms * (height - bottom - top) / max).toFixed(1);
+  const chart = svg("svg", { id: "report-durations", class: "chart", width, height,
+    viewBox: "0 0 " + width + " " + height, role: "img", "aria-label": "median and 95th percentile duration per day" },
+  svg("line", { class: "axis", x1: left, x2: width, y1: y(0), y2: y(0) }),
+  svg("text", { class: "tick", x: left - 4, y: Number(y(max)) + 4, "text-anchor": "end" }, duration(max)),
+  svg("text", { class: "tick", x: left - 4, y: y(0), "text-anchor": "end" }, "0"));
+  for (const key of ["p95_ms", "p50_ms"]) {
+    const line = r.days.map((d, i) => [i, d[key]]).filter(([, v]) => v !== null);
+    if (line.length > 1) {
+      chart.append(svg("polyline", { class: "line line-" + key, fill: "none",
+        points: line.map(([i, v]) => x(i) + "," + y(v)).join(" ") }));
+    }
+    for (const [i, v] of line) {
+      chart.append(svg("circle", { class: "dot line-" + key, cx: x(i), cy: y(v), r: 3, "data-day": r.days[i].day },
+        svg("title", {}, r.days[i].day + " " + key.slice(0, 3) + ": " + duration(v))));
+    }
+  }
+  const legend = el("ul", { class: "legend" },
+    el("li", {}, el("span", { class: "swatch line-p50_ms" }), " p50 (median)"),
+    el("li", {}, el("span", { class: "swatch line-p95_ms" }), " p95"));
+  return el("figure", { class: "chart" }, chart, legend);
+}
+
+// Creates a job (`#/new-job`) or edits one created through the API (`#/jobs/NAME/edit`),
+// admins only. While the operator types, the API previews the schedule (debounced): the next
+// five fire times in the job's zone, or the same problem `chime check` names (field, value,
+// fix). Save stays disabled while the schedule is invalid, and a submit previews first. The
+// params must be a JSON object. The API validates the whole definition as a job file; its
+// problems show next to their fields. Jobs from job files are not edited here.
 const SCHEDULE_KINDS = [["schedule", "cron"], ["every", "every"], ["at", "at"], ["manual", "manual only"]];
 
-async function job(page, name) {
-  const j = await api("GET", "/api/jobs/" + encodeURIComponent(name));
-  const editable = me.role === "admin" && j.source === "api";
-  const spec = j.spec;
-  const current = spec.schedule ? "schedule" : spec.every ? "every" : spec.at ? "at" : "manual";
-  const kind = el("select", { id: "schedule-kind", name: "kind", disabled: !editable },
+async function jobForm(page, name) {
+  const creating = name === null;
+  const j = creating ? null : await api("GET", "/api/jobs/" + encodeURIComponent(name));
+  const spec = creating ? { group: "", timezone: "UTC", params: {}, retry: { max_attempts: 1, initial: "1s" },
+    concurrency: "allow", misfire: "fire_once" } : j.spec;
+  page.append(el("h1", {}, creating ? "New job" : "Edit job " + name));
+  if (!creating && j.source !== "api") {
+    page.append(el("p", { id: "read-only", class: "muted" },
+      "Read-only: this job is declared in a job file. Change the file and reload (SIGHUP)."));
+    return;
+  }
+  if (me.role !== "admin") {
+    page.append(el("p", { class: "muted" }, "Creating and changing jobs needs the admin role."));
+    return;
+  }
+  const current = creating || spec.schedule ? "schedule" : spec.every ? "every" : spec.at ? "at" : "manual";
+  const errors = new Map(); // field → its error element
+  const row = (label, field, input, hint) => {
+    const problem = el("span", { class: "field-error error", "data-field": field });
+    errors.set(field, problem);
+    return el("tr", {}, el("th", {}, el("label", { for: input.id }, label)),
+      el("td", {}, input, hint ? el("span", { class: "muted" }, " " + hint) : null, problem));
+  };
+  const text = (id, value, size) => el("input", { id, name: id, size: size || 30, value: value ?? "" });
+  const select = (id, options, value) => el("select", { id, name: id },
+    Object.entries(options).map(([v, label]) => el("option", { value: v, selected: v === value }, label)));
+  const nameInput = text("job-name", creating ? "" : name);
+  if (!creating) nameInput.disabled = true;
+  const group = text("job-group", spec.group);
+  const description = text("job-description", spec.description, 50);
+  const kind = el("select", { id: "schedule-kind", name: "kind" },
     SCHEDULE_KINDS.map(([value, label]) => el("option", { value, selected: value === current }, label)));
-  const input = el("input", { id: "schedule", name: "schedule", size: 30, disabled: !editable,
+  const input = el("input", { id: "schedule", name: "schedule", size: 30,
     value: spec.schedule || spec.every || spec.at || "" });
-  const zone = el("input", { id: "timezone", name: "timezone", size: 18, disabled: !editable,
-    value: spec.timezone || "UTC" });
-  const save = el("button", { type: "submit", disabled: !editable }, "Save");
+  const zone = text("timezone", spec.timezone || "UTC", 18);
+  const params = el("textarea", { id: "job-params", name: "params", rows: 6, cols: 60, spellcheck: "false" });
+  params.value = JSON.stringify(spec.params ?? {}, null, 2);
+  const timeout = text("job-timeout", spec.timeout, 8);
+  const attempts = el("input", { id: "job-attempts", name: "attempts", type: "number", min: 1,
+    value: spec.retry.max_attempts });
+  const initial = text("job-retry-initial", spec.retry.initial, 8);
+  const concurrency = select("job-concurrency", CONCURRENCY, spec.concurrency);
+  const misfire = select("job-misfire", MISFIRE, spec.misfire);
+  const save = el("button", { type: "submit", class: "primary" }, creating ? "Create" : "Save");
   const error = el("p", { id: "edit-error", class: "error" });
   const preview = el("ol", { id: "preview", class: "muted" });
-  const fields = () => {
+  const scheduleFields = () => {
     const body = { schedule: null, every: null, at: null, timezone: zone.value.trim() || null };
     if (kind.value !== "manual") body[kind.value] = input.value.trim();
     return body;
   };
-  // Shows the preview of the current fields; resolves to them when they are valid.
+  // Shows the preview of the schedule fields; resolves to them when they are valid.
   let asked = 0;
   const check = async () => {
     const mine = ++asked;
-    const body = fields();
+    const body = scheduleFields();
     let result;
     try {
       result = { ok: true, preview: await api("POST", "/api/schedules/preview", body) };
@@ -273,7 +656,7 @@ async function job(page, name) {
     error.textContent = result.ok ? "" : result.message;
     preview.replaceChildren(...(result.ok
       ? (result.preview.upcoming_local.length
-        ? result.preview.upcoming_local.map((t) => el("li", {}, t))
+        ? result.preview.upcoming_local.map((t, i) => el("li", { title: time(result.preview.upcoming[i]) }, t))
         : [el("li", {}, "none: " + result.preview.none_because)])
       : []));
     preview.setAttribute("data-state", result.ok ? "valid" : "invalid");
@@ -287,40 +670,76 @@ async function job(page, name) {
     debounce = setTimeout(check, 300);
   };
   for (const field of [kind, input, zone]) field.addEventListener("input", changed);
-  const form = el("form", { id: "edit-schedule", class: "filters", onsubmit: async (event) => {
+  const showProblems = (problems) => {
+    for (const e of errors.values()) e.textContent = "";
+    for (const p of problems || []) {
+      const field = (p.field || "").replace(/^(every|at)$/, "schedule");
+      const target = errors.get(field) || errors.get(field.split(".")[0]);
+      if (target) target.textContent = " " + p.message;
+    }
+  };
+  const form = el("form", { id: "job-form", onsubmit: async (event) => {
     event.preventDefault();
     clearTimeout(debounce);
-    const body = await check();
-    if (!body) return;
+    showProblems([]);
+    const schedule = await check();
+    if (!schedule) return;
+    let paramsValue;
     try {
-      await api("PATCH", "/api/jobs/" + encodeURIComponent(name), body);
-      notice("Changed the schedule of " + name, false);
-      route();
+      paramsValue = JSON.parse(params.value);
+    } catch (e) {
+      paramsValue = undefined;
+    }
+    if (paramsValue === null || typeof paramsValue !== "object" || Array.isArray(paramsValue)) {
+      showProblems([{ field: "params", message: "not a JSON object; write one such as {\"date\": \"2026-12-01\"}" }]);
+      error.textContent = "The params must be a JSON object.";
+      return;
+    }
+    const body = Object.assign({}, schedule, {
+      group: group.value.trim(),
+      description: description.value.trim() || null,
+      params: paramsValue,
+      timeout: timeout.value.trim() || null,
+      concurrency: concurrency.value,
+      misfire: misfire.value,
+      retry: Object.assign({}, spec.retry, { max_attempts: Number(attempts.value), initial: initial.value.trim() }),
+    });
+    if (creating) {
+      body.name = nameInput.value.trim();
+      for (const [k, v] of Object.entries(body)) if (v === null) delete body[k];
+    }
+    try {
+      const saved = creating
+        ? await api("POST", "/api/jobs", body)
+        : await api("PATCH", "/api/jobs/" + encodeURIComponent(name), body);
+      flash = (creating ? "Created job " : "Changed job ") + saved.name;
+      location.hash = jobHref(saved.name);
     } catch (e) {
       error.textContent = e.message;
+      showProblems(e.problems);
     }
-  } }, el("label", { for: "schedule-kind" }, "schedule "), kind, " ", input,
-  el("label", { for: "timezone" }, " time zone "), zone, save);
-  page.append(...[
-    el("h1", {}, "Job " + j.name),
-    el("table", { class: "fields" }, [
-      ["group", j.group], ["schedule", j.schedule], ["paused", j.paused ? "paused" : "no"],
-      ["source", j.source], ["definition", j.spec],
-    ].map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, show(v))))),
-    el("h2", {}, "Next fire times"),
-    el("ol", { id: "upcoming" }, j.upcoming.map((t) => el("li", {}, time(t)))),
-    el("h2", {}, "Edit schedule"),
-    editable ? null : el("p", { class: "muted" }, j.source === "api"
-      ? "Changing a job needs the admin role."
-      : "This job is declared in a job file: change the file and reload (SIGHUP)."),
-    form, error,
-    editable ? el("p", { class: "muted" }, "Next five fire times of the schedule above, in its time zone:") : null,
-    editable ? preview : null,
-  ].filter((node) => node !== null));
-  if (editable) {
-    input.disabled = kind.value === "manual";
-    check();
-  }
+  } },
+  el("table", { class: "fields form" },
+    row("name", "name", nameInput, creating ? "the handler name workers register" : "a job cannot be renamed"),
+    row("group", "group", group, "the executor group (queue)"),
+    row("description", "description", description),
+    el("tr", {}, el("th", {}, el("label", { for: "schedule-kind" }, "schedule")),
+      el("td", {}, kind, " ", input, el("label", { for: "timezone" }, " time zone "), zone,
+        el("span", { class: "field-error error", "data-field": "schedule" }))),
+    row("params", "params", params, "a JSON object"),
+    row("timeout", "timeout", timeout, "such as 30s; empty: none"),
+    row("attempts", "retry", attempts, "1 = no retry"),
+    row("first retry after", "retry.initial", initial),
+    row("concurrency", "concurrency", concurrency),
+    row("misfire", "misfire", misfire)),
+  el("p", {}, save, el("a", { class: "button", href: creating ? "#/jobs" : jobHref(name) }, "Cancel")));
+  errors.set("schedule", form.querySelector("[data-field=schedule]"));
+  errors.set("timezone", errors.get("schedule"));
+  errors.set("retry.max_attempts", errors.get("retry"));
+  page.append(form, error,
+    el("p", { class: "muted" }, "Next five fire times of the schedule above, in its time zone:"), preview);
+  input.disabled = kind.value === "manual";
+  check();
 }
 
 const RUN_STATES = ["pending", "queued", "running", "retrying", "succeeded", "failed", "dead",
@@ -336,7 +755,7 @@ async function runs(page, query) {
     if (params.get(key)) api_params.set(key, params.get(key));
   }
   if (!api_params.get("limit")) api_params.set("limit", "50");
-  const data = await api("GET", "/api/runs?" + api_params);
+  const [data, zones] = await Promise.all([api("GET", "/api/runs?" + api_params), jobZones()]);
   const input = (name) => el("input", { name, placeholder: name, value: params.get(name) || "" });
   let edited = false;
   const state = el("select", { name: "state" }, el("option", { value: "" }, "any state"),
@@ -362,12 +781,7 @@ async function runs(page, query) {
     if (trail.length) newer.set("trail", trail.join(","));
     else newer.delete("trail");
   }
-  page.append(el("h1", {}, "Runs"), form, table([
-    ["id", (r) => runLink(r.id)], ["job", (r) => r.job], ["group", (r) => r.group],
-    ["state", (r) => stateCell(r.state)], ["trigger", (r) => r.trigger], ["attempt", (r) => r.attempt],
-    ["scheduled", (r) => time(r.scheduled_at)], ["finished", (r) => time(r.finished_at)],
-    ["error", (r) => r.error],
-  ], data.runs, (r) => ({ "data-run-id": r.id, "data-state": r.state, "data-job": r.job })),
+  page.append(el("h1", {}, "Runs"), form, runTable(data.runs, (r) => zones.get(r.job) || "UTC", true),
   el("p", { class: "pager" },
     newer ? el("a", { id: "newer", href: "#/runs?" + newer }, "← Newer") : null, " ",
     data.next_before ? el("a", { id: "older", href: "#/runs?" + older }, "Older →") : null));
@@ -421,9 +835,30 @@ function logBox(r) {
   return { box, shown: () => { box.scrollTop = follow ? box.scrollHeight : top; } };
 }
 
+// Workers, online first: state as a badge, load against capacity, the jobs each handles as a
+// list. Worker times are in UTC (a worker serves jobs of many zones).
 async function workers(page) {
   const { workers } = await api("GET", "/api/workers");
-  page.append(el("h1", {}, "Workers"), generic(workers));
+  const rank = (w) => (w.online ? 0 : w.stopped_at ? 2 : 1);
+  const sorted = workers.slice().sort((a, b) => rank(a) - rank(b) || a.group.localeCompare(b.group) || a.id.localeCompare(b.id));
+  const stateOf = (w) => (w.online ? badge("online", "good") : w.stopped_at ? badge("stopped", "muted") : badge("lost", "bad"));
+  const ago = (iso) => {
+    const s = Math.max(0, Date.now() - new Date(iso));
+    return el("span", { class: "nowrap", title: time(iso) }, duration(s) + " ago");
+  };
+  page.append(el("h1", {}, "Workers"),
+    el("p", { class: "muted" }, workers.filter((w) => w.online).length + " of " + workers.length + " online"),
+    table([
+      ["worker", (w) => clipped(w.id)], ["state", stateOf], ["group", (w) => clipped(w.group)],
+      ["host", (w) => clipped(w.hostname)],
+      ["running", (w) => el("span", { class: "nowrap" }, w.running + " of " + w.capacity)],
+      ["capacity", (w) => w.capacity],
+      ["jobs", (w) => (w.jobs.length ? el("ul", { class: "jobs" }, w.jobs.map((name) =>
+        el("li", {}, el("a", { href: jobHref(name) }, name)))) : "—")],
+      ["last heartbeat", (w) => ago(w.heartbeat_at)],
+      ["started", (w) => el("span", { class: "nowrap", title: time(w.started_at) }, time(w.started_at))],
+      ["stopped", (w) => (w.stopped_at ? time(w.stopped_at) : "—")],
+    ], sorted, (w) => ({ "data-worker": w.id, "data-online": String(w.online) })));
 }
 
 async function queues(page) {
@@ -591,7 +1026,10 @@ async function route() {
   const page = el("section", { id: "page", "data-page": parts.join("/") });
   try {
     if (parts[0] === "runs" && parts[1]) await run(page, parts[1]);
+    else if (parts[0] === "jobs" && parts[1] && parts[2] === "edit") await jobForm(page, decodeURIComponent(parts[1]));
+    else if (parts[0] === "jobs" && parts[1] && parts[2] === "report") await jobReport(page, decodeURIComponent(parts[1]), query || "");
     else if (parts[0] === "jobs" && parts[1]) await job(page, decodeURIComponent(parts[1]));
+    else if (parts[0] === "new-job") await jobForm(page, null);
     else if (parts[0] === "dead-letters" && parts[1]) await deadLetter(page, parts[1]);
     else if (pages[parts[0]]) await pages[parts[0]](page, query || "");
     else page.append(el("h1", {}, "No such page"));
@@ -643,7 +1081,13 @@ document.addEventListener("DOMContentLoaded", () => {
     login(token);
   });
   document.getElementById("logout").addEventListener("click", () => logout(""));
-  window.addEventListener("hashchange", () => { notice(flash || "", false); flash = null; if (me) route(); });
+  window.addEventListener("hashchange", () => {
+    const dialog = document.getElementById("trigger-dialog");
+    if (dialog) dialog.remove();
+    notice(flash || "", false);
+    flash = null;
+    if (me) route();
+  });
   const saved = sessionStorage.getItem(TOKEN_KEY);
   if (saved) login(saved);
   else logout("");
