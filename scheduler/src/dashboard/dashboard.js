@@ -170,6 +170,14 @@ function badge(text, kind) {
   return el("span", { class: "badge badge-" + kind }, text);
 }
 
+// A job's state: active, or paused and by whom (its job file or an operator), on hover.
+function pauseBadge(j) {
+  if (!j.paused) return badge("active", "good");
+  const b = badge("paused", "warn");
+  if (j.paused_by) b.title = j.paused_by === "file" ? "paused by its job file" : "paused by " + j.paused_by;
+  return b;
+}
+
 // A cell text that stays on one line, cut with an ellipsis, whole on hover.
 function clipped(text) {
   if (text === null || text === undefined) return "—";
@@ -296,7 +304,7 @@ async function jobs(page) {
       ["group", (j) => clipped(j.group)], ["schedule", (j) => el("code", { class: "nowrap" }, j.schedule)],
       ["time zone", (j) => j.timezone],
       ["next fire", (j) => zoned(j.next_fire_local || j.next_fire, j.timezone)],
-      ["state", (j) => (j.paused ? badge("paused", "warn") : badge("active", "good"))],
+      ["state", pauseBadge],
       ["last run", (j) => { const r = lastRun.get(j.name); return r ? el("span", { class: "nowrap" }, runLink(r.id), " ", stateCell(r.state)) : "—"; }],
       ["actions", (j) => el("span", { class: "nowrap" }, jobActions(j))],
     ], jobs, (j) => ({ "data-job": j.name })));
@@ -413,7 +421,7 @@ async function job(page, name) {
   const total14 = report.days.reduce((n, d) => n + d.total, 0);
   page.append(...[
     el("h1", {}, "Job " + j.name + " ", j.source === "api" ? badge("created through the API", "info") : badge("job file", "muted"),
-      " ", j.paused ? badge("paused", "warn") : badge("active", "good")),
+      " ", pauseBadge(j)),
     el("p", { class: "toolbar" }, jobActions(j),
       el("a", { id: "report-link", class: "button", href: jobHref(name, "report") }, "Report"),
       editable ? el("a", { id: "edit-job", class: "button", href: jobHref(name, "edit") }, "Edit") : null,
