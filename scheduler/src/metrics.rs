@@ -72,8 +72,8 @@ pub const METRIC_NAMES: &[&str] = &[
 /// out to the longest lead of a large burst (−3 s), then lateness as for
 /// `chime_fire_lateness_seconds`.
 pub const PUBLISH_OFFSET_BUCKETS: &[f64] = &[
-    -3.0, -2.0, -1.0, -0.5, -0.25, -0.22, -0.2, -0.18, -0.15, -0.1, -0.05, -0.01, 0.0, 0.01, 0.05, 0.1, 0.25, 0.5,
-    1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+    -3.0, -2.0, -1.0, -0.5, -0.25, -0.22, -0.2, -0.18, -0.15, -0.1, -0.05, -0.01, 0.0, 0.01, 0.05,
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
 
 /// Publish → confirm latency of triggers, observed by the publish path.

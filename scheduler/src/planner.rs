@@ -261,10 +261,10 @@ impl Planner {
             self.tick().await?;
 
             let base = self.ctx.timings.lookahead;
-            let wake = match self.instants.next_due(
-                |n| self.pace.lookahead(base, n),
-                Pace::max_lookahead(base),
-            ) {
+            let wake = match self
+                .instants
+                .next_due(|n| self.pace.lookahead(base, n), Pace::max_lookahead(base))
+            {
                 Some(at) => (at - Utc::now()).to_std().unwrap_or(Duration::ZERO),
                 None => Duration::from_secs(3600),
             };
@@ -988,5 +988,3 @@ async fn listen(store: &Store, channel: &'static str) -> mpsc::Receiver<String> 
     });
     rx
 }
-
-

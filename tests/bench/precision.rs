@@ -73,7 +73,10 @@ pub async fn run(services: &Services, params: &Params) -> anyhow::Result<Report>
         "{scenario} needs --seconds 4 or more (2 s warm-up, 1 s tail)"
     );
     ensure!(params.jobs > 0, "{scenario} needs --jobs 1 or more");
-    ensure!(params.period > 0, "{scenario} needs a period of 1 s or more");
+    ensure!(
+        params.period > 0,
+        "{scenario} needs a period of 1 s or more"
+    );
     within(services, scenario, async |sandbox| {
         measure(sandbox, params).await
     })
@@ -196,7 +199,9 @@ fn report(params: &Params, t: &Tally, results: Results) -> Report {
             "lateness p99",
             ms(t.lateness.p99_ms),
             format!("≤ {} ms", params.p99_limit_ms),
-            t.lateness.p99_ms.is_some_and(|p99| p99 <= params.p99_limit_ms),
+            t.lateness
+                .p99_ms
+                .is_some_and(|p99| p99 <= params.p99_limit_ms),
         ),
         Row::judged(
             "leader term changes",

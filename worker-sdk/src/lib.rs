@@ -82,8 +82,8 @@ pub use topology::Topology;
 pub use worker::{
     BuildError, DEFAULT_ACK_AFTER, DEFAULT_AMQP_URL, DEFAULT_CANCEL_GRACE, DEFAULT_CAPACITY,
     DEFAULT_DATABASE_URL, DEFAULT_DB_RETRY_BUDGET, DEFAULT_DRAIN_TIMEOUT,
-    DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HOLD, ENV_AMQP_URL, ENV_DATABASE_URL, ENV_QUEUE_PREFIX,
-    Worker, WorkerBuilder, WorkerError,
+    DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HOLD, DEFAULT_UNHANDLED_WAIT, ENV_AMQP_URL,
+    ENV_DATABASE_URL, ENV_QUEUE_PREFIX, Worker, WorkerBuilder, WorkerError,
 };
 
 /// Re-exported so handlers can name the token type without adding `tokio-util` themselves.
