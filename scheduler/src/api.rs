@@ -840,3 +840,5 @@ mod tests_hostile;
 mod tests_params;
 #[cfg(test)]
 mod tests_views;
+#[cfg(test)]
+mod tests_warnings;

@@ -398,11 +398,15 @@ async fn jobs(
             }
             let triggered = ops.trigger(caller, &name, params).await?;
             match output {
-                Output::Json => json_line(out, &triggered),
+                Output::Json => json_line(out, &triggered)?,
                 Output::Table => {
-                    writeln!(out, "triggered {name}: run {}", triggered.run_id).map_err(io)
+                    writeln!(out, "triggered {name}: run {}", triggered.run_id).map_err(io)?
                 }
             }
+            for warning in &triggered.warnings {
+                eprintln!("warning: {warning}");
+            }
+            Ok(())
         }
         JobsCommand::Pause { name } => {
             ops.set_paused(caller, &name, true).await?;

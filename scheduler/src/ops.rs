@@ -169,6 +169,20 @@ pub struct Triggered {
     pub run_id: i64,
     /// Its job.
     pub job: String,
+    /// What the caller should know: that no online worker handles the job (see
+    /// [`Operations::handler_warnings`]).
+    pub warnings: Vec<String>,
+}
+
+/// A job just created, with what the caller should know about it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Created {
+    /// The job, as shown.
+    #[serde(flatten)]
+    pub job: JobView,
+    /// That no online worker handles the job, if none does (see
+    /// [`Operations::handler_warnings`]).
+    pub warnings: Vec<String>,
 }
 
 /// A page of runs, newest first.
@@ -594,7 +608,7 @@ impl Operations {
         &self,
         caller: &Caller,
         definition: serde_json::Value,
-    ) -> OpsResult<JobView> {
+    ) -> OpsResult<Created> {
         let name = definition
             .get("name")
             .and_then(|n| n.as_str())
@@ -610,7 +624,9 @@ impl Operations {
                     spec.name, spec.name
                 )));
             }
-            self.existing_job(&spec.name).await
+            let job = self.existing_job(&spec.name).await?;
+            let warnings = self.handler_warnings(&job.name).await;
+            Ok(Created { job, warnings })
         }
         .await;
         self.record(
@@ -751,6 +767,23 @@ impl Operations {
         .await
     }
 
+    /// A warning when no online worker of `job`'s group declares a handler for it: its runs
+    /// wait for one (each worker's `unhandled_wait`, 5 min by default), then are parked. Empty
+    /// when one does, or when the registry cannot be read (the warning is advice, not a check).
+    pub async fn handler_warnings(&self, job: &str) -> Vec<String> {
+        match self.store.unhandled_job_group(job).await {
+            Ok(Some(group)) => vec![format!(
+                "no online worker of group `{group}` has a handler for `{job}`; its runs wait for \
+                 one (the workers' unhandled_wait, 5 min by default), then are parked"
+            )],
+            Ok(None) => Vec::new(),
+            Err(error) => {
+                tracing::warn!(error = %format!("{error:#}"), job, "cannot look for a worker with the job's handler");
+                Vec::new()
+            }
+        }
+    }
+
     /// Triggers a job now (paused jobs too); `params` replaces the job's own for this run.
     pub async fn trigger(
         &self,
@@ -772,6 +805,7 @@ impl Operations {
                 Ok(Some(run_id)) => Ok(Triggered {
                     run_id,
                     job: name.to_owned(),
+                    warnings: self.handler_warnings(name).await,
                 }),
                 Ok(None) => Err(no_such_job(name)),
                 Err(e) => Err(e.into()),

@@ -136,7 +136,24 @@ pub(crate) async fn publish(
     attempt: u32,
     not_before: DateTime<Utc>,
 ) -> Result<String, PublishError> {
-    let key = match route(not_before, Utc::now()) {
+    let tier = route(not_before, Utc::now());
+    publish_via(channel, topology, original, body, attempt, tier, not_before).await
+}
+
+/// Publishes `body` (a trigger for attempt `attempt`, due at `not_before`) through `tier` (the
+/// work queue itself when `None`), with confirms, whatever remains until `not_before`: a
+/// delivery sent back for another worker waits the tier out even when it is due already.
+/// Returns the routing key it went to.
+pub(crate) async fn publish_via(
+    channel: &Channel,
+    topology: &Topology,
+    original: &BasicProperties,
+    body: &[u8],
+    attempt: u32,
+    tier: Option<RetryTier>,
+    not_before: DateTime<Utc>,
+) -> Result<String, PublishError> {
+    let key = match tier {
         Some(tier) => {
             topology
                 .declare_tier(channel, &tier)

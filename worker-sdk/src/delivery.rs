@@ -39,6 +39,7 @@ use crate::store::{
     AttemptRecord, Claim, ClaimClock, ClaimRequest, DeadRun, Recorded, RunSnapshot, TakeOver,
     TakenOver,
 };
+use crate::topology::RETRY_TIERS;
 use crate::verify::{self, Seen};
 use crate::worker::{Entered, InFlight, Shared, Unrecorded};
 
@@ -221,16 +222,103 @@ fn unknown_job_reason(job: &str, worker: &str, group: &str, mut jobs: Vec<String
     )
 }
 
+/// Why a run waits for a worker with its job's handler, until `until`.
+fn unhandled_reason(job: &str, group: &str, until: DateTime<Utc>) -> String {
+    format!(
+        "no worker handles this job (waiting until {}): no online worker of group {} has a \
+         handler for {}; then it is parked",
+        until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        verify::quote(group),
+        verify::quote(job),
+    )
+}
+
+/// A trigger of a job this worker has no handler for: during a rolling deploy, a job only newer
+/// (or older) workers of the group know. Never requeued (a requeue counts toward the work
+/// queue's delivery limit and comes straight back): a copy goes through a delay tier, confirmed,
+/// then the original is acked. If another online worker of the group declares the handler, the
+/// copy goes through the shortest tier, for that worker. If none does, the run waits: its
+/// `reason` says so (its state stays) and the copy pauses 5 to 30 s, until `unhandled_wait`
+/// after the run's scheduled instant; then it is parked as an unknown job, as a job nobody will
+/// ever handle.
+async fn unhandled(shared: &Shared, link: &Link, delivery: &Inbound, trigger: &Trigger) {
+    let group = shared.topology.group();
+    let now = Utc::now();
+    let until = due_after(trigger.scheduled_at, shared.unhandled_wait);
+    let waiting = until.filter(|until| now < *until);
+    let run = dead_run(shared, trigger);
+    let tier = match shared
+        .store
+        .handled_elsewhere(group, &trigger.job, &shared.id)
+        .await
+    {
+        Ok(true) => {
+            tracing::info!(
+                "no handler for this job here, but another online worker of the group has one; \
+                 sending the trigger back for it"
+            );
+            RETRY_TIERS[0]
+        }
+        Ok(false) => {
+            let Some(until) = waiting else {
+                let reason =
+                    unknown_job_reason(&trigger.job, &shared.id, group, shared.handlers.jobs());
+                return dead_letter(shared, link, delivery, Some(run), reason).await;
+            };
+            let reason = unhandled_reason(&trigger.job, group, until);
+            match shared
+                .store
+                .mark_unhandled(run, &cap_header_value(&reason))
+                .await
+            {
+                Ok(true) => {}
+                Ok(false) => {
+                    // No run waits for this attempt (stale, or it moved on): nothing to wait for.
+                    let reason =
+                        unknown_job_reason(&trigger.job, &shared.id, group, shared.handlers.jobs());
+                    return dead_letter(shared, link, delivery, Some(run), reason).await;
+                }
+                Err(error) => tracing::error!(%error, "cannot record why the run waits"),
+            }
+            tracing::info!(%reason, "no online worker has a handler for this job; the run waits");
+            let waited = (now - trigger.scheduled_at).to_std().unwrap_or_default();
+            let left = (until - now).to_std().unwrap_or_default();
+            retry::unhandled_pause(waited, left)
+        }
+        Err(error) => {
+            // Nothing is decided without the registry: the run waits, unmarked, and is looked
+            // at again after the pause.
+            tracing::error!(%error, "cannot look for a worker with this job's handler; sending the trigger back");
+            retry::unhandled_pause(Duration::ZERO, Duration::MAX)
+        }
+    };
+    // The copy keeps its instant: one due later (a retry) still waits it out where it is run.
+    let due = delay::not_before(&delivery.delivery).unwrap_or(now);
+    match delay::publish_via(
+        &link.publish,
+        &shared.topology,
+        &delivery.delivery.properties,
+        &delivery.delivery.data,
+        trigger.attempt,
+        Some(tier),
+        due,
+    )
+    .await
+    {
+        Ok(key) => {
+            tracing::debug!(via = %key, "trigger of an unhandled job sent back");
+            delivery.ack().await;
+        }
+        Err(error) => {
+            tracing::error!(%error, "cannot send the trigger of an unhandled job back; requeueing it");
+            requeue_after_publish_failure(link, delivery).await;
+        }
+    }
+}
+
 async fn run(shared: Arc<Shared>, link: Arc<Link>, delivery: Arc<Inbound>, mut trigger: Trigger) {
     let Some(handler) = shared.handlers.get(&trigger.job).cloned() else {
-        let reason = unknown_job_reason(
-            &trigger.job,
-            &shared.id,
-            shared.topology.group(),
-            shared.handlers.jobs(),
-        );
-        let run = dead_run(&shared, &trigger);
-        return dead_letter(&shared, &link, &delivery, Some(run), reason).await;
+        return unhandled(&shared, &link, &delivery, &trigger).await;
     };
 
     // One delivery of a run at a time in this worker (see `Store::claim`). A later attempt

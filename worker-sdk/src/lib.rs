@@ -3,8 +3,9 @@
 //! A [`Worker`] registers async handlers by job name, consumes its group's RabbitMQ work queue
 //! with bounded concurrency (prefetch = capacity + hold), claims each attempt in PostgreSQL before
 //! running it (so a duplicate delivery never executes twice), records the attempt's timings,
-//! outcome and log lines, then acks. Messages it cannot run (undecodable, unknown job) go to the
-//! group's parking lot with the reason. On shutdown it drains: stop consuming, let in-flight
+//! outcome and log lines, then acks. Messages it cannot run (undecodable, forged) go to the
+//! group's parking lot with the reason; so does a job no online worker of the group has a
+//! handler for, once it has waited `unhandled_wait` for one (a rolling deploy). On shutdown it drains: stop consuming, let in-flight
 //! handlers finish (bounded), cancel the rest, record everything, exit.
 //!
 //! Failures (`docs/failures.md`): a retryable failure is retried under the job's retry policy
@@ -82,8 +83,8 @@ pub use topology::Topology;
 pub use worker::{
     BuildError, DEFAULT_ACK_AFTER, DEFAULT_AMQP_URL, DEFAULT_CANCEL_GRACE, DEFAULT_CAPACITY,
     DEFAULT_DATABASE_URL, DEFAULT_DB_RETRY_BUDGET, DEFAULT_DRAIN_TIMEOUT,
-    DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HOLD, ENV_AMQP_URL, ENV_DATABASE_URL, ENV_QUEUE_PREFIX,
-    Worker, WorkerBuilder, WorkerError,
+    DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HOLD, DEFAULT_UNHANDLED_WAIT, ENV_AMQP_URL,
+    ENV_DATABASE_URL, ENV_QUEUE_PREFIX, Worker, WorkerBuilder, WorkerError,
 };
 
 /// Re-exported so handlers can name the token type without adding `tokio-util` themselves.

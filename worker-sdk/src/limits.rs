@@ -36,6 +36,12 @@ pub const MAX_LOOKBACK: Duration = Duration::from_secs(366 * DAY);
 /// `retention.audit_max_age`): 100 years.
 pub const MAX_RETENTION: Duration = Duration::from_secs(36_525 * DAY);
 
+/// Longest time a worker lets a run of a job no online worker of its group handles wait for
+/// one (`WorkerBuilder::unhandled_wait`), counted from the run's scheduled instant: one day. A
+/// rolling deploy takes minutes; a run waiting longer than this waits for a worker that is not
+/// coming.
+pub const MAX_UNHANDLED_WAIT: Duration = Duration::from_secs(DAY);
+
 /// Longest job, group or worker name, in bytes (PostgreSQL's identifier length).
 pub const MAX_NAME_BYTES: usize = 63;
 

@@ -154,10 +154,55 @@ fn plan_wait_within(remaining: Duration, hold_max: Duration) -> Wait {
     }
 }
 
+/// Shortest pause of a run waiting for a worker with its job's handler.
+const UNHANDLED_PAUSE_MIN: Duration = Duration::from_secs(5);
+/// Longest pause of a run waiting for a worker with its job's handler.
+const UNHANDLED_PAUSE_MAX: Duration = Duration::from_secs(30);
+
+/// The delay tier a run waits in, between two looks for a worker with its job's handler, when
+/// it has waited `waited` and may wait `left` more: half of what it waited, between 5 s and
+/// 30 s, so a run that just started waiting is picked up soon after a new worker starts and
+/// a long wait costs a publish every 30 s; never (much) past what is left, so the run is
+/// parked close to its deadline.
+pub(crate) fn unhandled_pause(waited: Duration, left: Duration) -> RetryTier {
+    let want = (waited / 2)
+        .clamp(UNHANDLED_PAUSE_MIN, UNHANDLED_PAUSE_MAX)
+        .min(left);
+    RETRY_TIERS
+        .iter()
+        .rev()
+        .find(|t| t.ttl <= want)
+        .copied()
+        .unwrap_or(RETRY_TIERS[0])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn an_unhandled_run_pauses_half_its_wait_between_5_and_30_s_and_not_past_its_deadline() {
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        for (waited, left, tier) in [
+            (s(0), s(300), "5s"),
+            (s(15), s(285), "5s"),
+            (s(20), s(280), "10s"),
+            (s(100), s(200), "30s"),
+            (s(3_600), s(3_600), "30s"),
+            (s(290), s(10), "10s"),
+            (s(0), s(2), "2s"),
+            (s(2), ms(300), "250ms"),
+            (s(2), Duration::ZERO, "250ms"),
+        ] {
+            assert_eq!(
+                unhandled_pause(waited, left).name,
+                tier,
+                "waited {waited:?}, left {left:?}"
+            );
+        }
+    }
 
     fn policy(max_attempts: u32, initial_ms: u64, multiplier: f64, max_ms: u64) -> RetryPolicy {
         RetryPolicy {

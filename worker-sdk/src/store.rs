@@ -46,7 +46,7 @@ const CLAIM_SQL: &str = concat!(
     "WITH claimed AS (
     UPDATE chime_runs
        SET state = 'running', attempt = $2, worker_id = $3, started_at = greatest(now(), $5),
-           finished_at = NULL, error = NULL, next_attempt_at = NULL
+           finished_at = NULL, error = NULL, reason = NULL, next_attempt_at = NULL
      WHERE id = $1 AND job_name = $4 AND group_name = $6
        AND state IN ('pending', 'queued', 'retrying')
        AND cancel_requested_at IS NULL
@@ -87,7 +87,7 @@ const CLAIM_MANY_SQL: &str = "WITH input AS MATERIALIZED (
     UPDATE chime_runs r
        SET state = 'running', attempt = f.attempt, worker_id = $5,
            started_at = greatest(now(), f.starts_at),
-           finished_at = NULL, error = NULL, next_attempt_at = NULL
+           finished_at = NULL, error = NULL, reason = NULL, next_attempt_at = NULL
       FROM found f
      WHERE r.id = ANY (ARRAY[f.id])
     RETURNING r.id, r.attempt, r.started_at
@@ -216,7 +216,7 @@ const SNAPSHOT_SQL: &str = concat!(
     run_snapshot_select!()
 );
 
-/// The run a trigger describes, for [`Store::mark_dead`].
+/// The run a trigger describes, for [`Store::mark_dead`] and [`Store::mark_unhandled`].
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct DeadRun<'a> {
     pub run_id: i64,
@@ -879,6 +879,67 @@ impl Store {
             .bind(group)
             .bind(reason)
             .bind(worker_id)
+            .bind(job)
+            .bind(attempt)
+            .execute(&self.pool)
+            .await?;
+            Ok(done.rows_affected() == 1)
+        })
+        .await
+    }
+
+    /// Whether a worker of `group` other than `worker_id` is online and declares a handler for
+    /// `job`. Online as the scheduler counts it: not stopped, and a heartbeat within three of its
+    /// own intervals.
+    pub(crate) async fn handled_elsewhere(
+        &self,
+        group: &str,
+        job: &str,
+        worker_id: &str,
+    ) -> Result<bool, sqlx::Error> {
+        self.retrying("looking for a worker with the handler", |_| async move {
+            sqlx::query_scalar(
+                "SELECT EXISTS (
+                     SELECT 1 FROM chime_workers
+                      WHERE group_name = $1 AND id <> $3 AND $2 = ANY (jobs)
+                        AND stopped_at IS NULL
+                        AND heartbeat_at >= now()
+                            - 3 * heartbeat_interval_ms * interval '1 millisecond')",
+            )
+            .bind(group)
+            .bind(job)
+            .bind(worker_id)
+            .fetch_one(&self.pool)
+            .await
+        })
+        .await
+    }
+
+    /// Writes why a waiting run waits (no online worker has its job's handler) into its
+    /// `reason`, leaving its state as it is; like [`Store::mark_dead`], only if it is the run
+    /// the trigger describes, waiting for that attempt. The claim clears the reason. Returns
+    /// false if there is no such waiting run.
+    pub(crate) async fn mark_unhandled(
+        &self,
+        run: DeadRun<'_>,
+        reason: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let DeadRun {
+            run_id,
+            job,
+            group,
+            attempt,
+        } = run;
+        let attempt = attempt_i32(attempt);
+        self.retrying("recording why a run waits", |_| async move {
+            let done = sqlx::query(
+                "UPDATE chime_runs SET reason = $3
+                  WHERE id = $1 AND group_name = $2 AND state IN ('pending', 'queued', 'retrying')
+                    AND job_name = $4 AND attempt = $5 - 1 AND cancel_requested_at IS NULL",
+            )
+            .bind(run_id)
+            .bind(group)
+            .bind(reason)
             .bind(job)
             .bind(attempt)
             .execute(&self.pool)

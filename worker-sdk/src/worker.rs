@@ -29,6 +29,7 @@ use crate::consumer::{self, Broker};
 use crate::context::{JobContext, LogLine};
 use crate::delivery;
 use crate::handler::{self, Handlers};
+use crate::limits::MAX_UNHANDLED_WAIT;
 use crate::outcome::{JobError, Outcome};
 use crate::recording::OutcomeBatcher;
 use crate::redact::redact_url;
@@ -64,6 +65,9 @@ pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_millis(500);
 /// `consumer_timeout` (30 min by default, not settable per queue on 3.10) never closes the
 /// channel under it. From then on the heartbeat and the scheduler's rescuer protect the run.
 pub const DEFAULT_ACK_AFTER: Duration = Duration::from_secs(10 * 60);
+/// How long a run of a job that no online worker of the group has a handler for waits for one
+/// (counted from its scheduled instant) before a worker parks it as an unknown job.
+pub const DEFAULT_UNHANDLED_WAIT: Duration = Duration::from_secs(5 * 60);
 /// How often outcomes that could not be written are tried again.
 const UNRECORDED_RETRY: Duration = Duration::from_secs(5);
 /// How long a database write keeps retrying through connection errors.
@@ -88,6 +92,12 @@ pub enum BuildError {
     /// `.heartbeat_interval(Duration::ZERO)`.
     #[error("heartbeat_interval must be longer than 0, such as 500ms (the default)")]
     ZeroHeartbeat,
+    /// `.unhandled_wait(..)` longer than [`MAX_UNHANDLED_WAIT`].
+    #[error(
+        "unhandled_wait {0:?} is longer than {MAX_UNHANDLED_WAIT:?} (limits::MAX_UNHANDLED_WAIT); \
+         pass a shorter wait, such as 5 min (the default)"
+    )]
+    UnhandledWaitTooLong(Duration),
     /// Neither `.pool(..)` nor `.database_url(..)`. No longer returned: without either, the
     /// builder reads `CHIME_DATABASE_URL` or falls back to [`DEFAULT_DATABASE_URL`].
     #[error("no database: call .pool(pool) or .database_url(\"postgres://…\")")]
@@ -159,6 +169,7 @@ pub struct WorkerBuilder {
     heartbeat_interval: Duration,
     db_retry_budget: Duration,
     ack_after: Duration,
+    unhandled_wait: Duration,
     delivery_limit: u32,
     handlers: Handlers,
     duplicate: Option<String>,
@@ -280,6 +291,18 @@ impl WorkerBuilder {
         self
     }
 
+    /// How long a run of a job this worker has no handler for may wait for a worker that has
+    /// one, counted from the run's scheduled instant; default [`DEFAULT_UNHANDLED_WAIT`], at
+    /// most [`MAX_UNHANDLED_WAIT`]. During a rolling deploy a worker receives triggers of jobs
+    /// only newer (or older) workers handle: it sends one back for an online worker of the
+    /// group that declares the handler, and while there is none the run stays waiting (its
+    /// `reason` says until when) and comes back every 5 to 30 s; after this wait the worker
+    /// parks it as an unknown job and the run is `dead`.
+    pub fn unhandled_wait(mut self, wait: Duration) -> Self {
+        self.unhandled_wait = wait;
+        self
+    }
+
     /// The work queue's quorum delivery limit; default
     /// [`DEFAULT_DELIVERY_LIMIT`](crate::topology::DEFAULT_DELIVERY_LIMIT). It is a queue
     /// argument, so it must match what the scheduler and the other workers of the group declare.
@@ -328,6 +351,9 @@ impl WorkerBuilder {
         if self.heartbeat_interval.is_zero() {
             return Err(BuildError::ZeroHeartbeat);
         }
+        if self.unhandled_wait > MAX_UNHANDLED_WAIT {
+            return Err(BuildError::UnhandledWaitTooLong(self.unhandled_wait));
+        }
         let database = match (self.pool, self.database_url) {
             (Some(pool), _) => Database::Pool(pool),
             (None, Some(url)) => {
@@ -361,6 +387,7 @@ impl WorkerBuilder {
             heartbeat_interval: self.heartbeat_interval,
             db_retry_budget: self.db_retry_budget,
             ack_after: self.ack_after,
+            unhandled_wait: self.unhandled_wait,
             handlers: self.handlers,
         })
     }
@@ -389,6 +416,7 @@ pub struct Worker {
     heartbeat_interval: Duration,
     db_retry_budget: Duration,
     ack_after: Duration,
+    unhandled_wait: Duration,
     handlers: Handlers,
 }
 
@@ -443,6 +471,7 @@ impl Worker {
             heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
             db_retry_budget: DEFAULT_DB_RETRY_BUDGET,
             ack_after: DEFAULT_ACK_AFTER,
+            unhandled_wait: DEFAULT_UNHANDLED_WAIT,
             delivery_limit: crate::topology::DEFAULT_DELIVERY_LIMIT,
             handlers: Handlers::default(),
             duplicate: None,
@@ -492,6 +521,7 @@ impl Worker {
             abandon: CancellationToken::new(),
             cancel_grace: self.cancel_grace,
             ack_after: self.ack_after,
+            unhandled_wait: self.unhandled_wait,
             handler_slots: Semaphore::new(usize::from(self.capacity)),
             claims,
             outcomes,
@@ -718,6 +748,8 @@ pub(crate) struct Shared {
     pub(crate) cancel_grace: Duration,
     /// A handler running this long has its delivery acked early.
     pub(crate) ack_after: Duration,
+    /// How long a run of a job no online worker handles may wait, from its scheduled instant.
+    pub(crate) unhandled_wait: Duration,
     /// One permit per handler that may run at once (`capacity`).
     pub(crate) handler_slots: Semaphore,
     /// Claims of deliveries arriving together, in one statement.
@@ -1034,5 +1066,20 @@ mod tests {
             .heartbeat_interval(Duration::ZERO)
             .build();
         assert!(matches!(no_beat, Err(BuildError::ZeroHeartbeat)));
+        assert_eq!(w.unhandled_wait, DEFAULT_UNHANDLED_WAIT);
+        let forever = Worker::builder("g")
+            .pool(lazy_pool())
+            .handle("a", noop)
+            .unhandled_wait(MAX_UNHANDLED_WAIT + Duration::from_secs(1))
+            .build();
+        let Err(error) = forever else {
+            panic!("an unhandled_wait past the limit builds");
+        };
+        assert!(
+            error
+                .to_string()
+                .starts_with("unhandled_wait 86401s is longer than 86400s"),
+            "{error}"
+        );
     }
 }

@@ -8,6 +8,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::time::Duration;
 
 use chime_worker::JobContext;
 use chime_worker::protocol::HEADER_DEAD_REASON;
@@ -122,8 +123,11 @@ async fn play(pool: &PgPool, path: &Path, case: Case) {
     let (_capturing, mut events) = support::capture_events();
     let calls = Arc::new(AtomicUsize::new(0));
     let counted = calls.clone();
+    // A genuine run of a job nobody handles is parked at once, not after a wait for a worker
+    // with its handler (tested in worker.rs).
     let worker = env
         .worker()
+        .unhandled_wait(Duration::ZERO)
         .handle(JOB, move |_: JobContext, _: Params| {
             counted.fetch_add(1, SeqCst);
             async { Ok(()) }

@@ -8,6 +8,7 @@ mod support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::time::Duration;
 
 use chime_worker::limits::{MAX_HEADER_VALUE_BYTES, MAX_TRIGGER_BYTES};
 use chime_worker::protocol::{HEADER_ATTEMPT, HEADER_DEAD_REASON, HEADER_NOT_BEFORE};
@@ -57,7 +58,8 @@ async fn an_unknown_job_on_a_worker_with_15000_handlers_parks_a_short_reason_and
     let env = Env::new(pool).await;
     let (_capturing, mut events) = support::capture_events();
     let calls = Arc::new(AtomicUsize::new(0));
-    let mut builder = env.worker();
+    // No wait for a worker with the unknown job's handler: parked at once.
+    let mut builder = env.worker().unhandled_wait(Duration::ZERO);
     for i in 0..15_000 {
         builder = builder.handle(format!("job-{i:05}"), counting(&calls));
     }

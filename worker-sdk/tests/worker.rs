@@ -182,10 +182,12 @@ async fn malformed_and_unknown_job_messages_are_parked_and_the_worker_keeps_cons
     let good_run = env.submit("greet", json!({"name": "Cy"})).await;
 
     let calls = Arc::new(AtomicUsize::new(0));
-    // Capacity 1: the good trigger is handled only after both bad ones.
+    // Capacity 1: the good trigger is handled only after both bad ones. No wait for a worker
+    // with the unknown job's handler: parked at once (the wait has its own tests below).
     let worker = env
         .worker()
         .capacity(1)
+        .unhandled_wait(Duration::ZERO)
         .handle("greet", greeter(&calls))
         .build()
         .unwrap();
@@ -262,6 +264,145 @@ async fn malformed_and_unknown_job_messages_are_parked_and_the_worker_keeps_cons
     env.cleanup().await;
 }
 
+/// The run's reason while it waits for a worker with its job's handler, once it is set.
+async fn waiting_reason(env: &Env, run_id: i64) -> String {
+    wait_for("the run to say it waits for a worker", || async move {
+        env.run(run_id)
+            .await
+            .reason
+            .filter(|r| r.starts_with("no worker handles this job (waiting until "))
+    })
+    .await
+}
+
+/// Once: during a rolling deploy, an old worker received the first trigger of a job only the
+/// new workers handle and parked it at once ("unknown job"), so the run was dead before a new
+/// worker started.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_run_of_a_job_nobody_handles_waits_queued_and_runs_once_a_worker_with_its_handler_starts(
+    pool: PgPool,
+) {
+    let env = Env::new(pool).await;
+    let (_capturing, mut events) = support::capture_events();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let old = env
+        .worker()
+        .unhandled_wait(Duration::from_secs(120))
+        .handle("greet", greeter(&calls))
+        .build()
+        .unwrap();
+    let old_running = env.start(old);
+    let run_id = env.submit("greet-v2", json!({"name": "Di"})).await;
+
+    // Nobody handles it: it waits, visibly, and stays queued with nothing parked.
+    let reason = waiting_reason(&env, run_id).await;
+    let until = (env.scheduled_at(run_id).await + chrono::Duration::seconds(120))
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    assert_eq!(
+        reason,
+        format!(
+            "no worker handles this job (waiting until {until}): no online worker of group `{}` \
+             has a handler for `greet-v2`; then it is parked",
+            env.group
+        )
+    );
+    let run = env.run(run_id).await;
+    assert_eq!(run.state, "queued");
+    assert!(env.attempts(run_id).await.is_empty());
+    assert_eq!(env.queue_state(&env.topology.parking_queue()).await.0, 0);
+
+    // A new worker with the handler starts: the waiting trigger comes back and runs there.
+    let new_calls = Arc::new(AtomicUsize::new(0));
+    let new = env
+        .worker()
+        .handle("greet", greeter(&new_calls))
+        .handle("greet-v2", greeter(&new_calls))
+        .build()
+        .unwrap();
+    let new_id = new.id().to_owned();
+    let new_running = env.start(new);
+    let run = env.run_in_state(run_id, "succeeded").await;
+    assert_eq!(run.worker_id.as_deref(), Some(new_id.as_str()));
+    assert_eq!(run.reason, None, "the claim clears the waiting reason");
+
+    // With the new worker online, the old one sends each trigger it receives back for it
+    // (round-robin gives it about half of them) instead of parking or holding it.
+    let mut runs = Vec::new();
+    for _ in 0..6 {
+        runs.push(env.submit("greet-v2", json!({"name": "Ed"})).await);
+    }
+    for run in &runs {
+        let run = env.run_in_state(*run, "succeeded").await;
+        assert_eq!(run.worker_id.as_deref(), Some(new_id.as_str()));
+    }
+    support::events_counted(
+        &mut events,
+        |m| m.contains("another online worker of the group has one"),
+        1,
+    )
+    .await;
+    old_running.stop().await;
+    new_running.stop().await;
+    assert_eq!(calls.load(SeqCst), 0, "the old worker ran nothing");
+    assert_eq!(new_calls.load(SeqCst), 7, "each run once");
+    assert_eq!(env.queue_state(&env.topology.parking_queue()).await.0, 0);
+    assert_eq!(env.queue_state(&env.topology.work_queue()).await.0, 0);
+    env.cleanup().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_run_nobody_handles_is_parked_as_an_unknown_job_once_its_unhandled_wait_passed(
+    pool: PgPool,
+) {
+    let env = Env::new(pool).await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let wait = Duration::from_secs(2);
+    let worker = env
+        .worker()
+        .unhandled_wait(wait)
+        .handle("greet", greeter(&calls))
+        .build()
+        .unwrap();
+    let worker_id = worker.id().to_owned();
+    let running = env.start(worker);
+    let run_id = env.submit("greet-v2", Value::Null).await;
+
+    waiting_reason(&env, run_id).await;
+    assert_eq!(env.run(run_id).await.state, "queued");
+    let dead = env.run_in_state(run_id, "dead").await;
+    let reason = dead.reason.unwrap();
+    assert_eq!(
+        reason,
+        format!(
+            "unknown job `greet-v2`: worker `{worker_id}` of group `{}` has handlers for `greet`",
+            env.group
+        )
+    );
+    let scheduled = env.scheduled_at(run_id).await;
+    let waited = (dead.finished_at.unwrap() - scheduled).to_std().unwrap();
+    assert!(
+        waited >= wait,
+        "parked after {waited:?}, before its wait of {wait:?}"
+    );
+    let parking = env.topology.parking_queue();
+    let env_ref = &env;
+    wait_for("the parked copy", || {
+        let parking = parking.clone();
+        async move { (env_ref.queue_state(&parking).await.0 == 1).then_some(()) }
+    })
+    .await;
+    let parked = env.take_parked().await.unwrap();
+    assert_eq!(
+        header(&parked, HEADER_DEAD_REASON).as_deref(),
+        Some(reason.as_str())
+    );
+    running.stop().await;
+    assert_eq!(calls.load(SeqCst), 0);
+    assert!(env.attempts(run_id).await.is_empty());
+    assert_eq!(env.queue_state(&env.topology.work_queue()).await.0, 0);
+    env.cleanup().await;
+}
+
 #[sqlx::test(migrations = "../migrations")]
 async fn a_parking_copy_that_is_not_confirmed_keeps_the_original(pool: PgPool) {
     let env = Env::new(pool).await;
@@ -269,6 +410,7 @@ async fn a_parking_copy_that_is_not_confirmed_keeps_the_original(pool: PgPool) {
     let calls = Arc::new(AtomicUsize::new(0));
     let worker = env
         .worker()
+        .unhandled_wait(Duration::ZERO)
         .handle("greet", greeter(&calls))
         .build()
         .unwrap();

@@ -652,6 +652,24 @@ impl Store {
             .collect())
     }
 
+    /// The group of `job` when no online worker of that group declares a handler for it (online
+    /// as [`Store::workers`] counts it); `None` when one does, or there is no such job.
+    pub async fn unhandled_job_group(&self, job: &str) -> anyhow::Result<Option<String>> {
+        sqlx::query_scalar(
+            "SELECT j.group_name FROM chime_jobs j
+             WHERE j.name = $1 AND NOT EXISTS (
+                 SELECT 1 FROM chime_workers w
+                 WHERE w.group_name = j.group_name AND j.name = ANY (w.jobs)
+                   AND w.stopped_at IS NULL
+                   AND w.heartbeat_at >= now()
+                       - 3 * w.heartbeat_interval_ms * interval '1 millisecond')",
+        )
+        .bind(job)
+        .fetch_optional(&self.pool)
+        .await
+        .context("looking for a worker with the job's handler")
+    }
+
     /// Online workers by group.
     pub async fn workers_online(&self) -> anyhow::Result<Vec<(String, i64)>> {
         let rows = sqlx::query(
