@@ -356,7 +356,9 @@ function triggerDialog(j) {
       try {
         const t = await api("POST", "/api/jobs/" + encodeURIComponent(j.name) + "/trigger", { params: value });
         close();
-        notice("Triggered " + t.job + ": run #" + t.run_id, false);
+        // A job no online worker handles: the run waits for one (bounded), so say so.
+        const warned = (t.warnings || []).length ? " (warning: " + t.warnings.join("; ") + ")" : "";
+        notice("Triggered " + t.job + ": run #" + t.run_id + warned, false);
         route();
       } catch (e) {
         error.textContent = e.message;
