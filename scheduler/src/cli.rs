@@ -359,7 +359,7 @@ async fn jobs(
                         j.name.clone(),
                         j.group.clone(),
                         j.schedule.clone(),
-                        time(j.next_fire),
+                        zoned(j.next_fire, &j.timezone),
                         paused(j),
                         j.source.clone(),
                     ]);
@@ -432,6 +432,7 @@ async fn runs(
 ) -> OpsResult<()> {
     match command {
         RunsCommand::List { job, state, limit } => {
+            let zones = job_zones(ops, caller).await?;
             let page = ops
                 .runs(
                     caller,
@@ -462,8 +463,8 @@ async fn runs(
                         r.job.clone(),
                         r.state.clone(),
                         r.trigger.clone(),
-                        time(Some(r.scheduled_at)),
-                        time(r.started_at),
+                        zoned(Some(r.scheduled_at), zone_of(&zones, &r.job)),
+                        zoned(r.started_at, zone_of(&zones, &r.job)),
                         took(r),
                         r.attempt.to_string(),
                         r.reason
@@ -479,7 +480,12 @@ async fn runs(
             if output == Output::Json {
                 return json_out(out, &detail);
             }
-            show_run(&detail, out).map_err(io)
+            // The job's zone, if the job still exists (its runs outlive it).
+            let zone = match ops.job(caller, &detail.run.job).await {
+                Ok(job) => job.timezone,
+                Err(_) => "UTC".to_owned(),
+            };
+            show_run(&detail, &zone, out).map_err(io)
         }
         RunsCommand::Cancel { id } => {
             let cancelled = ops.cancel_run(caller, id).await?;
@@ -553,7 +559,9 @@ fn show_job(job: &JobView, out: &mut dyn Write) -> std::io::Result<()> {
         ("job", job.name.clone()),
         ("group", job.group.clone()),
         ("schedule", job.schedule.clone()),
-        ("next fire", time(job.next_fire)),
+        ("next fire", zoned(job.next_fire, &job.timezone)),
+        ("next (UTC)", time(job.next_fire)),
+        ("time zone", job.timezone.clone()),
         ("paused", paused(job)),
         ("source", job.source.clone()),
     ] {
@@ -567,8 +575,9 @@ fn show_job(job: &JobView, out: &mut dyn Write) -> std::io::Result<()> {
     Ok(())
 }
 
-fn show_run(detail: &RunDetail, out: &mut dyn Write) -> std::io::Result<()> {
+fn show_run(detail: &RunDetail, zone: &str, out: &mut dyn Write) -> std::io::Result<()> {
     let r = &detail.run;
+    let time = |t: Option<DateTime<Utc>>| zoned(t, zone);
     let mut t = table();
     for (k, v) in [
         ("run", r.id.to_string()),
@@ -611,7 +620,7 @@ fn show_run(detail: &RunDetail, out: &mut dyn Write) -> std::io::Result<()> {
             at.worker_id.clone(),
             at.state.clone(),
             time(Some(at.started_at)),
-            at.duration_ms.map(|d| format!("{d}ms")).unwrap_or_default(),
+            at.duration_ms.map(human_ms).unwrap_or_default(),
             at.error.clone().unwrap_or_default(),
         ]);
     }
@@ -857,9 +866,49 @@ fn time(t: Option<DateTime<Utc>>) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
+/// `t` in the IANA zone `zone` (`2026-12-02 09:30:00.000 +08:00`), UTC as `…Z`; an unknown
+/// zone falls back to UTC.
+fn zoned(t: Option<DateTime<Utc>>, zone: &str) -> String {
+    match (t, zone.parse::<chrono_tz::Tz>()) {
+        (Some(t), Ok(tz)) if tz != chrono_tz::UTC => t
+            .with_timezone(&tz)
+            .format("%Y-%m-%d %H:%M:%S%.3f %:z")
+            .to_string(),
+        _ => time(t),
+    }
+}
+
+/// Each job's time zone by name, for lists of runs of many jobs.
+async fn job_zones(
+    ops: &Operations,
+    caller: &Caller,
+) -> OpsResult<std::collections::HashMap<String, String>> {
+    Ok(ops
+        .jobs(caller)
+        .await?
+        .into_iter()
+        .map(|j| (j.name, j.timezone))
+        .collect())
+}
+
+/// A job's zone from [`job_zones`]; UTC for a job that is gone.
+fn zone_of<'a>(zones: &'a std::collections::HashMap<String, String>, job: &str) -> &'a str {
+    zones.get(job).map_or("UTC", String::as_str)
+}
+
+/// A duration for people: `850 ms`, `10.9 s`, `3 min 5 s`, `2 h 4 min`.
+fn human_ms(ms: i64) -> String {
+    match ms {
+        ..1_000 => format!("{ms} ms"),
+        1_000..60_000 => format!("{:.1} s", ms as f64 / 1000.0),
+        60_000..3_600_000 => format!("{} min {} s", ms / 60_000, ms % 60_000 / 1000),
+        _ => format!("{} h {} min", ms / 3_600_000, ms % 3_600_000 / 60_000),
+    }
+}
+
 fn took(r: &RunRecord) -> String {
     match (r.started_at, r.finished_at) {
-        (Some(s), Some(f)) => format!("{}ms", (f - s).num_milliseconds()),
+        (Some(s), Some(f)) => human_ms((f - s).num_milliseconds()),
         _ => String::new(),
     }
 }
@@ -867,6 +916,24 @@ fn took(r: &RunRecord) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_read_as_people_say_them_and_times_in_the_jobs_zone() {
+        assert_eq!(human_ms(850), "850 ms");
+        assert_eq!(human_ms(10_873), "10.9 s");
+        assert_eq!(human_ms(185_000), "3 min 5 s");
+        assert_eq!(human_ms(7_440_000), "2 h 4 min");
+        let t = DateTime::parse_from_rfc3339("2026-12-02T01:30:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        assert_eq!(
+            zoned(Some(t), "Asia/Shanghai"),
+            "2026-12-02 09:30:00.000 +08:00"
+        );
+        assert_eq!(zoned(Some(t), "UTC"), "2026-12-02 01:30:00.000Z");
+        assert_eq!(zoned(Some(t), "Not/AZone"), "2026-12-02 01:30:00.000Z");
+        assert_eq!(zoned(None, "Asia/Shanghai"), "-");
+    }
 
     fn parse(args: &[&str]) -> Result<Command, clap::Error> {
         Cli::try_parse_from(std::iter::once("chime").chain(args.iter().copied())).map(|c| c.command)

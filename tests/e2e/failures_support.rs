@@ -197,27 +197,6 @@ impl Drop for Names {
     }
 }
 
-/// `(ready messages)` of `queue`.
-pub async fn queue_depth(queue: &str) -> u32 {
-    let connection = lapin::Connection::connect(AMQP_URL, lapin::ConnectionProperties::default())
-        .await
-        .expect("connect to RabbitMQ");
-    let channel = connection.create_channel().await.expect("channel");
-    let q = channel
-        .queue_declare(
-            queue.into(),
-            lapin::options::QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            lapin::types::FieldTable::default(),
-        )
-        .await
-        .expect("queue exists");
-    let _ = connection.close(200, "test done".into()).await;
-    q.message_count()
-}
-
 /// Runs `rabbitmqctl` (RabbitMQ runs on this machine) and returns its output.
 pub async fn rabbitmqctl(args: &[&str]) -> String {
     let out = Command::new("rabbitmqctl")
