@@ -1385,6 +1385,22 @@ async fn an_admin_manages_a_shanghai_job_triggers_it_with_params_and_reads_its_r
         (state == "succeeded").then_some(())
     })
     .await;
+    // Its page: times in Shanghai time (UTC on hover), the duration in words.
+    browser.open(&base, &format!("#/runs/{run_id}")).await;
+    browser.wait_text("#run-state", |t| t == "succeeded").await;
+    let scheduled = browser
+        .eval(
+            "const row = [...document.querySelectorAll('table.fields tr')]\
+             .find(r => r.firstChild.textContent === 'scheduled'); \
+             const t = row.querySelector('time'); return [t.textContent, t.title];",
+            json!([]),
+        )
+        .await;
+    assert!(
+        scheduled[0].as_str().is_some_and(|t| t.ends_with("+08:00"))
+            && scheduled[1].as_str().is_some_and(|t| t.ends_with('Z')),
+        "{scheduled}"
+    );
 
     // Earlier days' runs, for the report and the page's numbers.
     let day = chrono::Duration::days(1);

@@ -358,7 +358,7 @@ function triggerDialog(j) {
         close();
         // A job no online worker handles: the run waits for one (bounded), so say so.
         const warned = (t.warnings || []).length ? " (warning: " + t.warnings.join("; ") + ")" : "";
-        notice("Triggered " + t.job + ": run #" + t.run_id + warned, false);
+        notice("Triggered " + t.job + warned + ": run #" + t.run_id, false);
         route();
       } catch (e) {
         error.textContent = e.message;
@@ -798,28 +798,46 @@ async function runs(page, query) {
   refreshIn(3000, () => edited || form.contains(document.activeElement));
 }
 
+// A job's time zone, read once per job while the page lives (UTC for a job that is gone).
+const jobZoneCache = new Map();
+async function jobZone(name) {
+  if (!jobZoneCache.has(name)) {
+    let zone = "UTC";
+    try {
+      zone = (await api("GET", "/api/jobs/" + encodeURIComponent(name))).timezone || "UTC";
+    } catch (e) {
+      // Deleted jobs keep their runs; their times show in UTC.
+    }
+    jobZoneCache.set(name, zone);
+  }
+  return jobZoneCache.get(name);
+}
+
 async function run(page, id) {
   const r = await api("GET", "/api/runs/" + encodeURIComponent(id));
+  const zone = await jobZone(r.job);
+  const at = (iso) => zoned(iso, zone);
   const fields = [
     ["job", r.job], ["group", r.group], ["trigger", r.trigger], ["requested by", r.requested_by],
     ["attempt", r.attempt], ["worker", r.worker_id], ["params", r.params], ["reason", r.reason],
-    ["error", r.error], ["scheduled", time(r.scheduled_at)], ["created", time(r.created_at)],
-    ["published", time(r.published_at)], ["started", time(r.started_at)],
-    ["finished", time(r.finished_at)], ["next attempt", time(r.next_attempt_at)],
+    ["error", r.error], ["scheduled", at(r.scheduled_at)], ["created", at(r.created_at)],
+    ["published", at(r.published_at)], ["started", at(r.started_at)],
+    ["finished", at(r.finished_at)], ["next attempt", at(r.next_attempt_at)],
+    ["took", duration(runMs(r))],
   ];
   const live = !TERMINAL.has(r.state);
-  const logs = logBox(r);
+  const logs = logBox(r, zone);
   page.append(...[
     el("h1", {}, "Run #" + r.id + " ", el("span", { id: "run-state", class: "state state-" + r.state }, r.state)),
     live ? actionButton("Cancel", "cancel", async () => {
       const c = await api("POST", "/api/runs/" + r.id + "/cancel");
       return "Cancel: " + c.outcome;
     }) : null,
-    el("table", { class: "fields" }, fields.map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, show(v))))),
+    el("table", { class: "fields" }, fields.map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, v instanceof Node ? v : show(v))))),
     el("h2", {}, "Attempts"),
     table([["attempt", (a) => a.attempt], ["worker", (a) => a.worker_id], ["state", (a) => stateCell(a.state)],
-      ["started", (a) => time(a.started_at)], ["finished", (a) => time(a.finished_at)],
-      ["duration", (a) => (a.duration_ms === null ? "—" : a.duration_ms + " ms")], ["error", (a) => a.error]],
+      ["started", (a) => at(a.started_at)], ["finished", (a) => at(a.finished_at)],
+      ["duration", (a) => duration(a.duration_ms)], ["error", (a) => a.error]],
     r.attempts),
     el("h2", {}, "Log", live ? el("span", { class: "muted" }, " (live)") : null),
     logs.box,
@@ -832,14 +850,14 @@ async function run(page, id) {
 // already shown move over to the new box and only the lines after them (the API returns them
 // oldest first, and a run's lines are only ever appended) are added, so a reader's selection and
 // scroll position survive; the box follows new lines unless the reader scrolled up.
-function logBox(r) {
+function logBox(r, zone) {
   const old = document.getElementById("logs");
   const same = old && old.dataset.runId === String(r.id);
   const shown = same ? Number(old.dataset.lines) : 0;
   const box = el("pre", { id: "logs", class: "logs", "data-run-id": r.id, "data-lines": r.logs.length });
   if (same) box.append(...old.childNodes);
   box.append(...r.logs.slice(shown).map((l) =>
-    el("span", { class: "line" }, time(l.at) + " [" + l.attempt + "] " + l.level + " " + l.message + "\n")));
+    el("span", { class: "line" }, localText(l.at, zone) + " [" + l.attempt + "] " + l.level + " " + l.message + "\n")));
   const follow = !same || old.scrollTop + old.clientHeight >= old.scrollHeight - 4;
   const top = same ? old.scrollTop : 0;
   return { box, shown: () => { box.scrollTop = follow ? box.scrollHeight : top; } };
