@@ -1086,24 +1086,32 @@ async fn the_live_log_shows_each_line_of_a_running_handler_as_it_is_logged(pool:
     let (base, operator) = (instance.base.clone(), instance.operator.clone());
     const LINES: usize = 4;
     // Once the test has the run's page open, the handler logs a line every 2 s, then holds the
-    // run open until the test releases it.
+    // run open until the test releases it. After each line it also waits until the test has
+    // seen that line on the page, so "one by one" holds however slow a loaded machine makes the
+    // browser.
     let (go, release) = (
         chime_worker::CancellationToken::new(),
         chime_worker::CancellationToken::new(),
     );
-    let (started, held) = (go.clone(), release.clone());
+    let seen_lines: Vec<chime_worker::CancellationToken> = (0..LINES)
+        .map(|_| chime_worker::CancellationToken::new())
+        .collect();
+    let (started, held, acked) = (go.clone(), release.clone(), seen_lines.clone());
     let worker = chime_worker::Worker::builder(group)
         .database_url(&db)
         .amqp_url(AMQP_URL)
         .prefix(&prefix)
         .capacity(1)
         .handle("ping", move |ctx: chime_worker::JobContext, _: Value| {
-            let (go, release) = (started.clone(), held.clone());
+            let (go, release, seen) = (started.clone(), held.clone(), acked.clone());
             async move {
                 go.cancelled().await;
-                for i in 1..=LINES {
-                    ctx.log().info(format!("tick {i} of {LINES}"));
-                    tokio::time::sleep(Duration::from_secs(2)).await;
+                for (i, seen) in seen.iter().enumerate() {
+                    if i > 0 {
+                        tokio::time::sleep(Duration::from_secs(2)).await;
+                    }
+                    ctx.log().info(format!("tick {} of {LINES}", i + 1));
+                    seen.cancelled().await;
                 }
                 release.cancelled().await;
                 Ok::<(), chime_worker::JobError>(())
@@ -1163,6 +1171,7 @@ async fn the_live_log_shows_each_line_of_a_running_handler_as_it_is_logged(pool:
         }
         assert_eq!(seen["state"], "running", "seen while the run runs");
         assert_eq!(seen["following"], true, "the box follows the newest line");
+        seen_lines[n - 1].cancel();
     }
     let title = browser
         .eval(
