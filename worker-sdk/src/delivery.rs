@@ -355,15 +355,12 @@ async fn run(shared: Arc<Shared>, link: Arc<Link>, delivery: Arc<Inbound>, mut t
         },
     };
 
-    // At most `capacity` handlers run at once. A delivery that is due takes its handler slot
-    // before the claim, so the claim's `started_at` estimate is about when its handler starts;
-    // one claimed ahead of its instant takes it at the instant (held deliveries wait outside
-    // the slots), and the outcome records when it really started.
-    let mut handler_slot = None;
-    if start_at.is_none() {
-        handler_slot = shared.handler_slots.acquire().await.ok();
-    }
-
+    // At most `capacity` handlers run at once, but the claim comes first, outside the slots,
+    // for a due delivery as for one held for its instant: a slot taken before the claim would
+    // stay busy for the claim's round trip, so that once deliveries arrive late (a backlog)
+    // throughput would fall to `capacity` / claim latency, just when it is most needed. The
+    // claimed runs waiting for a slot are bounded by the prefetch (`capacity + hold`), and
+    // the outcome records when each handler really started.
     let Some((attempt, claim)) = acquire(&shared, &link, &delivery, &trigger, start_at).await
     else {
         return;
@@ -381,9 +378,7 @@ async fn run(shared: Arc<Shared>, link: Arc<Link>, delivery: Arc<Inbound>, mut t
     {
         hold_until(at).await;
     }
-    if handler_slot.is_none() {
-        handler_slot = shared.handler_slots.acquire().await.ok();
-    }
+    let handler_slot = shared.handler_slots.acquire().await.ok();
     // The handler starts now, however long the instant or a free slot kept it. Its start goes
     // on record on the database's clock (see `ClaimClock`): a claim ahead of its instant wrote
     // the instant, but a worker saturated at that instant starts later. The duration runs from
