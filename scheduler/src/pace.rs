@@ -69,7 +69,7 @@ impl Pace {
         self.rate_bits.store(rate.to_bits(), Ordering::Relaxed);
     }
 
-    /// The extra time ahead that `n` triggers due at one instant need: [`SLACK`] times their
+    /// The extra time ahead that `n` triggers due at one instant need: twice (`SLACK`) their
     /// publish time at the measured rate, at most [`MAX_LEAD`].
     pub fn allowance(&self, n: usize) -> Duration {
         let seconds = SLACK * n as f64 / self.rate();
