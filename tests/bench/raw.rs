@@ -14,7 +14,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use serde::Serialize;
 
-use crate::sandbox::Sandbox;
+use crate::sandbox::{Sandbox, passive_declare};
 
 /// Publishes awaiting their confirm at once, as the dispatcher keeps many in flight.
 const IN_FLIGHT: usize = 1_000;
@@ -112,17 +112,7 @@ pub async fn measure(sandbox: &Sandbox, seconds: u64) -> anyhow::Result<RawRate>
     // Every message confirmed; wait for the consumer to ack them all.
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let ready = consume
-            .queue_declare(
-                queue.as_str().into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await?
-            .message_count();
+        let ready = passive_declare(&consume, &queue).await?.message_count();
         if ready == 0 || Instant::now() >= deadline {
             break;
         }

@@ -191,17 +191,7 @@ impl Sandbox {
             .declare(&channel)
             .await
             .with_context(|| format!("declaring group {group}"))?;
-        let queue = topology.work_queue();
-        let declared = channel
-            .queue_declare(
-                queue.as_str().into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await;
+        let declared = passive_declare(&channel, &topology.work_queue()).await;
         let _ = connection.close(200, "counted".into()).await;
         Ok(declared.map(|q| q.consumer_count()).unwrap_or(0))
     }
@@ -376,4 +366,22 @@ pub async fn sleep_until_us(at_us: i64) {
 /// Writes `text` to `path`.
 pub fn write_file(path: &Path, text: &str) -> anyhow::Result<()> {
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// A passive declare of `queue`: its ready messages and consumers, or the broker's error (404
+/// when nobody declared it).
+pub async fn passive_declare(
+    channel: &lapin::Channel,
+    queue: &str,
+) -> Result<lapin::Queue, lapin::Error> {
+    channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
 }
