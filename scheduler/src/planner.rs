@@ -9,7 +9,8 @@
 //!   job's misfire policy from the persisted cursor ([`crate::misfire`]).
 //! * The **dispatcher** holds runs until `lead` before their instant, publishes them with
 //!   confirms and the header `x-chime-not-before` = the instant, and marks them `queued` in
-//!   batches. A publish that fails leaves the run `pending` in the outbox. The worker holds an
+//!   batches at their instant, unless a worker claimed them first (the usual case, which spares
+//!   the row a version). A publish that fails leaves the run `pending` in the outbox. The worker holds an
 //!   early trigger, claims it, and starts the handler at the instant (docs/protocol.md §4), so
 //!   the broker's and the database's latency are spent before the instant, not after it.
 //! * The **outbox sweep** (every `sweep_interval`, and at once on `NOTIFY chime_outbox`) hands
@@ -52,7 +53,7 @@ use crate::pace::{Instants, Pace, minus, plus};
 use crate::publish::Publisher;
 use crate::schedule::Schedule;
 use crate::store::{
-    ALL_JOBS, Fence, JOBS_CHANNEL, JobRecord, NewFire, OUTBOX_CHANNEL, OutboxRun, Store,
+    ALL_JOBS, Confirmed, Fence, JOBS_CHANNEL, JobRecord, NewFire, OUTBOX_CHANNEL, OutboxRun, Store,
     TriggerKind,
 };
 
@@ -649,7 +650,7 @@ type Swept = (u64, Vec<OutboxRun>);
 impl Dispatcher {
     async fn run(self, mut incoming: mpsc::Receiver<OutboxRun>) {
         let marks_done = Arc::new(AtomicU64::new(0));
-        let (published_tx, published_rx) = mpsc::unbounded_channel::<i64>();
+        let (published_tx, published_rx) = mpsc::unbounded_channel::<Published>();
         let (marked_tx, mut marked_rx) = mpsc::unbounded_channel::<Marked>();
         let (swept_tx, mut swept_rx) = mpsc::channel::<Swept>(1);
         let marker = tokio::spawn(mark_loop(
@@ -685,7 +686,7 @@ impl Dispatcher {
             tokio::select! {
                 biased;
                 () = self.stop.cancelled() => break,
-                Some((id, burst, result)) = in_flight.next(), if !in_flight.is_empty() => {
+                Some((id, scheduled_at, burst, result)) = in_flight.next(), if !in_flight.is_empty() => {
                     let result: anyhow::Result<()> = result;
                     if let Some(b) = bursts.get_mut(&burst) {
                         b.unsettled -= 1;
@@ -699,7 +700,7 @@ impl Dispatcher {
                     match result {
                         Ok(()) => {
                             // The marker only ends once the leadership ends.
-                            let _ = published_tx.send(id);
+                            let _ = published_tx.send(Published { id, scheduled_at, confirmed_at: Utc::now() });
                         }
                         Err(e) => {
                             warn!(run_id = id, error = %format!("{e:#}"), "publish failed; the run stays in the outbox");
@@ -724,7 +725,7 @@ impl Dispatcher {
                         size += 1;
                         in_flight.push(async move {
                             let result = publish(&ctx, &fence, &run, term).await;
-                            (run.id, burst_seq, result)
+                            (run.id, run.scheduled_at, burst_seq, result)
                         });
                     }
                     if size > 0 {
@@ -758,9 +759,13 @@ impl Dispatcher {
         }
         // Stopping: let publishes already sent get their confirms and record them, so the next
         // leader does not publish them again.
-        while let Some((id, _, result)) = in_flight.next().await {
+        while let Some((id, scheduled_at, _, result)) = in_flight.next().await {
             if result.is_ok() {
-                let _ = published_tx.send(id);
+                let _ = published_tx.send(Published {
+                    id,
+                    scheduled_at,
+                    confirmed_at: Utc::now(),
+                });
             }
         }
         drop(published_tx);
@@ -811,49 +816,81 @@ impl Dispatcher {
 /// [`MARK_INTERVAL`]), counts each committed batch in `marks_done` and reports it to the
 /// dispatcher. Ends when the dispatcher drops its sender (after flushing what it got) or the
 /// fence is lost.
+///
+/// A confirmed run is marked at its instant, not at once: a worker claims a trigger published
+/// ahead as soon as it arrives, and its claim records `published_at` itself, so by the instant
+/// most runs are `running` and the mark leaves them alone (one row version fewer per run, with
+/// an entry in each of `chime_runs`'s indexes: the hot path's largest cost in PostgreSQL). A run
+/// confirmed after its instant is marked within [`MARK_INTERVAL`]; when the leadership ends,
+/// every confirmed run is marked before the marker stops. A new leader after a crash republishes
+/// the runs confirmed but neither marked nor claimed (at most a lead's worth), as it always
+/// could; the claim keeps each from running twice.
 async fn mark_loop(
     ctx: Arc<LeaderContext>,
     fence: Fence,
     stop: CancellationToken,
     marks_done: Arc<AtomicU64>,
-    mut published: mpsc::UnboundedReceiver<i64>,
+    mut published: mpsc::UnboundedReceiver<Published>,
     marked: mpsc::UnboundedSender<Marked>,
 ) {
-    let mut pending: Vec<i64> = Vec::new();
+    // Confirmed runs by the instant they are due to be marked.
+    let mut waiting: BinaryHeap<Reverse<(DateTime<Utc>, i64, DateTime<Utc>)>> = BinaryHeap::new();
     let mut tick = tokio::time::interval(MARK_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut open = true;
-    while open || !pending.is_empty() {
+    while open || !waiting.is_empty() {
         if open {
             tokio::select! {
-                id = published.recv() => match id {
-                    Some(id) => {
-                        pending.push(id);
+                run = published.recv() => match run {
+                    Some(run) => {
+                        let due = run.scheduled_at.min(plus(run.confirmed_at, MAX_LEAD));
+                        waiting.push(Reverse((due, run.id, run.confirmed_at)));
                         continue;
                     }
                     None => open = false,
                 },
-                _ = tick.tick(), if !pending.is_empty() => {}
+                _ = tick.tick(), if !waiting.is_empty() => {}
             }
         }
-        if pending.is_empty() {
+        // While open, the runs due by now; once the leadership ends, all of them.
+        let now = Utc::now();
+        let mut batch: Vec<Confirmed> = Vec::new();
+        while let Some(Reverse((due, id, confirmed_at))) = waiting.peek().copied()
+            && (!open || due <= now)
+        {
+            waiting.pop();
+            batch.push(Confirmed { id, confirmed_at });
+        }
+        if batch.is_empty() {
             continue;
         }
-        if !mark(&ctx, &fence, &stop, &pending).await {
+        if !mark(&ctx, &fence, &stop, &batch).await {
             return;
         }
         let seq = marks_done.load(Ordering::SeqCst) + 1;
         marks_done.store(seq, Ordering::SeqCst);
-        let _ = marked.send((seq, std::mem::take(&mut pending)));
+        let _ = marked.send((seq, batch.into_iter().map(|r| r.id).collect()));
     }
+}
+
+/// A run whose trigger the broker confirmed, on its way from the dispatcher to the marker.
+struct Published {
+    id: i64,
+    scheduled_at: DateTime<Utc>,
+    confirmed_at: DateTime<Utc>,
 }
 
 /// Marks published runs `queued`, retrying while the database fails. Returns false when the
 /// fence no longer holds (the leadership stops) or on a failure while stopping.
-async fn mark(ctx: &LeaderContext, fence: &Fence, stop: &CancellationToken, ids: &[i64]) -> bool {
+async fn mark(
+    ctx: &LeaderContext,
+    fence: &Fence,
+    stop: &CancellationToken,
+    runs: &[Confirmed],
+) -> bool {
     let mut delay = Duration::from_millis(50);
     loop {
-        match ctx.store.mark_published(fence, ids).await {
+        match ctx.store.mark_published(fence, runs).await {
             Ok(true) => return true,
             Ok(false) => {
                 warn!(term = fence.term, "lease lost while marking published runs");

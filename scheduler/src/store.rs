@@ -44,8 +44,11 @@ pub use report::ReportRow;
 /// starting at once migrate safely.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
-/// The mark of published runs (see [`Store::mark_published`]), fenced. The runs are locked in
-/// id order, as the workers' batched claims lock them: no deadlocks. Each is found by its primary
+/// The mark of published runs (see [`Store::mark_published`]), fenced. Only runs still
+/// `pending` are marked: a run a worker claimed first already has its `published_at` from the
+/// claim, and leaving its row alone spares PostgreSQL a row version and an entry in each of the
+/// table's indexes per run (most runs at a high rate: the delivery usually beats the confirm).
+/// The runs are locked in id order, as the workers' batched claims lock them: no deadlocks. Each is found by its primary
 /// key whatever the statistics say (a new database has none until autovacuum analyses it): a
 /// `LATERAL … FOR UPDATE` subquery is never flattened into a join, so it is one index lookup per
 /// run, and `= ANY (ARRAY[…])` in the update is a condition no hash or merge join can use.
@@ -54,13 +57,15 @@ const MARK_PUBLISHED_SQL: &str = "WITH lease AS (
     WHERE name = 'default' AND holder = $1 AND term = $2 AND expires_at > now()
     FOR KEY SHARE
 ), locked AS MATERIALIZED (
-    SELECT k.id FROM (SELECT id FROM unnest($3::bigint[]) AS u(id) ORDER BY id) k
-     CROSS JOIN LATERAL (SELECT FROM chime_runs r WHERE r.id = k.id FOR UPDATE) r
+    SELECT k.id, k.confirmed_at
+      FROM (SELECT * FROM unnest($3::bigint[], $4::timestamptz[]) AS u(id, confirmed_at)
+             ORDER BY id) k
+     CROSS JOIN LATERAL (
+         SELECT FROM chime_runs r WHERE r.id = k.id AND r.state = 'pending' FOR UPDATE
+     ) r
      WHERE EXISTS (SELECT FROM lease)
 ), upd AS (
-    UPDATE chime_runs r SET
-        state = CASE WHEN r.state = 'pending' THEN 'queued' ELSE r.state END,
-        published_at = coalesce(r.published_at, now())
+    UPDATE chime_runs r SET state = 'queued', published_at = coalesce(r.published_at, l.confirmed_at)
     FROM locked l WHERE r.id = ANY (ARRAY[l.id])
 )
 SELECT count(*) AS leased FROM lease";
@@ -165,6 +170,15 @@ pub struct CreatedRun {
     /// Held back behind an unfinished earlier run of a `queue`-policy job: the outbox sweep
     /// publishes it once that run has finished.
     pub blocked: bool,
+}
+
+/// A run whose trigger the broker confirmed, for [`Store::mark_published`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Confirmed {
+    /// The run.
+    pub id: i64,
+    /// When the confirm arrived: the run's `published_at`.
+    pub confirmed_at: DateTime<Utc>,
 }
 
 /// A run waiting in the outbox (persisted, not yet confirmed by the broker).
@@ -848,13 +862,17 @@ impl Store {
             .collect())
     }
 
-    /// Marks runs whose trigger the broker confirmed as `queued`, under the leader's fence.
-    /// A run a fast worker has already claimed keeps its newer state.
-    pub async fn mark_published(&self, fence: &Fence, ids: &[i64]) -> anyhow::Result<bool> {
+    /// Marks runs whose trigger the broker confirmed as `queued`, under the leader's fence,
+    /// each with the instant its confirm arrived as `published_at`. A run a fast worker has
+    /// already claimed is left as it is (its claim recorded `published_at`).
+    pub async fn mark_published(&self, fence: &Fence, runs: &[Confirmed]) -> anyhow::Result<bool> {
+        let ids: Vec<i64> = runs.iter().map(|r| r.id).collect();
+        let confirmed: Vec<DateTime<Utc>> = runs.iter().map(|r| r.confirmed_at).collect();
         let row = sqlx::query(MARK_PUBLISHED_SQL)
             .bind(&fence.holder)
             .bind(fence.term)
-            .bind(ids)
+            .bind(&ids)
+            .bind(&confirmed)
             // Planned for its array each time, as `insert_fires`.
             .persistent(false)
             .fetch_one(&self.pool)
@@ -1194,6 +1212,7 @@ mod mark_tests {
         .bind(&fence.holder)
         .bind(fence.term)
         .bind(batch)
+        .bind(vec![Utc::now(); batch.len()])
         .persistent(false)
         .fetch_one(&pool)
         .await
@@ -1218,13 +1237,20 @@ mod mark_tests {
             .await
             .unwrap()
         };
-        assert!(!store.mark_published(&stale, batch).await.unwrap());
+        let confirmed: Vec<Confirmed> = batch
+            .iter()
+            .map(|&id| Confirmed {
+                id,
+                confirmed_at: Utc::now(),
+            })
+            .collect();
+        assert!(!store.mark_published(&stale, &confirmed).await.unwrap());
         assert_eq!(
             marked().await,
             Vec::<i64>::new(),
             "a stale fence marks nothing"
         );
-        assert!(store.mark_published(&fence, batch).await.unwrap());
+        assert!(store.mark_published(&fence, &confirmed).await.unwrap());
         assert_eq!(marked().await, batch);
     }
 }

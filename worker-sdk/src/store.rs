@@ -41,12 +41,16 @@ macro_rules! run_snapshot_select {
 /// as it was *before* the update (data-modifying CTEs are invisible to the outer query), so a
 /// refused claim says why. `claim_clock` is the database clock at the statement's start (the
 /// run's `started_at` estimate is the instant instead for a claim ahead of it): the worker
-/// dates its handler's real start from it ([`ClaimClock`]).
+/// dates its handler's real start from it ([`ClaimClock`]). A claim that comes before the
+/// leader's mark of the published trigger (the usual case: the delivery races the confirm)
+/// records `published_at` itself, so the mark leaves the row alone instead of writing a second
+/// version of it (docs/runs.md).
 const CLAIM_SQL: &str = concat!(
     "WITH claimed AS (
     UPDATE chime_runs
        SET state = 'running', attempt = $2, worker_id = $3, started_at = greatest(now(), $5),
-           finished_at = NULL, error = NULL, reason = NULL, next_attempt_at = NULL
+           finished_at = NULL, error = NULL, reason = NULL, next_attempt_at = NULL,
+           published_at = coalesce(published_at, now())
      WHERE id = $1 AND job_name = $4 AND group_name = $6
        AND state IN ('pending', 'queued', 'retrying')
        AND cancel_requested_at IS NULL
@@ -87,7 +91,8 @@ const CLAIM_MANY_SQL: &str = "WITH input AS MATERIALIZED (
     UPDATE chime_runs r
        SET state = 'running', attempt = f.attempt, worker_id = $5,
            started_at = greatest(now(), f.starts_at),
-           finished_at = NULL, error = NULL, reason = NULL, next_attempt_at = NULL
+           finished_at = NULL, error = NULL, reason = NULL, next_attempt_at = NULL,
+           published_at = coalesce(r.published_at, now())
       FROM found f
      WHERE r.id = ANY (ARRAY[f.id])
     RETURNING r.id, r.attempt, r.started_at

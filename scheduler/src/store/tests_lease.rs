@@ -17,6 +17,7 @@ async fn fenced_write(tx: &mut sqlx::PgConnection, fence: &Fence) -> bool {
         .bind(&fence.holder)
         .bind(fence.term)
         .bind(Vec::<i64>::new())
+        .bind(Vec::<chrono::DateTime<chrono::Utc>>::new())
         .fetch_one(tx)
         .await
         .expect("fenced write");
