@@ -62,7 +62,7 @@ pub struct Readiness {
     /// RabbitMQ URL to open a connection to; none: the broker is not checked.
     pub amqp_url: Option<String>,
     /// TLS options of an `amqps://` URL.
-    pub amqp_tls: chime_worker::AmqpTls,
+    pub amqp_tls: chime_protocol::tls::AmqpTls,
     /// The last answer and when it was found. Held while a check runs, so concurrent probes
     /// wait for that one check instead of each opening connections.
     last: tokio::sync::Mutex<Option<(tokio::time::Instant, StatusCode, Value)>>,
@@ -70,7 +70,10 @@ pub struct Readiness {
 
 impl Readiness {
     /// Checks the database and the broker at `amqp_url` (with `amqp_tls` for `amqps://`).
-    pub fn with_broker(amqp_url: impl Into<String>, amqp_tls: chime_worker::AmqpTls) -> Readiness {
+    pub fn with_broker(
+        amqp_url: impl Into<String>,
+        amqp_tls: chime_protocol::tls::AmqpTls,
+    ) -> Readiness {
         Readiness {
             amqp_url: Some(amqp_url.into()),
             amqp_tls,

@@ -24,15 +24,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use chime_worker::protocol::ControlMessage;
+use chime_protocol::wire::ControlMessage;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{BasicProperties, Confirmation, Connection};
 use serde::{Deserialize, Serialize};
 
 use crate::parking::ParkingLot;
 use crate::publish::ControlDelivery;
-use chime_worker::redact::redact_url as redact;
-use chime_worker::tls::AmqpTls;
+use chime_protocol::redact::redact_url as redact;
+use chime_protocol::tls::AmqpTls;
 
 /// Longest wait for the broker's confirm of a control message.
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
@@ -166,8 +166,8 @@ impl Broker {
                 channel
                     .confirm_select(ConfirmSelectOptions::default())
                     .await?;
-                chime_worker::topology::declare_control(&channel, &self.queue_prefix).await?;
-                let exchange = chime_worker::topology::control_exchange(&self.queue_prefix);
+                chime_protocol::topology::declare_control(&channel, &self.queue_prefix).await?;
+                let exchange = chime_protocol::topology::control_exchange(&self.queue_prefix);
                 let body = serde_json::to_vec(message).expect("a ControlMessage always serialises");
                 channel
                     .basic_publish(
@@ -179,7 +179,7 @@ impl Broker {
                         },
                         &body,
                         BasicProperties::default()
-                            .with_content_type(chime_worker::protocol::CONTENT_TYPE.into())
+                            .with_content_type(chime_protocol::wire::CONTENT_TYPE.into())
                             .with_delivery_mode(2),
                     )
                     .await

@@ -3,6 +3,7 @@
 //! A [`JobSpec`] is stored as JSON in `chime_jobs.spec`; its serde form is the same as the config
 //! file form (durations as humantime strings such as "30s"), so a stored job reads like its file.
 
+use chime_protocol::retry;
 use chrono::{DateTime, FixedOffset};
 use chrono_tz::Tz;
 use serde::{Deserialize, Serialize};
@@ -133,18 +134,18 @@ impl Default for RetrySpec {
 
 impl RetrySpec {
     /// The policy as it travels in the trigger message, inside the documented limits
-    /// (`chime_worker::limits`) whatever the spec says: validation keeps new definitions inside
+    /// (`chime_protocol::limits`) whatever the spec says: validation keeps new definitions inside
     /// them, and this clamps a definition stored before they were checked, so no trigger
     /// carries a value a worker would refuse.
-    pub fn to_wire(&self) -> chime_worker::protocol::RetryPolicy {
-        use chime_worker::limits::{MAX_ATTEMPTS, MAX_MULTIPLIER, MAX_RETRY_DELAY};
+    pub fn to_wire(&self) -> chime_protocol::wire::RetryPolicy {
+        use chime_protocol::limits::{MAX_ATTEMPTS, MAX_MULTIPLIER, MAX_RETRY_DELAY};
         let ms = |d: Duration| u64::try_from(d.min(MAX_RETRY_DELAY).as_millis()).unwrap_or(0);
         let multiplier = if self.multiplier.is_finite() {
             self.multiplier.clamp(1.0, MAX_MULTIPLIER)
         } else {
             1.0
         };
-        chime_worker::protocol::RetryPolicy {
+        chime_protocol::wire::RetryPolicy {
             max_attempts: self.max_attempts.clamp(1, MAX_ATTEMPTS),
             initial_ms: ms(self.initial),
             multiplier,
@@ -155,19 +156,19 @@ impl RetrySpec {
 }
 
 fn default_max_attempts() -> u32 {
-    3
+    retry::DEFAULT_MAX_ATTEMPTS
 }
 fn default_retry_initial() -> Duration {
-    Duration::from_secs(10)
+    retry::DEFAULT_INITIAL
 }
 fn default_retry_multiplier() -> f64 {
-    2.0
+    retry::DEFAULT_MULTIPLIER
 }
 fn default_retry_max() -> Duration {
-    Duration::from_secs(600)
+    retry::DEFAULT_MAX_DELAY
 }
 fn default_jitter() -> bool {
-    true
+    retry::DEFAULT_JITTER
 }
 
 /// A job's own alert target: its webhook and body format, each overriding the settings'.
@@ -317,7 +318,7 @@ mod opt_duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use chime_worker::limits::{MAX_ATTEMPTS, MAX_MULTIPLIER, MAX_RETRY_DELAY};
+    use chime_protocol::limits::{MAX_ATTEMPTS, MAX_MULTIPLIER, MAX_RETRY_DELAY};
 
     /// A definition stored before the limits were checked still sends a policy inside them.
     #[test]

@@ -437,7 +437,7 @@ impl Metrics {
         let names: Vec<String> = groups
             .iter()
             .flat_map(|group| {
-                let topology = chime_worker::Topology::new(&broker.queue_prefix, group);
+                let topology = chime_protocol::Topology::new(&broker.queue_prefix, group);
                 [topology.work_queue(), topology.parking_queue()]
             })
             .collect();
@@ -447,7 +447,7 @@ impl Metrics {
         self.queue_unacked.reset();
         self.parking_depth.reset();
         for group in groups {
-            let topology = chime_worker::Topology::new(&broker.queue_prefix, &group);
+            let topology = chime_protocol::Topology::new(&broker.queue_prefix, &group);
             if let Some(work) = figures.queues.get(&topology.work_queue()) {
                 self.queue_depth
                     .with_label_values(&[&group])

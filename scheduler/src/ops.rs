@@ -13,9 +13,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use chime_worker::Topology;
-use chime_worker::limits;
-use chime_worker::protocol::ControlMessage;
+use chime_protocol::Topology;
+use chime_protocol::limits;
+use chime_protocol::wire::ControlMessage;
 
 use crate::auth::{self, Caller, Role};
 use crate::config::{validate_job, validate_params};
@@ -45,17 +45,7 @@ pub use crate::broker::{Broker, QueueSource};
 const MAX_AUDITED_NAME_BYTES: usize = 256;
 
 /// Run states, as filters accept them (docs/runs.md).
-pub const RUN_STATES: &[&str] = &[
-    "pending",
-    "queued",
-    "running",
-    "retrying",
-    "succeeded",
-    "failed",
-    "dead",
-    "cancelled",
-    "skipped",
-];
+pub const RUN_STATES: &[&str] = &chime_protocol::RunState::NAMES;
 
 /// Largest page of runs or audit entries.
 pub const MAX_PAGE: i64 = 1000;

@@ -9,7 +9,8 @@
 //! `lead + allowance(n)` for its `n` triggers, where the allowance is twice the time `n`
 //! triggers took to publish and confirm lately ([`Pace`]), capped so the lead stays at most
 //! [`MAX_LEAD`], under the worker's hold limit for triggers
-//! ([`chime_worker::retry::TRIGGER_HOLD_MAX`], 4 s). The planner writes an instant's runs
+//! ([`chime_protocol::timing::TRIGGER_HOLD_MAX`], 4 s; the relation is checked where both are
+//! defined, at compile time). The planner writes an instant's runs
 //! `lookahead + allowance(n) × 5/4` ahead, so the insert of a large burst is done before its
 //! first trigger goes out.
 
@@ -19,10 +20,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-/// The longest lead of any instant: a second under the worker's hold limit for triggers
-/// ([`chime_worker::retry::TRIGGER_HOLD_MAX`]), so a trigger published ahead is held, never
-/// sent through a delay tier, with room for clock skew between the hosts.
-pub const MAX_LEAD: Duration = Duration::from_secs(3);
+/// The longest lead of any instant (3 s), a second under the worker's hold limit for triggers:
+/// defined with that limit in the protocol crate.
+pub use chime_protocol::timing::MAX_LEAD;
 
 /// Publish rate assumed until the first burst is measured, triggers per second: on the low side
 /// of what a 2-core machine reaches, so the first large burst gets more lead, not less.
@@ -202,7 +202,6 @@ mod tests {
         // 1,000 triggers at 4,000/s take 250 ms; twice that is the allowance.
         assert_eq!(pace.lead(base, 1_000), MS(700));
         assert_eq!(pace.lead(base, 10_000), MAX_LEAD);
-        assert!(MAX_LEAD < chime_worker::retry::TRIGGER_HOLD_MAX);
         assert_eq!(pace.lookahead(MS(500), 1_000), MS(500 + 500 + 125));
         assert!(pace.lookahead(MS(500), 1_000_000) <= Pace::max_lookahead(MS(500)));
     }

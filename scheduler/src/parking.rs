@@ -24,9 +24,13 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use chime_worker::Topology;
-use chime_worker::limits::{self, MAX_HEADER_VALUE_BYTES, MAX_TRIGGER_BYTES};
-use chime_worker::protocol::{HEADER_ATTEMPT, HEADER_DEAD_BY, HEADER_DEAD_REASON, Trigger};
+use chime_protocol::Topology;
+use chime_protocol::headers;
+use chime_protocol::limits::{self, MAX_HEADER_VALUE_BYTES, MAX_TRIGGER_BYTES};
+use chime_protocol::wire::{
+    HEADER_ATTEMPT, HEADER_DEAD_BY, HEADER_DEAD_REASON, HEADER_DELIVERY_COUNT, HEADER_ERROR,
+    HEADER_PARKED_AT, Trigger,
+};
 use chrono::{DateTime, Utc};
 use lapin::options::{BasicAckOptions, BasicGetOptions, QueueDeclareOptions, QueuePurgeOptions};
 use lapin::types::{AMQPValue, FieldTable};
@@ -37,8 +41,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::store::{DeadLetterContent, Fence, NewDeadLetter, Store};
-use chime_worker::redact::redact_url as redact;
-use chime_worker::tls::AmqpTls;
+use chime_protocol::redact::redact_url as redact;
+use chime_protocol::tls::AmqpTls;
 
 /// How long to wait for the broker to accept a connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -56,13 +60,6 @@ pub const DRAIN_BATCHES_PER_PASS: usize = 20;
 pub const MISSING_RECHECK: Duration = Duration::from_secs(30);
 /// How deep header tables and arrays are kept; deeper values are stored as a marker.
 const MAX_HEADER_DEPTH: usize = 8;
-/// The header the broker adds on every redelivery: not part of a message's fingerprint.
-const DELIVERY_COUNT: &str = "x-delivery-count";
-
-/// Header a worker may set with the instant (Unix milliseconds) it parked a message.
-pub const HEADER_PARKED_AT: &str = "x-chime-parked-at";
-/// Header with the last error of the run, if the worker that parked it set one.
-pub const HEADER_ERROR: &str = "x-chime-error";
 
 /// One parked message, as its headers and body describe it; every text is cut to
 /// `limits::MAX_HEADER_VALUE_BYTES` and holds no NUL.
@@ -181,7 +178,8 @@ pub fn dead_letter(group: &str, delivery: &lapin::message::Delivery) -> NewDeadL
     part(message_id.as_deref().unwrap_or("\0none").as_bytes());
     part(content_type.as_deref().unwrap_or("\0none").as_bytes());
     let mut stable = headers.clone();
-    stable.remove(DELIVERY_COUNT);
+    // The broker adds it on every redelivery: not part of a message's fingerprint.
+    stable.remove(HEADER_DELIVERY_COUNT);
     part(serde_json::Value::Object(stable).to_string().as_bytes());
     part(&delivery.data);
     let body_truncated = delivery.data.len() > MAX_TRIGGER_BYTES;
@@ -515,7 +513,7 @@ pub async fn open_connection(url: &str, tls: &AmqpTls, name: &str) -> anyhow::Re
     let properties = ConnectionProperties::default().with_connection_name(name.into());
     tokio::time::timeout(
         CONNECT_TIMEOUT,
-        chime_worker::tls::connect(url, tls, properties),
+        chime_protocol::tls::connect(url, tls, properties),
     )
     .await
     .map_err(|_| {
@@ -619,27 +617,14 @@ fn stored_text(text: &str) -> String {
     }
 }
 
-fn header_text(headers: &FieldTable, name: &str) -> Option<String> {
-    match headers.inner().get(name)? {
-        AMQPValue::LongString(s) => Some(stored_text(&String::from_utf8_lossy(s.as_bytes()))),
-        AMQPValue::ShortString(s) => Some(stored_text(s.as_str())),
-        _ => None,
-    }
+/// A text header (the protocol's one codec), cut and cleaned as every stored text.
+fn header_text(table: &FieldTable, name: &str) -> Option<String> {
+    headers::text(table.inner().get(name)?).map(|text| stored_text(&text))
 }
 
-fn header_i64(headers: &FieldTable, name: &str) -> Option<i64> {
-    match headers.inner().get(name)? {
-        AMQPValue::ShortShortInt(n) => Some(i64::from(*n)),
-        AMQPValue::ShortShortUInt(n) => Some(i64::from(*n)),
-        AMQPValue::ShortInt(n) => Some(i64::from(*n)),
-        AMQPValue::ShortUInt(n) => Some(i64::from(*n)),
-        AMQPValue::LongInt(n) => Some(i64::from(*n)),
-        AMQPValue::LongUInt(n) => Some(i64::from(*n)),
-        AMQPValue::LongLongInt(n) => Some(*n),
-        AMQPValue::Timestamp(n) => i64::try_from(*n).ok(),
-        AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).trim().parse().ok(),
-        _ => None,
-    }
+/// An integer header (the protocol's one codec: any integer type, or its decimal text).
+fn header_i64(table: &FieldTable, name: &str) -> Option<i64> {
+    headers::integer(table.inner().get(name)?)
 }
 
 fn header_u32(headers: &FieldTable, name: &str) -> Option<u32> {
@@ -764,7 +749,7 @@ mod tests {
         let mut headers = FieldTable::default();
         headers.insert("x-death".into(), AMQPValue::FieldArray(entries));
         let trigger = Trigger {
-            v: chime_worker::protocol::PROTOCOL_VERSION,
+            v: chime_protocol::wire::PROTOCOL_VERSION,
             run_id: 7,
             job: "nightly".into(),
             group: "g".into(),
@@ -850,7 +835,7 @@ mod tests {
         let shown = stored(letter.clone());
         assert!(shown.body_truncated && !shown.body_is_json);
 
-        headers.insert(DELIVERY_COUNT.into(), AMQPValue::LongLongInt(1));
+        headers.insert(HEADER_DELIVERY_COUNT.into(), AMQPValue::LongLongInt(1));
         let again = dead_letter(
             "g",
             &delivery(properties.clone().with_headers(headers), &body),

@@ -42,7 +42,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use chime_worker::protocol::{ControlMessage, RetryPolicy};
+use chime_protocol::wire::{ControlMessage, RetryPolicy};
 
 use crate::config::{AlertSettings, RescuerSettings};
 use crate::job::{ConcurrencyPolicy, JobSpec};

@@ -13,16 +13,12 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use chime_worker::Topology;
-use chime_worker::protocol::{
-    CONTENT_TYPE, ControlMessage, HEADER_ATTEMPT, HEADER_NOT_BEFORE, HEADER_TERM, PROTOCOL_VERSION,
-    Trigger,
-};
-use chime_worker::redact::redact_url;
-use chime_worker::tls::AmqpTls;
+use chime_protocol::Topology;
+use chime_protocol::redact::redact_url;
+use chime_protocol::tls::AmqpTls;
+use chime_protocol::wire::{CONTENT_TYPE, ControlMessage, PROTOCOL_VERSION, Trigger};
 use lapin::Confirmation;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
-use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use tokio::sync::Mutex;
 use tracing::{info, warn};
@@ -202,15 +198,9 @@ impl Publisher {
                 .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
             retry: run.retry,
         };
-        let mut headers = FieldTable::default();
-        headers.insert(HEADER_ATTEMPT.into(), AMQPValue::LongUInt(run.attempt));
-        headers.insert(HEADER_TERM.into(), AMQPValue::LongLongInt(term));
         // Published up to the dispatcher's lead before the instant (crate::pace): the worker
         // holds it until then.
-        headers.insert(
-            HEADER_NOT_BEFORE.into(),
-            AMQPValue::LongLongInt(run.scheduled_at.timestamp_millis()),
-        );
+        let headers = chime_protocol::headers::trigger_headers(run.attempt, term, run.scheduled_at);
         let properties = BasicProperties::default()
             .with_content_type(CONTENT_TYPE.into())
             .with_delivery_mode(2)
@@ -229,7 +219,7 @@ impl Publisher {
                 link.channel
                     .basic_publish(
                         topology.exchange().as_str().into(),
-                        chime_worker::topology::WORK_KEY.into(),
+                        chime_protocol::topology::WORK_KEY.into(),
                         BasicPublishOptions {
                             mandatory: true,
                             ..BasicPublishOptions::default()
@@ -287,7 +277,7 @@ impl Publisher {
         message: &ControlMessage,
     ) -> Result<ControlDelivery, PublishError> {
         let body = serde_json::to_vec(message).expect("a ControlMessage always serialises");
-        let exchange = chime_worker::topology::control_exchange(&self.prefix);
+        let exchange = chime_protocol::topology::control_exchange(&self.prefix);
         let properties = BasicProperties::default()
             .with_content_type(CONTENT_TYPE.into())
             .with_delivery_mode(2);
@@ -296,7 +286,7 @@ impl Publisher {
             let link = guard.as_mut().expect("link() leaves a link in place");
             let sent = async {
                 if !link.control_declared {
-                    chime_worker::topology::declare_control(&link.channel, &self.prefix).await?;
+                    chime_protocol::topology::declare_control(&link.channel, &self.prefix).await?;
                     link.control_declared = true;
                 }
                 link.channel
@@ -390,7 +380,7 @@ impl Publisher {
             .with_connection_name(self.connection_name.as_str().into());
         let connection = match tokio::time::timeout(
             CONNECT_TIMEOUT,
-            chime_worker::tls::connect(&self.url, &self.tls, properties),
+            chime_protocol::tls::connect(&self.url, &self.tls, properties),
         )
         .await
         {

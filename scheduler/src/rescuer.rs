@@ -17,6 +17,7 @@
 
 use std::time::Duration;
 
+use chime_protocol::RunState;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -114,13 +115,15 @@ pub async fn pass(
 
 fn log_lost(runs: &[Rescued]) {
     for r in runs {
-        match r.state.as_str() {
-            "pending" => {
+        match r.state {
+            RunState::Pending => {
                 warn!(run_id = r.id, job = %r.job, attempt = r.attempt, detail = %r.detail,
                                "attempt lost with its worker; republishing the run as the next attempt")
             }
-            "dead" => warn!(run_id = r.id, job = %r.job, attempt = r.attempt, detail = %r.detail,
-                            "attempt lost with its worker; it was the last attempt, the run is dead"),
+            RunState::Dead => {
+                warn!(run_id = r.id, job = %r.job, attempt = r.attempt, detail = %r.detail,
+                            "attempt lost with its worker; it was the last attempt, the run is dead")
+            }
             _ => info!(run_id = r.id, job = %r.job, attempt = r.attempt, detail = %r.detail,
                        state = %r.state, "attempt lost with its worker; the run was being cancelled"),
         }

@@ -17,7 +17,7 @@
 
 use std::time::Duration;
 
-use chime_worker::limits::MAX_RETENTION;
+use chime_protocol::limits::MAX_RETENTION;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 

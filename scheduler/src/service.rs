@@ -33,7 +33,7 @@ pub struct ServiceConfig {
     /// RabbitMQ URL.
     pub amqp_url: String,
     /// TLS options of an `amqps://` URL (CA file, client certificate).
-    pub amqp_tls: chime_worker::AmqpTls,
+    pub amqp_tls: chime_protocol::tls::AmqpTls,
     /// Unique id of this instance (lease holder name).
     pub instance_id: String,
     /// Prefix of every exchange and queue.

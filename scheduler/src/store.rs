@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use chime_worker::redact::redact_url;
+use chime_protocol::redact::redact_url;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -199,7 +199,7 @@ pub struct OutboxRun {
     /// Handler timeout, from the job's spec.
     pub timeout: Option<Duration>,
     /// Retry policy, from the job's spec.
-    pub retry: Option<chime_worker::protocol::RetryPolicy>,
+    pub retry: Option<chime_protocol::wire::RetryPolicy>,
     /// The job's overlap policy: with `replace`, publishing attempt 1 first cancels the job's
     /// earlier unfinished runs.
     pub concurrency: ConcurrencyPolicy,
@@ -357,7 +357,7 @@ impl Store {
                 redact_url(url)
             )
         })?;
-        chime_worker::tls::check_database_url(url)?;
+        chime_protocol::tls::check_database_url(url)?;
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(5))

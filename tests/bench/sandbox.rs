@@ -11,11 +11,11 @@ use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, anyhow, bail};
+use chime_protocol::Topology;
 use chime_scheduler::leader::LeaseTimings;
 use chime_scheduler::planner::PlannerTimings;
 use chime_scheduler::service::ServiceConfig;
 use chime_scheduler::store::Store;
-use chime_worker::Topology;
 use futures::FutureExt as _;
 use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
@@ -102,7 +102,7 @@ impl Sandbox {
             .with_context(|| {
                 format!(
                     "creating database {name} on {} (is PostgreSQL running? see --postgres)",
-                    chime_worker::redact::redact_url(&services.postgres_url)
+                    chime_protocol::redact::redact_url(&services.postgres_url)
                 )
             })?;
         let store = match Store::connect(&database_url, 4).await {
@@ -267,7 +267,7 @@ impl Sandbox {
         let channel = connection.create_channel().await?;
         channel
             .exchange_delete(
-                chime_worker::topology::control_exchange(&self.prefix)
+                chime_protocol::topology::control_exchange(&self.prefix)
                     .as_str()
                     .into(),
                 lapin::options::ExchangeDeleteOptions::default(),

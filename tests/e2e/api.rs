@@ -317,10 +317,10 @@ async fn a_parked_message_is_shown_in_full_and_the_parking_lot_keeps_its_order(p
 /// the management API is not configured or does not answer.
 #[sqlx::test(migrations = "../migrations")]
 async fn queue_figures_come_from_the_management_api_else_from_passive_declares(pool: PgPool) {
+    use chime_protocol::Topology;
     use chime_scheduler::auth::Caller;
     use chime_scheduler::ops::{Broker, Operations, QueueSource};
     use chime_scheduler::store::Store;
-    use chime_worker::Topology;
     use futures::StreamExt as _;
     use lapin::options::{BasicConsumeOptions, BasicPublishOptions, BasicQosOptions};
     use lapin::types::FieldTable;

@@ -82,6 +82,8 @@ fn chime_binary() -> PathBuf {
         .unwrap_or_else(|_| panic!("{} is missing: {build}", chime.display()));
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     for source in [
+        "protocol/src",
+        "protocol/Cargo.toml",
         "scheduler/src",
         "scheduler/Cargo.toml",
         "worker-sdk/src",

@@ -190,13 +190,13 @@ async fn try_delete_topology(prefix: &str, group: &str) -> Result<(), lapin::Err
         lapin::Connection::connect(chime_e2e::AMQP_URL, lapin::ConnectionProperties::default())
             .await?;
     let channel = connection.create_channel().await?;
-    chime_worker::Topology::new(prefix, group)
+    chime_protocol::Topology::new(prefix, group)
         .delete(&channel)
         .await?;
     // Workers and `chime runs cancel` declare the prefix's control exchange.
     channel
         .exchange_delete(
-            chime_worker::topology::control_exchange(prefix)
+            chime_protocol::topology::control_exchange(prefix)
                 .as_str()
                 .into(),
             lapin::options::ExchangeDeleteOptions::default(),
@@ -397,7 +397,7 @@ async fn a_test_that_panics_leaves_no_queues_behind() {
 
     let prefix = chime_e2e::unique("guard");
     let group = "guarded";
-    let work_queue = chime_worker::Topology::new(prefix.as_str(), group).work_queue();
+    let work_queue = chime_protocol::Topology::new(prefix.as_str(), group).work_queue();
     let connection =
         lapin::Connection::connect(chime_e2e::AMQP_URL, lapin::ConnectionProperties::default())
             .await
@@ -405,7 +405,7 @@ async fn a_test_that_panics_leaves_no_queues_behind() {
     let outcome = std::panic::AssertUnwindSafe(async {
         let _topology = TopologyGuard::new(&prefix, &[group]);
         let channel = connection.create_channel().await.expect("channel");
-        chime_worker::Topology::new(prefix.as_str(), group)
+        chime_protocol::Topology::new(prefix.as_str(), group)
             .declare(&channel)
             .await
             .expect("declare the topology");

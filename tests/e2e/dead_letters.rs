@@ -6,11 +6,11 @@
 use std::time::Duration;
 
 use chime_e2e::{AMQP_URL, init_tracing, unique, wait_for};
+use chime_protocol::Topology;
+use chime_protocol::wire::{HEADER_ATTEMPT, HEADER_DEAD_REASON};
 use chime_scheduler::auth::Caller;
 use chime_scheduler::ops::{Broker, Operations};
 use chime_scheduler::store::{Fence, Store};
-use chime_worker::Topology;
-use chime_worker::protocol::{HEADER_ATTEMPT, HEADER_DEAD_REASON};
 use lapin::options::{ConfirmSelectOptions, ExchangeDeclareOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Connection, ConnectionProperties, ExchangeKind};

@@ -12,8 +12,9 @@ use std::time::Duration;
 use chime_e2e::{
     AMQP_URL, Scheduler, database_url, init_tracing, service_config, unique, wait_for,
 };
-use chime_worker::protocol::HEADER_DEAD_REASON;
-use chime_worker::{CancellationToken, JobContext, JobError, Topology, Worker};
+use chime_protocol::Topology;
+use chime_protocol::wire::HEADER_DEAD_REASON;
+use chime_worker::{CancellationToken, JobContext, JobError, Worker};
 use chrono::Utc;
 use serde_json::json;
 use sqlx::PgPool;

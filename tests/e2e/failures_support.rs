@@ -173,12 +173,12 @@ impl Drop for Names {
                     lapin::Connection::connect(AMQP_URL, lapin::ConnectionProperties::default())
                         .await?;
                 let channel = connection.create_channel().await?;
-                chime_worker::Topology::new(prefix.as_str(), group.as_str())
+                chime_protocol::Topology::new(prefix.as_str(), group.as_str())
                     .delete(&channel)
                     .await?;
                 channel
                     .exchange_delete(
-                        chime_worker::topology::control_exchange(&prefix)
+                        chime_protocol::topology::control_exchange(&prefix)
                             .as_str()
                             .into(),
                         lapin::options::ExchangeDeleteOptions::default(),

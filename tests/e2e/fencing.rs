@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use chime_e2e::process::{Process, SchedulerEnv, sibling_binary};
 use chime_e2e::{AMQP_URL, database_url, init_tracing, unique, wait_for};
-use chime_worker::Topology;
-use chime_worker::protocol::{HEADER_TERM, Trigger};
+use chime_protocol::Topology;
+use chime_protocol::wire::{HEADER_TERM, Trigger};
 use chrono::{DateTime, Utc};
 use futures::StreamExt as _;
 use lapin::options::{BasicConsumeOptions, QueueDeclareOptions};

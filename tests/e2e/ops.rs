@@ -8,15 +8,15 @@ use std::time::Duration;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use chime_e2e::{AMQP_URL, database_url, init_tracing, unique, wait_for};
+use chime_protocol::topology::{PARKING_KEY, control_exchange, declare_control};
+use chime_protocol::wire::{ControlMessage, HEADER_ATTEMPT, HEADER_DEAD_BY, HEADER_DEAD_REASON};
+use chime_protocol::{Topology, Trigger};
 use chime_scheduler::cli::{
     Broker, Command, DlqCommand, JobsCommand, Output, RunsCommand, operate,
 };
 use chime_scheduler::config::{AlertSettings, GroupAlertSettings};
 use chime_scheduler::service::DutySettings;
 use chime_scheduler::store::Store;
-use chime_worker::protocol::{ControlMessage, HEADER_ATTEMPT, HEADER_DEAD_BY, HEADER_DEAD_REASON};
-use chime_worker::topology::{PARKING_KEY, control_exchange, declare_control};
-use chime_worker::{Topology, Trigger};
 use futures::StreamExt as _;
 use lapin::options::{
     BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeleteOptions,
@@ -318,7 +318,7 @@ pub(crate) async fn park(
     let topology = Topology::new(prefix, group);
     topology.declare(&channel).await.expect("declare");
     let trigger = Trigger {
-        v: chime_worker::protocol::PROTOCOL_VERSION,
+        v: chime_protocol::wire::PROTOCOL_VERSION,
         run_id,
         job: job.into(),
         group: group.into(),

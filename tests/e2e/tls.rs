@@ -219,7 +219,7 @@ async fn a_wrong_ca_a_missing_client_certificate_and_a_plaintext_port_are_refuse
     let wrong_ca = AmqpTls::new()
         .ca_file(pki.path("other-ca.pem"))
         .client_cert(pki.path("client.pem"), pki.path("client.key"));
-    let error = chime_worker::tls::connect(&amqps, &wrong_ca, properties())
+    let error = chime_protocol::tls::connect(&amqps, &wrong_ca, properties())
         .await
         .map(drop)
         .unwrap_err()
@@ -228,7 +228,7 @@ async fn a_wrong_ca_a_missing_client_certificate_and_a_plaintext_port_are_refuse
 
     // The broker requires a client certificate: none, and the handshake fails.
     let no_cert = AmqpTls::new().ca_file(pki.path("ca.pem"));
-    let refused = chime_worker::tls::connect(&amqps, &no_cert, properties()).await;
+    let refused = chime_protocol::tls::connect(&amqps, &no_cert, properties()).await;
     assert!(refused.is_err(), "connected without a client certificate");
 
     // amqps:// against the plaintext listener: no connection, nothing listed, a clear error.

@@ -19,6 +19,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use chime_protocol::backoff;
+use chime_protocol::tls::AmqpTls;
+use chime_protocol::topology;
+use chime_protocol::wire::ControlMessage;
 use futures::StreamExt;
 use lapin::options::{
     BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
@@ -29,11 +33,7 @@ use lapin::{Channel, Connection, ConnectionProperties, Consumer};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::backoff;
 use crate::delivery;
-use crate::protocol::ControlMessage;
-use crate::tls::AmqpTls;
-use crate::topology;
 use crate::worker::Shared;
 
 /// One opening of the group's queue: the channels a delivery needs until it is acked.
@@ -86,7 +86,7 @@ impl Broker {
             let properties = ConnectionProperties::default()
                 .enable_auto_recover()
                 .with_connection_name(self.connection_name.as_str().into());
-            let connection = crate::tls::connect(&self.url, &self.tls, properties).await?;
+            let connection = chime_protocol::tls::connect(&self.url, &self.tls, properties).await?;
             tracing::info!(connection = %self.connection_name, "connected to RabbitMQ");
             self.connection = Some(connection);
         }
@@ -396,6 +396,12 @@ fn on_control(shared: &Shared, body: &[u8]) {
                 tracing::debug!(run_id, "cancel for a run this worker does not hold");
             }
         }
+        // A message of a newer protocol crate this worker was built without: as one that does
+        // not decode (the wire contract says to ignore what does not concern the worker).
+        Ok(other) => tracing::warn!(
+            ?other,
+            "ignoring a control message this worker does not know"
+        ),
         Err(error) => tracing::warn!(%error, "ignoring a control message that does not decode"),
     }
 }

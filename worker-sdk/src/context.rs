@@ -14,12 +14,11 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use chime_protocol::limits::MAX_LOG_LINES_PER_ATTEMPT;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
-
-use crate::limits::MAX_LOG_LINES_PER_ATTEMPT;
 
 /// Lines per batch handed to the store while the handler runs.
 pub(crate) const FLUSH_EVERY: usize = 100;

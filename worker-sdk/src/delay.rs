@@ -7,25 +7,27 @@
 //! the last few hundred milliseconds, or sends it through another tier. The instant is absolute,
 //! so hops never add up errors; workers compare it with their wall clock.
 
-use chrono::{DateTime, TimeZone, Utc};
+use chime_protocol::headers::{
+    NotAnInteger, attempt_value, get_instant, get_integer, instant_value,
+};
+use chime_protocol::retry::{self, Wait};
+use chime_protocol::topology::{RetryTier, Topology, WORK_KEY};
+use chime_protocol::wire::{
+    HEADER_ATTEMPT, HEADER_DEAD_BY, HEADER_DEAD_REASON, HEADER_DELIVERY_COUNT, HEADER_ERROR,
+    HEADER_NOT_BEFORE, HEADER_PARKED_AT,
+};
+use chrono::{DateTime, Utc};
 use lapin::message::Delivery;
-use lapin::types::AMQPValue;
 use lapin::{BasicProperties, Channel};
 
 use crate::parking;
-use crate::protocol::{
-    HEADER_ATTEMPT, HEADER_DEAD_BY, HEADER_DEAD_REASON, HEADER_ERROR, HEADER_NOT_BEFORE,
-    HEADER_PARKED_AT,
-};
 use crate::publish::{self, PublishError};
-use crate::retry::{self, Wait};
-use crate::topology::{RetryTier, Topology, WORK_KEY};
 
 /// Headers that describe an earlier life of a message (set by the broker on redelivery and
 /// dead-lettering, or by a worker that parked it) and that a republished copy must not inherit:
 /// a stale `x-delivery-count` would make a fresh retry look like a crash loop.
 const STALE_HEADERS: [&str; 12] = [
-    "x-delivery-count",
+    HEADER_DELIVERY_COUNT,
     "x-death",
     "x-first-death-exchange",
     "x-first-death-queue",
@@ -39,51 +41,23 @@ const STALE_HEADERS: [&str; 12] = [
     HEADER_ERROR,
 ];
 
-/// An integer header of `delivery`, whatever integer type the publisher chose.
-fn integer_header(delivery: &Delivery, name: &str) -> Option<i64> {
-    header_integer(delivery, name).ok().flatten()
-}
-
-/// Header `name` of `delivery` as an integer: `Ok(None)` when absent, `Err(())` when present
-/// but not an integer (so a forged value can be told from a missing one).
-pub(crate) fn header_integer(delivery: &Delivery, name: &str) -> Result<Option<i64>, ()> {
-    let Some(value) = delivery
-        .properties
-        .headers()
-        .as_ref()
-        .and_then(|h| h.inner().get(name))
-    else {
-        return Ok(None);
-    };
-    integer(value).map(Some).ok_or(())
-}
-
-fn integer(value: &AMQPValue) -> Option<i64> {
-    match value {
-        AMQPValue::ShortShortInt(v) => Some(i64::from(*v)),
-        AMQPValue::ShortShortUInt(v) => Some(i64::from(*v)),
-        AMQPValue::ShortInt(v) => Some(i64::from(*v)),
-        AMQPValue::ShortUInt(v) => Some(i64::from(*v)),
-        AMQPValue::LongInt(v) => Some(i64::from(*v)),
-        AMQPValue::LongUInt(v) => Some(i64::from(*v)),
-        AMQPValue::LongLongInt(v) => Some(*v),
-        AMQPValue::Timestamp(v) => i64::try_from(*v).ok(),
-        AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes()).ok()?.parse().ok(),
-        AMQPValue::ShortString(s) => s.as_str().parse().ok(),
-        _ => None,
-    }
+/// Header `name` of `delivery` as an integer ([`get_integer`]): `Ok(None)` when absent,
+/// an error when present but not an integer (so a forged value can be told from a missing one).
+pub(crate) fn header_integer(delivery: &Delivery, name: &str) -> Result<Option<i64>, NotAnInteger> {
+    get_integer(delivery.properties.headers().as_ref(), name)
 }
 
 /// When `delivery` may start, from its [`HEADER_NOT_BEFORE`] header.
 pub(crate) fn not_before(delivery: &Delivery) -> Option<DateTime<Utc>> {
-    let ms = integer_header(delivery, HEADER_NOT_BEFORE)?;
-    Utc.timestamp_millis_opt(ms).single()
+    get_instant(delivery.properties.headers().as_ref(), HEADER_NOT_BEFORE)
 }
 
 /// How many times the work queue delivered this message before (`x-delivery-count`, set by
 /// quorum queues on redelivery; absent on the first delivery).
 pub(crate) fn delivery_count(delivery: &Delivery) -> u32 {
-    integer_header(delivery, "x-delivery-count")
+    header_integer(delivery, HEADER_DELIVERY_COUNT)
+        .ok()
+        .flatten()
         .and_then(|n| u32::try_from(n).ok())
         .unwrap_or(0)
 }
@@ -106,11 +80,8 @@ pub(crate) fn delayed_properties(
     not_before: DateTime<Utc>,
 ) -> BasicProperties {
     let mut headers = parking::copied_headers(original.headers().as_ref(), &STALE_HEADERS);
-    headers.insert(HEADER_ATTEMPT.into(), AMQPValue::LongUInt(attempt));
-    headers.insert(
-        HEADER_NOT_BEFORE.into(),
-        AMQPValue::LongLongInt(not_before.timestamp_millis()),
-    );
+    headers.insert(HEADER_ATTEMPT.into(), attempt_value(attempt));
+    headers.insert(HEADER_NOT_BEFORE.into(), instant_value(not_before));
     let mut properties = BasicProperties::default()
         .with_delivery_mode(2)
         .with_headers(headers);
@@ -174,7 +145,7 @@ pub(crate) async fn publish_via(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lapin::types::FieldTable;
+    use lapin::types::{AMQPValue, FieldTable};
 
     #[test]
     fn routes_by_what_remains() {

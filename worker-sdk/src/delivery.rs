@@ -15,6 +15,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use chime_protocol::limits::cap_header_value;
+use chime_protocol::retry::{self, Wait};
+use chime_protocol::topology::RETRY_TIERS;
+use chime_protocol::wire::{HEADER_DELIVERY_COUNT, HEADER_NOT_BEFORE, Trigger};
+use chime_protocol::{AttemptState, RunState};
 use chrono::{DateTime, TimeDelta, Utc};
 use futures::FutureExt;
 use lapin::message::Delivery;
@@ -29,17 +34,13 @@ use crate::consumer::Link;
 use crate::context::{JobContext, JobLogger, Level, LogLine, LogSink, MAX_PENDING_BATCHES};
 use crate::delay;
 use crate::handler::ErasedHandler;
-use crate::limits::cap_header_value;
 use crate::outcome::{self, Ending, Execution, Outcome, RunEnd};
 use crate::parking;
-use crate::protocol::{HEADER_NOT_BEFORE, Trigger};
 use crate::recording::Batched;
-use crate::retry::{self, Wait};
 use crate::store::{
     AttemptRecord, Claim, ClaimClock, ClaimRequest, DeadRun, Recorded, RunSnapshot, TakeOver,
     TakenOver,
 };
-use crate::topology::RETRY_TIERS;
 use crate::verify::{self, Seen};
 use crate::worker::{Entered, InFlight, Shared, Unrecorded};
 
@@ -127,7 +128,7 @@ pub(crate) async fn handle(shared: Arc<Shared>, link: Arc<Link>, delivery: Deliv
 async fn after_panic(shared: &Shared, link: &Link, inbound: &Inbound, reason: String) {
     if let Some((run_id, attempt)) = inbound.claimed() {
         let outcome = Outcome {
-            attempt: outcome::AttemptState::Failed,
+            attempt: AttemptState::Failed,
             run: RunEnd::Dead {
                 reason: reason.clone(),
             },
@@ -187,7 +188,7 @@ async fn route(shared: Arc<Shared>, link: Arc<Link>, delivery: Arc<Inbound>) {
     let seen = Seen {
         group: shared.topology.group(),
         not_before_ms: delay::header_integer(&delivery.delivery, HEADER_NOT_BEFORE),
-        delivery_count: delay::header_integer(&delivery.delivery, "x-delivery-count"),
+        delivery_count: delay::header_integer(&delivery.delivery, HEADER_DELIVERY_COUNT),
         redelivered: delivery.delivery.redelivered,
         delivery_limit: shared.topology.delivery_limit(),
         now: Utc::now(),
@@ -463,7 +464,7 @@ async fn run(shared: Arc<Shared>, link: Arc<Link>, delivery: Arc<Inbound>, mut t
         Some(error) => tracing::warn!(
             ?duration,
             attempt_state = outcome.attempt.as_str(),
-            run_state = outcome.run.state(),
+            run_state = outcome.run.state().as_str(),
             next_attempt_at = next_attempt_at.map(|t| t.to_rfc3339()),
             error = %error,
             "run did not succeed"
@@ -591,7 +592,7 @@ fn disagreement(shared: &Shared, trigger: &Trigger, run: &RunSnapshot) -> Option
             verify::quote(&run.group_name),
         ));
     }
-    let waiting = matches!(run.state.as_str(), "pending" | "queued" | "retrying");
+    let waiting = run.state.is_waiting();
     let expected = i64::from(run.attempt) + 1;
     if waiting && i64::from(trigger.attempt) > expected {
         return Some(format!(
@@ -676,8 +677,8 @@ async fn acquire(
             dead_letter(shared, link, delivery, None, reason).await;
             return None;
         }
-        let waiting = matches!(run.state.as_str(), "pending" | "queued" | "retrying");
-        match run.state.as_str() {
+        let waiting = run.state.is_waiting();
+        match run.state {
             _ if waiting && run.attempt < attempt && run.cancel_requested => {
                 tracing::info!(state = %run.state, "an operator cancelled the run before it started; acked without running");
             }
@@ -692,7 +693,7 @@ async fn acquire(
                 dead_letter(shared, link, delivery, Some(run), reason).await;
                 return None;
             }
-            "retrying" if redelivered && run.attempt >= attempt => {
+            RunState::Retrying if redelivered && run.attempt >= attempt => {
                 // Our earlier delivery recorded the retry but could not publish it.
                 let due = run.next_attempt_at.unwrap_or_else(Utc::now);
                 let ran = u32::try_from(run.attempt).unwrap_or(trigger.attempt);
@@ -703,7 +704,7 @@ async fn acquire(
                 publish_retry(shared, link, delivery, ran, due).await;
                 return None;
             }
-            "dead" if redelivered && run.attempt >= attempt && run.reason.is_some() => {
+            RunState::Dead if redelivered && run.attempt >= attempt && run.reason.is_some() => {
                 let reason = run.reason.as_deref().unwrap_or_default();
                 tracing::info!(%reason, "the dead run's message may not have been parked; parking it again");
                 park_dead(shared, link, delivery, reason, run.error.as_deref()).await;
@@ -711,7 +712,7 @@ async fn acquire(
             }
             // A later attempt than the message's: a take-over of this very message (its body
             // keeps the attempt it was published with) that was lost in turn.
-            "running" if run.attempt >= attempt && run.job_name == trigger.job => {
+            RunState::Running if run.attempt >= attempt && run.job_name == trigger.job => {
                 let holder = run.worker_id.clone().unwrap_or_default();
                 let ours = holder == shared.id;
                 if ours && !run.holder_restarted {
@@ -980,12 +981,12 @@ async fn finish(
         ..
     } = &pending;
     match recorded {
-        Ok(Recorded::Both(state)) => match (&outcome.run, state.as_str()) {
-            (RunEnd::Retry { .. }, "retrying") => {
+        Ok(Recorded::Both(state)) => match (&outcome.run, state) {
+            (RunEnd::Retry { .. }, RunState::Retrying) => {
                 let due = next_attempt_at.unwrap_or_else(Utc::now);
                 publish_retry(shared, link, delivery, *attempt, due).await;
             }
-            (RunEnd::Dead { reason }, "dead") => {
+            (RunEnd::Dead { reason }, RunState::Dead) => {
                 tracing::error!(%reason, "run dead: attempts exhausted");
                 park_dead(shared, link, delivery, reason, outcome.error.as_deref()).await;
             }

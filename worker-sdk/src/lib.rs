@@ -9,11 +9,11 @@
 //! handlers finish (bounded), cancel the rest, record everything, exit.
 //!
 //! Failures (`docs/failures.md`): a retryable failure is retried under the job's retry policy
-//! ([`retry`]) through the group's delay tiers, and a run out of attempts is parked `dead`;
-//! timeouts and operators' cancels (control messages) fire the handler's token; a run of a
-//! crashed worker is taken over when that worker's heartbeat goes stale; a message that keeps
-//! crashing workers is parked `dead` at the broker's delivery limit; handlers that run long have
-//! their delivery acked early, before RabbitMQ's consumer timeout.
+//! (`chime_protocol::retry`) through the group's delay tiers, and a run out of attempts is
+//! parked `dead`; timeouts and operators' cancels (control messages) fire the handler's token; a
+//! run of a crashed worker is taken over when that worker's heartbeat goes stale; a message that
+//! keeps crashing workers is parked `dead` at the broker's delivery limit; handlers that run long
+//! have their delivery acked early, before RabbitMQ's consumer timeout.
 //!
 //! ```no_run
 //! use chime_worker::{JobContext, JobError, Worker};
@@ -42,44 +42,37 @@
 //!
 //! TLS: an `amqps://` URL always connects over TLS; [`WorkerBuilder::amqp_tls`] adds a CA file
 //! and a client certificate ([`AmqpTls`]), and the database URL takes libpq's `sslmode=verify-full`
-//! and `sslrootcert=` ([`tls`]). Errors and `Debug` output show URLs through
-//! [`redact::redact_url`], never with a password.
+//! and `sslrootcert=` (`chime_protocol::tls`). Errors and `Debug` output show URLs through
+//! `chime_protocol::redact::redact_url`, never with a password.
 //!
 //! Log lines written through [`JobContext::log`] reach `chime_run_logs` within a second (a batch
-//! every 100 lines or 250 ms), at most [`limits::MAX_LOG_LINES_PER_ATTEMPT`] per attempt.
+//! every 100 lines or 250 ms), at most `chime_protocol::limits::MAX_LOG_LINES_PER_ATTEMPT` per
+//! attempt.
 //!
 //! Handlers are unit-tested without a broker or database through [`testing`]. The wire contract
-//! (for workers in other languages) is in `docs/protocol.md`; runnable examples are
+//! (for workers in other languages) is the `chime-protocol` crate, described in
+//! `docs/protocol.md`; runnable examples are
 //! `examples/quickstart.rs` (the README's worker) and `examples/example_worker.rs`.
 
-mod backoff;
 mod claims;
 mod consumer;
 mod context;
 mod delay;
 mod delivery;
 mod handler;
-pub mod limits;
 mod outcome;
 mod parking;
-pub mod protocol;
 mod publish;
 mod recording;
-pub mod redact;
-pub mod retry;
 mod store;
 pub mod testing;
-pub mod tls;
-pub mod topology;
 mod verify;
 mod worker;
 
+pub use chime_protocol::tls::AmqpTls;
 pub use context::{JobContext, JobLogger, Level};
 pub use handler::Handler;
 pub use outcome::JobError;
-pub use protocol::Trigger;
-pub use tls::AmqpTls;
-pub use topology::Topology;
 pub use worker::{
     BuildError, DEFAULT_ACK_AFTER, DEFAULT_AMQP_URL, DEFAULT_CANCEL_GRACE, DEFAULT_CAPACITY,
     DEFAULT_DATABASE_URL, DEFAULT_DB_RETRY_BUDGET, DEFAULT_DRAIN_TIMEOUT,

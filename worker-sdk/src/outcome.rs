@@ -2,14 +2,15 @@
 //! attempt and run states the worker records.
 //!
 //! Everything here is pure: no IO, no clock (the jitter's random number is an argument). The
-//! retry decision itself is [`crate::retry`].
+//! retry decision itself is `chime_protocol::retry`.
 
 use std::error::Error as StdError;
 use std::fmt;
 use std::time::Duration;
 
-use crate::protocol::RetryPolicy;
-use crate::retry::{self, Decision};
+use chime_protocol::retry::{self, Decision};
+use chime_protocol::wire::RetryPolicy;
+use chime_protocol::{AttemptState, RunState};
 
 /// A handler's verdict when it does not succeed. Returning it decides what happens to the run:
 ///
@@ -160,26 +161,6 @@ fn error_chain(error: &(dyn StdError + 'static)) -> String {
     text
 }
 
-/// State of one attempt row (`chime_attempts.state`) as the worker records it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum AttemptState {
-    Succeeded,
-    Failed,
-    TimedOut,
-    Cancelled,
-}
-
-impl AttemptState {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            AttemptState::Succeeded => "succeeded",
-            AttemptState::Failed => "failed",
-            AttemptState::TimedOut => "timed_out",
-            AttemptState::Cancelled => "cancelled",
-        }
-    }
-}
-
 /// What becomes of the run after an attempt (`chime_runs.state` and what the worker does next).
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum RunEnd {
@@ -199,13 +180,13 @@ pub(crate) enum RunEnd {
 
 impl RunEnd {
     /// The run state recorded for this end.
-    pub(crate) fn state(&self) -> &'static str {
+    pub(crate) fn state(&self) -> RunState {
         match self {
-            RunEnd::Succeeded => "succeeded",
-            RunEnd::Failed => "failed",
-            RunEnd::Cancelled => "cancelled",
-            RunEnd::Retry { .. } => "retrying",
-            RunEnd::Dead { .. } => "dead",
+            RunEnd::Succeeded => RunState::Succeeded,
+            RunEnd::Failed => RunState::Failed,
+            RunEnd::Cancelled => RunState::Cancelled,
+            RunEnd::Retry { .. } => RunState::Retrying,
+            RunEnd::Dead { .. } => RunState::Dead,
         }
     }
 }

@@ -7,14 +7,17 @@
 //! confirm-mode channel, and only a plain broker ack counts: `Ack(Some(returned))` means no queue
 //! took it (unroutable) and `Nack` means the queue refused it; either way the original must stay.
 
+use chime_protocol::headers::{count_value, millis_value, text_value};
+use chime_protocol::limits::{MAX_COPIED_HEADER_BYTES, MAX_HEADER_VALUE_BYTES};
+use chime_protocol::topology::{PARKING_KEY, Topology};
+use chime_protocol::wire::{
+    HEADER_DEAD_BY, HEADER_DEAD_REASON, HEADER_ERROR, HEADER_HEADERS_DROPPED, HEADER_PARKED_AT,
+};
 use lapin::Channel;
 use lapin::message::Delivery;
 use lapin::types::{AMQPValue, FieldTable};
 
-use crate::limits::{MAX_HEADER_VALUE_BYTES, cap_header_value};
-use crate::protocol::{HEADER_DEAD_BY, HEADER_DEAD_REASON, HEADER_ERROR, HEADER_PARKED_AT};
 use crate::publish::{self, PublishError};
-use crate::topology::{PARKING_KEY, Topology};
 
 /// Why a message is parked, and what else its parked copy says.
 #[derive(Debug, Clone, Copy)]
@@ -26,17 +29,6 @@ pub(crate) struct Parked<'a> {
     /// `x-chime-parked-at`, Unix ms.
     pub at_ms: i64,
 }
-
-/// Most bytes (as encoded, roughly) of a message's own headers that a copy the worker publishes
-/// (parked, or sent through a delay tier) carries over. With the headers the worker adds (each
-/// value at most [`MAX_HEADER_VALUE_BYTES`]) the copy's header frame stays far below RabbitMQ's
-/// `frame_max` (128 KiB by default) whatever the original carried, so republishing a message can
-/// never make the broker close the connection (`FRAME_ERROR`).
-pub(crate) const MAX_COPIED_HEADER_BYTES: usize = 16 * 1024;
-
-/// Header set on a copy when some of the original's headers were left out to stay within
-/// [`MAX_COPIED_HEADER_BYTES`]: how many.
-pub(crate) const HEADER_DROPPED: &str = "x-chime-headers-dropped";
 
 /// Roughly how many bytes `value` takes on the wire.
 fn encoded_size(value: &AMQPValue) -> usize {
@@ -58,18 +50,17 @@ fn encoded_size(value: &AMQPValue) -> usize {
 
 /// The headers of `original` a copy may carry: those not named in `skip`, each string value cut
 /// to [`MAX_HEADER_VALUE_BYTES`], in name order until [`MAX_COPIED_HEADER_BYTES`] are used; the
-/// count of those left out goes in [`HEADER_DROPPED`].
+/// count of those left out goes in [`HEADER_HEADERS_DROPPED`].
 pub(crate) fn copied_headers(original: Option<&FieldTable>, skip: &[&str]) -> FieldTable {
     let mut headers = FieldTable::default();
     let (mut used, mut dropped) = (0_usize, 0_u32);
     for (name, value) in original.map(|h| h.inner().iter()).into_iter().flatten() {
-        if skip.contains(&name.as_str()) || name.as_str() == HEADER_DROPPED {
+        if skip.contains(&name.as_str()) || name.as_str() == HEADER_HEADERS_DROPPED {
             continue;
         }
         let value = match value {
             AMQPValue::LongString(s) if s.as_bytes().len() > MAX_HEADER_VALUE_BYTES => {
-                let text = String::from_utf8_lossy(s.as_bytes());
-                AMQPValue::LongString(cap_header_value(&text).as_ref().into())
+                text_value(&String::from_utf8_lossy(s.as_bytes()))
             }
             other => other.clone(),
         };
@@ -82,7 +73,7 @@ pub(crate) fn copied_headers(original: Option<&FieldTable>, skip: &[&str]) -> Fi
         headers.insert(name.clone(), value);
     }
     if dropped > 0 {
-        headers.insert(HEADER_DROPPED.into(), AMQPValue::LongUInt(dropped));
+        headers.insert(HEADER_HEADERS_DROPPED.into(), count_value(dropped));
     }
     headers
 }
@@ -106,12 +97,11 @@ pub(crate) fn parked_headers(
         HEADER_ERROR,
     ];
     let mut headers = copied_headers(original, &written);
-    let text = |value: &str| AMQPValue::LongString(cap_header_value(value).as_ref().into());
-    headers.insert(HEADER_DEAD_REASON.into(), text(reason));
-    headers.insert(HEADER_DEAD_BY.into(), text(worker_id));
-    headers.insert(HEADER_PARKED_AT.into(), AMQPValue::LongLongInt(at_ms));
+    headers.insert(HEADER_DEAD_REASON.into(), text_value(reason));
+    headers.insert(HEADER_DEAD_BY.into(), text_value(worker_id));
+    headers.insert(HEADER_PARKED_AT.into(), millis_value(at_ms));
     if let Some(error) = error {
-        headers.insert(HEADER_ERROR.into(), text(error));
+        headers.insert(HEADER_ERROR.into(), text_value(error));
     }
     headers
 }
@@ -223,6 +213,6 @@ mod tests {
             panic!("the huge header is cut, not dropped");
         };
         assert!(huge.as_bytes().len() <= MAX_HEADER_VALUE_BYTES);
-        assert!(matches!(get(HEADER_DROPPED), Some(AMQPValue::LongUInt(n)) if n > 1_000));
+        assert!(matches!(get(HEADER_HEADERS_DROPPED), Some(AMQPValue::LongUInt(n)) if n > 1_000));
     }
 }

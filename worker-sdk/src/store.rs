@@ -8,13 +8,14 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use chime_protocol::backoff;
+use chime_protocol::wire::Trigger;
+use chime_protocol::{RunState, UnknownState};
 use chrono::{DateTime, Utc};
 use sqlx::{Connection, PgConnection, PgPool, Postgres, Row};
 
-use crate::backoff;
 use crate::context::LogLine;
 use crate::outcome::{Outcome, RunEnd};
-use crate::protocol::Trigger;
 
 /// The run as a refused claim explains it, with its worker's liveness: a worker is lost when its
 /// heartbeat is older than three of its own intervals, it has stopped, or it never registered.
@@ -235,7 +236,7 @@ pub(crate) struct DeadRun<'a> {
 pub(crate) struct RunSnapshot {
     pub job_name: String,
     pub group_name: String,
-    pub state: String,
+    pub state: RunState,
     pub attempt: i32,
     pub worker_id: Option<String>,
     pub reason: Option<String>,
@@ -290,7 +291,7 @@ impl ClaimClock {
 pub(crate) enum Recorded {
     /// Attempt and run rows updated; the run's new state (`cancelled` instead of `retrying` or
     /// `dead` when an operator asked to cancel it meanwhile).
-    Both(String),
+    Both(RunState),
     /// The attempt row was updated but the run had moved on (cancelled or rescued meanwhile).
     AttemptOnly,
     /// The attempt row was no longer `running`: recorded before (a retry after a commit whose
@@ -456,7 +457,7 @@ impl Store {
             };
             let snapshot = snapshot(&row)?;
             let ours_from_a_lost_reply = (retry > 0 || maybe_ours)
-                && snapshot.state == "running"
+                && snapshot.state == RunState::Running
                 && snapshot.attempt == attempt
                 && snapshot.worker_id.as_deref() == Some(worker_id);
             Ok(if claimed_at.is_some() || ours_from_a_lost_reply {
@@ -726,7 +727,9 @@ impl Store {
                         .fetch_optional(&mut *tx)
                         .await?;
                     match own {
-                        Some((true, state)) => return Ok(Recorded::Both(state)),
+                        Some((true, state)) => {
+                            return Ok(Recorded::Both(run_state(&state)?));
+                        }
                         Some((false, _)) => return Ok(Recorded::AttemptOnly),
                         None => {}
                     }
@@ -751,7 +754,7 @@ impl Store {
             .bind(run_id)
             .bind(attempt_no)
             .bind(worker_id)
-            .bind(outcome.run.state())
+            .bind(outcome.run.state().as_str())
             .bind(finished_at)
             .bind(outcome.error.as_deref())
             .bind(reason)
@@ -762,7 +765,7 @@ impl Store {
             insert_logs(&mut *tx, run_id, attempt, lines).await?;
             tx.commit().await?;
             Ok(match state {
-                Some(state) => Recorded::Both(state),
+                Some(state) => Recorded::Both(run_state(&state)?),
                 None => Recorded::AttemptOnly,
             })
         })
@@ -798,7 +801,7 @@ impl Store {
             attempt_states.push(outcome.attempt.as_str());
             durations.push(i64::try_from(row.record.duration.as_millis()).unwrap_or(i64::MAX));
             errors.push(outcome.error.as_deref());
-            run_states.push(outcome.run.state());
+            run_states.push(outcome.run.state().as_str());
             reasons.push(match &outcome.run {
                 RunEnd::Dead { reason } => Some(reason.as_str()),
                 _ => None,
@@ -838,11 +841,11 @@ impl Store {
                 let recorded = match (attempt_recorded, state) {
                     (false, _) => Recorded::Nothing,
                     (true, None) => Recorded::AttemptOnly,
-                    (true, Some(state)) => Recorded::Both(state),
+                    (true, Some(state)) => Recorded::Both(run_state(&state)?),
                 };
-                (run_id, recorded)
+                Ok((run_id, recorded))
             })
-            .collect();
+            .collect::<Result<_, sqlx::Error>>()?;
         rows.iter()
             .map(|row| {
                 by_run.get(&row.run_id).cloned().ok_or_else(|| {
@@ -1068,7 +1071,7 @@ fn snapshot(row: &sqlx::postgres::PgRow) -> Result<RunSnapshot, sqlx::Error> {
     Ok(RunSnapshot {
         job_name: row.try_get("job_name")?,
         group_name: row.try_get("group_name")?,
-        state: row.try_get("state")?,
+        state: run_state(row.try_get("state")?)?,
         attempt: row.try_get("attempt")?,
         worker_id: row.try_get("worker_id")?,
         reason: row.try_get("reason")?,
@@ -1081,6 +1084,16 @@ fn snapshot(row: &sqlx::postgres::PgRow) -> Result<RunSnapshot, sqlx::Error> {
             .unwrap_or(true),
         holder_restarted: row.try_get("holder_restarted")?,
     })
+}
+
+/// A run's `state` column as a [`RunState`]; a word the migrations do not allow is a decode
+/// error, never a guess.
+fn run_state(text: &str) -> Result<RunState, sqlx::Error> {
+    text.parse()
+        .map_err(|e: UnknownState| sqlx::Error::ColumnDecode {
+            index: "state".to_owned(),
+            source: Box::new(e),
+        })
 }
 
 fn attempt_i32(attempt: u32) -> i32 {
@@ -1109,6 +1122,7 @@ pub(crate) fn is_transient(error: &sqlx::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use chime_protocol::AttemptState;
 
     #[test]
     fn connection_trouble_is_transient_and_query_mistakes_are_not() {
@@ -1199,10 +1213,10 @@ mod tests {
             sqlx::query_scalar(sqlx::AssertSqlSafe(explain(RECORD_MANY_SQL)))
                 .bind(&running)
                 .bind(vec![1_i32; n])
-                .bind(vec!["succeeded"; n])
+                .bind(vec![AttemptState::Succeeded.as_str(); n])
                 .bind(vec![3_i64; n])
                 .bind(&no_text)
-                .bind(vec!["succeeded"; n])
+                .bind(vec![RunState::Succeeded.as_str(); n])
                 .bind(&no_text)
                 .bind(&no_time)
                 .bind("w")

@@ -1,19 +1,19 @@
 //! The checks a decoded trigger must pass before a worker acts on it, pure: every value against
-//! its bound in [`crate::limits`], the group against the queue it came from, and the broker's
-//! headers against what the broker can really have written.
+//! its bound in `chime_protocol::limits`, the group against the queue it came from, and the
+//! broker's headers against what the broker can really have written.
 //!
 //! Anyone who can publish to the work queue can forge a trigger, so a value is trusted only as
 //! far as these bounds (and then the run row, in the claim) vouch for it. A trigger that fails a
 //! check is parked with the reason and never run; the run it names is left as it is, because a
 //! forged message must not be able to end a real run (docs/protocol.md, "What a worker checks").
 
-use chrono::{DateTime, TimeDelta, Utc};
-
-use crate::limits::{
+use chime_protocol::headers::NotAnInteger;
+use chime_protocol::limits::{
     MAX_ATTEMPTS, MAX_MULTIPLIER, MAX_NAME_BYTES, MAX_RETRY_DELAY, MAX_TIMEOUT, NOT_BEFORE_SLACK,
     cap_bytes,
 };
-use crate::protocol::{HEADER_NOT_BEFORE, Trigger};
+use chime_protocol::wire::{HEADER_NOT_BEFORE, Trigger};
+use chrono::{DateTime, TimeDelta, Utc};
 
 /// Prefix of every reason a check gives, so operators (and the hostile-input corpus) can tell a
 /// refused trigger from a run that failed.
@@ -27,12 +27,12 @@ const QUOTED_NAME_BYTES: usize = 80;
 pub(crate) struct Seen<'a> {
     /// The group whose work queue the delivery came from.
     pub group: &'a str,
-    /// `x-chime-not-before` in Unix ms, if present as an integer; `Err(())` if present but not
+    /// `x-chime-not-before` in Unix ms, if present as an integer; an error if present but not
     /// an integer.
-    pub not_before_ms: Result<Option<i64>, ()>,
-    /// `x-delivery-count` as the header says it, if present as an integer; `Err(())` if present
+    pub not_before_ms: Result<Option<i64>, NotAnInteger>,
+    /// `x-delivery-count` as the header says it, if present as an integer; an error if present
     /// but not an integer.
-    pub delivery_count: Result<Option<i64>, ()>,
+    pub delivery_count: Result<Option<i64>, NotAnInteger>,
     /// The broker's `redelivered` flag.
     pub redelivered: bool,
     /// The work queue's `x-delivery-limit` (0: none).
@@ -122,7 +122,7 @@ fn detail(trigger: &Trigger, seen: &Seen<'_>) -> Result<(), String> {
         }
     }
     match seen.not_before_ms {
-        Err(()) => {
+        Err(NotAnInteger) => {
             return Err(format!(
                 "header {HEADER_NOT_BEFORE} is not an integer (Unix milliseconds)"
             ));
@@ -147,7 +147,7 @@ fn detail(trigger: &Trigger, seen: &Seen<'_>) -> Result<(), String> {
         Ok(None) => {}
     }
     match seen.delivery_count {
-        Err(()) => return Err("header x-delivery-count is not an integer".to_owned()),
+        Err(NotAnInteger) => return Err("header x-delivery-count is not an integer".to_owned()),
         Ok(Some(count)) if count != 0 && !seen.redelivered => {
             return Err(format!(
                 "x-delivery-count {count} on a first delivery (the broker's redelivered flag is \
@@ -171,7 +171,7 @@ fn detail(trigger: &Trigger, seen: &Seen<'_>) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{PROTOCOL_VERSION, RetryPolicy};
+    use chime_protocol::wire::{PROTOCOL_VERSION, RetryPolicy};
 
     fn trigger() -> Trigger {
         Trigger {
@@ -268,7 +268,7 @@ mod tests {
                 "(out of range) is further ahead",
             ),
             (
-                |_, s| s.not_before_ms = Err(()),
+                |_, s| s.not_before_ms = Err(NotAnInteger),
                 "header x-chime-not-before is not an integer",
             ),
             (

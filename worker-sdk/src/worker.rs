@@ -16,6 +16,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use chime_protocol::limits::MAX_UNHANDLED_WAIT;
+use chime_protocol::redact::redact_url;
+use chime_protocol::tls::{AmqpTls, TlsError};
+use chime_protocol::topology::{DEFAULT_PREFIX, Topology};
 use chrono::{DateTime, Utc};
 use serde::de::DeserializeOwned;
 use sqlx::PgPool;
@@ -29,13 +33,9 @@ use crate::consumer::{self, Broker};
 use crate::context::{JobContext, LogLine};
 use crate::delivery;
 use crate::handler::{self, Handlers};
-use crate::limits::MAX_UNHANDLED_WAIT;
 use crate::outcome::{JobError, Outcome};
 use crate::recording::OutcomeBatcher;
-use crate::redact::redact_url;
 use crate::store::{AttemptRecord, Store, WorkerRow};
-use crate::tls::{AmqpTls, TlsError};
-use crate::topology::{DEFAULT_PREFIX, Topology};
 
 /// PostgreSQL URL used when neither the builder nor `CHIME_DATABASE_URL` gives one: the
 /// development machine's database, as the `chime` CLI's default.
@@ -207,7 +207,8 @@ impl WorkerBuilder {
     }
 
     /// TLS options of an `amqps://` broker URL: a CA file to trust and a client certificate to
-    /// present (see [`crate::tls`]); default none (the system's roots, no client certificate).
+    /// present (see `chime_protocol::tls`); default none (the system's roots, no client
+    /// certificate).
     /// [`WorkerBuilder::build`] reads the files and refuses options with an `amqp://` URL.
     ///
     /// ```no_run
@@ -304,7 +305,7 @@ impl WorkerBuilder {
     }
 
     /// The work queue's quorum delivery limit; default
-    /// [`DEFAULT_DELIVERY_LIMIT`](crate::topology::DEFAULT_DELIVERY_LIMIT). It is a queue
+    /// [`DEFAULT_DELIVERY_LIMIT`](chime_protocol::topology::DEFAULT_DELIVERY_LIMIT). It is a queue
     /// argument, so it must match what the scheduler and the other workers of the group declare.
     pub fn delivery_limit(mut self, limit: u32) -> Self {
         self.delivery_limit = limit;
@@ -362,7 +363,7 @@ impl WorkerBuilder {
                         url: redact_url(&url),
                         source,
                     })?;
-                crate::tls::check_database_url(&url)?;
+                chime_protocol::tls::check_database_url(&url)?;
                 Database::Url(Box::new(options))
             }
             (None, None) => return Err(BuildError::NoDatabase),
@@ -472,7 +473,7 @@ impl Worker {
             db_retry_budget: DEFAULT_DB_RETRY_BUDGET,
             ack_after: DEFAULT_ACK_AFTER,
             unhandled_wait: DEFAULT_UNHANDLED_WAIT,
-            delivery_limit: crate::topology::DEFAULT_DELIVERY_LIMIT,
+            delivery_limit: chime_protocol::topology::DEFAULT_DELIVERY_LIMIT,
             handlers: Handlers::default(),
             duplicate: None,
         }
@@ -484,7 +485,8 @@ impl Worker {
     }
 
     /// The group's queue topology this worker consumes.
-    pub fn topology(&self) -> &Topology {
+    #[cfg(test)]
+    pub(crate) fn topology(&self) -> &Topology {
         &self.topology
     }
 

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
+use chime_protocol::wire::HEADER_DEAD_REASON;
 use chime_worker::JobContext;
-use chime_worker::protocol::HEADER_DEAD_REASON;
 use lapin::types::{AMQPValue, FieldTable};
 use serde::Deserialize;
 use serde_json::Value;
@@ -187,7 +187,7 @@ async fn play(pool: &PgPool, path: &Path, case: Case) {
             "{name} ({}): parked with {reason:?}, expected it to contain {want:?}",
             case.case
         );
-        assert!(reason.len() <= chime_worker::limits::MAX_HEADER_VALUE_BYTES);
+        assert!(reason.len() <= chime_protocol::limits::MAX_HEADER_VALUE_BYTES);
         assert_eq!(parked.data, body, "{name}: the parked copy keeps the body");
     }
     if let Some(want) = &case.expect.acked_log {

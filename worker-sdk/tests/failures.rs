@@ -13,10 +13,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
-use chime_worker::protocol::{
-    HEADER_ATTEMPT, HEADER_DEAD_BY, HEADER_DEAD_REASON, HEADER_NOT_BEFORE,
-};
-use chime_worker::topology::RETRY_TIERS;
+use chime_protocol::topology::RETRY_TIERS;
+use chime_protocol::wire::{HEADER_ATTEMPT, HEADER_DEAD_BY, HEADER_DEAD_REASON, HEADER_NOT_BEFORE};
 use chime_worker::{JobContext, JobError};
 use chrono::Utc;
 use lapin::types::{AMQPValue, FieldTable};
@@ -163,7 +161,7 @@ async fn exhausted_retries_park_the_message_with_the_reason_and_the_run_is_dead(
         header(&message, HEADER_DEAD_BY).as_deref(),
         Some(worker_id.as_str())
     );
-    let body = chime_worker::Trigger::from_body(&message.data).unwrap();
+    let body = chime_protocol::Trigger::from_body(&message.data).unwrap();
     assert_eq!(
         (body.run_id, body.attempt),
         (run_id, 3),

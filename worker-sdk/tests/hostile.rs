@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
-use chime_worker::limits::{MAX_HEADER_VALUE_BYTES, MAX_TRIGGER_BYTES};
-use chime_worker::protocol::{HEADER_ATTEMPT, HEADER_DEAD_REASON, HEADER_NOT_BEFORE};
+use chime_protocol::limits::{MAX_HEADER_VALUE_BYTES, MAX_TRIGGER_BYTES};
+use chime_protocol::wire::{HEADER_ATTEMPT, HEADER_DEAD_REASON, HEADER_NOT_BEFORE};
 use chime_worker::{JobContext, JobError};
 use lapin::options::{BasicGetOptions, BasicNackOptions};
 use lapin::types::{AMQPValue, FieldTable};
@@ -155,7 +155,7 @@ async fn forged_triggers_naming_a_real_run_are_parked_and_leave_it_to_its_genuin
         h.insert(name.into(), AMQPValue::LongLongInt(value));
         h
     };
-    let cases: Vec<(&chime_worker::Trigger, FieldTable, &str)> = vec![
+    let cases: Vec<(&chime_protocol::Trigger, FieldTable, &str)> = vec![
         (
             &forged_job,
             FieldTable::default(),

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
-use chime_worker::protocol::{HEADER_ATTEMPT, HEADER_DEAD_BY, HEADER_DEAD_REASON};
+use chime_protocol::wire::{HEADER_ATTEMPT, HEADER_DEAD_BY, HEADER_DEAD_REASON};
 use chime_worker::{JobContext, JobError};
 use lapin::types::FieldTable;
 use serde_json::{Value, json};
@@ -863,7 +863,7 @@ async fn early_trigger(
     env: &Env,
     job: &str,
     ahead: Duration,
-) -> (i64, chime_worker::protocol::Trigger, FieldTable) {
+) -> (i64, chime_protocol::wire::Trigger, FieldTable) {
     let run_id = env.insert_run(job, &Value::Null).await;
     let at = chrono::Utc::now() + chrono::Duration::from_std(ahead).unwrap();
     // Whole milliseconds, as the header carries them.
@@ -877,7 +877,7 @@ async fn early_trigger(
     let trigger = env.trigger(run_id, job, Value::Null).await;
     let mut headers = FieldTable::default();
     headers.insert(
-        chime_worker::protocol::HEADER_NOT_BEFORE.into(),
+        chime_protocol::wire::HEADER_NOT_BEFORE.into(),
         lapin::types::AMQPValue::LongLongInt(at.timestamp_millis()),
     );
     (run_id, trigger, headers)

@@ -72,7 +72,7 @@ async fn api_and_cli_entries_refuse_what_job_files_refuse(pool: PgPool) {
         json!([1]),
         json!("batch=1"),
         json!(7),
-        json!({"blob": "x".repeat(chime_worker::limits::MAX_PARAMS_BYTES)}),
+        json!({"blob": "x".repeat(chime_protocol::limits::MAX_PARAMS_BYTES)}),
     ] {
         let fields = invalid_fields(ops.trigger(&admin, "report", Some(params)).await);
         assert_eq!(fields, ["params"]);

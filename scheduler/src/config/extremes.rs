@@ -6,11 +6,11 @@
 //! documented limits, with planned fires, misfire decisions and a retry decision for each
 //! attempt.
 
-use chime_worker::limits::{
+use chime_protocol::limits::{
     MAX_ATTEMPTS, MAX_CATCHUP, MAX_EVERY, MAX_LOOKBACK, MAX_MULTIPLIER, MAX_PARAMS_BYTES,
     MAX_RETENTION, MAX_RETRY_DELAY, MAX_TIMEOUT,
 };
-use chime_worker::retry::{Decision as RetryDecision, decide};
+use chime_protocol::retry::{Decision as RetryDecision, decide};
 use chrono::{DateTime, TimeDelta, Utc};
 use proptest::prelude::*;
 use proptest::test_runner::{TestCaseError, TestRunner};

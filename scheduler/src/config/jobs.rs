@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use chime_worker::limits::{
+use chime_protocol::limits::{
     MAX_ATTEMPTS, MAX_CATCHUP, MAX_DESCRIPTION_BYTES, MAX_EVERY, MAX_LOOKBACK, MAX_MULTIPLIER,
     MAX_NAME_BYTES, MAX_NESTING, MAX_PARAMS_BYTES, MAX_RETENTION, MAX_RETRY_DELAY, MAX_TIMEOUT,
 };
@@ -840,7 +840,7 @@ impl<'a> Check<'a> {
             );
             return;
         }
-        let max = chime_worker::limits::MAX_NAME_BYTES;
+        let max = chime_protocol::limits::MAX_NAME_BYTES;
         let bad = keys
             .iter()
             .find(|key| key.as_str().is_none_or(|k| k.is_empty() || k.len() > max));

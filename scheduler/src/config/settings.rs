@@ -4,7 +4,7 @@
 //! Secrets belong in the environment: a settings file is usually committed or baked into an
 //! image, so `database_url` and `amqp_url` with passwords should come from `CHIME_DATABASE_URL`
 //! and `CHIME_AMQP_URL`. Messages and `Debug` output never show a URL's password
-//! ([`chime_worker::redact::redact_url`]).
+//! ([`chime_protocol::redact::redact_url`]).
 //!
 //! TLS: `amqp_tls.*` name the CA file and client certificate of an `amqps://` broker URL; the
 //! database URL carries libpq's `sslmode`, `sslrootcert`, `sslcert` and `sslkey`. Every file
@@ -17,12 +17,12 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use chime_worker::limits::{
+use chime_protocol::limits::{
     MAX_ALERT_INTERVAL, MAX_BATCH_SIZE, MAX_CONSECUTIVE_FAILURES, MAX_DUTY_INTERVAL, MAX_LEASE_TTL,
     MAX_LOOKAHEAD, MAX_RESCUE_WAIT, MAX_RETENTION,
 };
-use chime_worker::redact::redact_url;
-use chime_worker::tls::AmqpTls;
+use chime_protocol::redact::redact_url;
+use chime_protocol::tls::AmqpTls;
 use config::{Source, ValueKind};
 
 use super::jobs::{
@@ -38,8 +38,8 @@ pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/chime
 pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 /// Default `bind`: API, dashboard and metrics on loopback only.
 pub const DEFAULT_BIND: &str = "127.0.0.1:8080";
-/// Default `queue_prefix`.
-pub const DEFAULT_QUEUE_PREFIX: &str = "chime";
+/// Default `queue_prefix`: the protocol's, which workers default to as well.
+pub const DEFAULT_QUEUE_PREFIX: &str = chime_protocol::topology::DEFAULT_PREFIX;
 
 /// Every settings key, dotted for keys inside a section (`[leader]` → `leader.lease_ttl`). The
 /// environment variable of a key is `CHIME_` + the key in capitals with `.` written as `__`.
@@ -1014,7 +1014,7 @@ fn url_setting(
                 .err()
                 .map(|e| format!("not a valid PostgreSQL URL ({e}); write it like {example:?}"))
                 .or_else(|| {
-                    chime_worker::tls::check_database_url(&text)
+                    chime_protocol::tls::check_database_url(&text)
                         .err()
                         .map(|e| e.to_string())
                 }),

@@ -13,7 +13,7 @@ use super::{
     DeadLetter, FieldProblem, Operations, OpsError, OpsResult, RUN_STATES, UPCOMING, dead_letter,
     no_such_run, validated,
 };
-use chime_worker::Topology;
+use chime_protocol::Topology;
 
 use crate::auth::{Caller, Role};
 use crate::parking::ParkedPayload;

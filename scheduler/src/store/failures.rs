@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
+use chime_protocol::{RunState, retry};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::Row as _;
@@ -22,7 +23,7 @@ pub struct Rescued {
     pub attempt: i32,
     /// The run's state now: `pending` (republished as the next attempt), `dead` (that was its
     /// last attempt) or `cancelled` (a cancel had been requested).
-    pub state: String,
+    pub state: RunState,
     /// What happened, as recorded on the attempt (`worker w1 lost (no heartbeat since …)`).
     pub detail: String,
 }
@@ -80,7 +81,13 @@ pub enum ReplayOutcome {
 
 /// States a run can be replayed from: finished without success, or waiting for a message that
 /// is in the parking lot instead of the work queue.
-pub const REPLAYABLE_STATES: &[&str] = &["dead", "failed", "cancelled", "queued", "retrying"];
+pub const REPLAYABLE_STATES: &[&str] = &[
+    RunState::Dead.as_str(),
+    RunState::Failed.as_str(),
+    RunState::Cancelled.as_str(),
+    RunState::Queued.as_str(),
+    RunState::Retrying.as_str(),
+];
 
 /// A run in a few words, to describe parked messages.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -232,11 +239,17 @@ const LEASE_CTE: &str = "lease AS (
 /// number is truncated and clamped to 1 ..= `i32::MAX` (a definition stored before the bounds
 /// of docs/configuration.md were checked may say 3000000000, which a plain `::int` cast refused,
 /// failing the whole rescue statement for every job); anything else, or no job, counts as the
-/// default 3. Never raises, so one job's definition can never stop the rescuer for the others.
-const MAX_ATTEMPTS_SQL: &str = "CASE WHEN jsonb_typeof(j.spec->'retry'->'max_attempts') = 'number'
+/// default ([`retry::DEFAULT_MAX_ATTEMPTS`]). Never raises, so one job's definition can never
+/// stop the rescuer for the others.
+fn max_attempts_sql() -> String {
+    format!(
+        "CASE WHEN jsonb_typeof(j.spec->'retry'->'max_attempts') = 'number'
              THEN LEAST(GREATEST(trunc((j.spec->'retry'->>'max_attempts')::numeric), 1),
                         2147483647)::int
-             ELSE 3 END";
+             ELSE {} END",
+        retry::DEFAULT_MAX_ATTEMPTS
+    )
+}
 
 impl Store {
     /// The database clock.
@@ -336,7 +349,7 @@ impl Store {
              SELECT 'run', id, job_name, attempt, state, detail FROM runs",
             stopped = ts_sql("w.stopped_at"),
             heartbeat = ts_sql("w.heartbeat_at"),
-            max_attempts = MAX_ATTEMPTS_SQL,
+            max_attempts = max_attempts_sql(),
         );
         let mut tx = self.pool.begin().await?;
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -347,10 +360,10 @@ impl Store {
             .fetch_all(&mut *tx)
             .await
             .context("rescuing runs of lost workers")?;
-        let result = rescued(rows);
+        let result = rescued(rows)?;
         if result
             .as_ref()
-            .is_some_and(|r| r.iter().any(|r| r.state == "pending"))
+            .is_some_and(|r| r.iter().any(|r| r.state == RunState::Pending))
         {
             notify(&mut tx, OUTBOX_CHANNEL, "rescued").await?;
         }
@@ -398,7 +411,7 @@ impl Store {
             .fetch_all(&mut *tx)
             .await
             .context("rescuing runs stuck in retrying")?;
-        let result = rescued(rows);
+        let result = rescued(rows)?;
         if result.as_ref().is_some_and(|r| !r.is_empty()) {
             notify(&mut tx, OUTBOX_CHANNEL, "rescued").await?;
         }
@@ -444,7 +457,7 @@ impl Store {
         let job: String = row.get("job_name");
         Ok(if !row.get::<bool, _>("changed") {
             CancelOutcome::Finished { state }
-        } else if state == "running" {
+        } else if state == RunState::Running.as_str() {
             CancelOutcome::Requested {
                 job,
                 group: row.get("group_name"),
@@ -750,7 +763,7 @@ fn ts_sql(column: &str) -> String {
     format!("to_char({column} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')")
 }
 
-fn rescued(rows: Vec<sqlx::postgres::PgRow>) -> Option<Vec<Rescued>> {
+fn rescued(rows: Vec<sqlx::postgres::PgRow>) -> anyhow::Result<Option<Vec<Rescued>>> {
     let mut leased = false;
     let mut runs = Vec::new();
     for r in rows {
@@ -761,12 +774,12 @@ fn rescued(rows: Vec<sqlx::postgres::PgRow>) -> Option<Vec<Rescued>> {
                 id: r.get("id"),
                 job: r.get("job_name"),
                 attempt: r.get("attempt"),
-                state: r.get("state"),
+                state: r.get::<&str, _>("state").parse()?,
                 detail: r.get("detail"),
             });
         }
     }
-    leased.then_some(runs)
+    Ok(leased.then_some(runs))
 }
 
 #[cfg(test)]
@@ -1072,15 +1085,15 @@ mod tests {
                 .await
                 .unwrap()
                 .expect("leading");
-            let mut states: Vec<(i64, String)> =
-                rescued.iter().map(|r| (r.id, r.state.clone())).collect();
+            let mut states: Vec<(i64, RunState)> =
+                rescued.iter().map(|r| (r.id, r.state)).collect();
             states.sort_unstable();
             assert_eq!(
                 states,
                 [
-                    (again, "pending".to_owned()),
-                    (last, "dead".to_owned()),
-                    (cancelled, "cancelled".to_owned())
+                    (again, RunState::Pending),
+                    (last, RunState::Dead),
+                    (cancelled, RunState::Cancelled)
                 ]
             );
             let detail = &rescued.iter().find(|r| r.id == again).unwrap().detail;

@@ -6,11 +6,12 @@
 use std::future::Future;
 use std::time::Duration;
 
-use chime_worker::protocol::{
+use chime_protocol::topology::control_exchange;
+use chime_protocol::wire::{
     CONTENT_TYPE, ControlMessage, HEADER_ATTEMPT, PROTOCOL_VERSION, RetryPolicy,
 };
-use chime_worker::topology::control_exchange;
-use chime_worker::{CancellationToken, Topology, Trigger, Worker, WorkerBuilder, WorkerError};
+use chime_protocol::{Topology, Trigger};
+use chime_worker::{CancellationToken, Worker, WorkerBuilder, WorkerError};
 use chrono::{DateTime, Utc};
 use lapin::message::Delivery;
 use lapin::options::{
@@ -300,7 +301,7 @@ impl Env {
     /// sets `cancel_requested_at`, then publishes the control message to every worker.
     pub async fn cancel(&self, run_id: i64) {
         self.request_cancel(run_id).await;
-        chime_worker::topology::declare_control(&self.channel, &self.prefix)
+        chime_protocol::topology::declare_control(&self.channel, &self.prefix)
             .await
             .unwrap();
         let body = serde_json::to_vec(&ControlMessage::CancelRun { run_id }).unwrap();
@@ -351,7 +352,7 @@ impl Env {
                     .channel
                     .basic_publish(
                         exchange.as_str().into(),
-                        chime_worker::topology::WORK_KEY.into(),
+                        chime_protocol::topology::WORK_KEY.into(),
                         BasicPublishOptions {
                             mandatory: true,
                             ..BasicPublishOptions::default()

@@ -1260,11 +1260,11 @@ fn values_at_their_limits_load() {
         retry = { max_attempts = 1000, initial = "7days", max = "7days", multiplier = 100 }
         "#,
     );
-    assert_eq!(job.every, Some(chime_worker::limits::MAX_EVERY));
-    assert_eq!(job.retention, Some(chime_worker::limits::MAX_RETENTION));
-    assert_eq!(job.retry.max_attempts, chime_worker::limits::MAX_ATTEMPTS);
-    assert_eq!(job.retry.max, chime_worker::limits::MAX_RETRY_DELAY);
-    assert_eq!(job.max_catchup, chime_worker::limits::MAX_CATCHUP);
+    assert_eq!(job.every, Some(chime_protocol::limits::MAX_EVERY));
+    assert_eq!(job.retention, Some(chime_protocol::limits::MAX_RETENTION));
+    assert_eq!(job.retry.max_attempts, chime_protocol::limits::MAX_ATTEMPTS);
+    assert_eq!(job.retry.max, chime_protocol::limits::MAX_RETRY_DELAY);
+    assert_eq!(job.max_catchup, chime_protocol::limits::MAX_CATCHUP);
 }
 
 #[test]

@@ -1,9 +1,9 @@
-//! Capped exponential backoff for the worker's own reconnects and database retries (pure).
+//! Capped exponential backoff for reconnects and database retries (pure).
 
 use std::time::Duration;
 
 /// Delay before retry number `retry` (0-based): `initial · 2^retry`, capped at `max`.
-pub(crate) fn delay(retry: u32, initial: Duration, max: Duration) -> Duration {
+pub fn delay(retry: u32, initial: Duration, max: Duration) -> Duration {
     let factor = 1u32.checked_shl(retry.min(31)).unwrap_or(u32::MAX);
     initial.saturating_mul(factor).min(max)
 }

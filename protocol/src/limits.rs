@@ -95,6 +95,18 @@ pub const MAX_TRIGGER_BYTES: usize = MAX_PARAMS_BYTES + 4 * 1024;
 /// (128 KiB by default), so a header can never make the broker close the connection.
 pub const MAX_HEADER_VALUE_BYTES: usize = 4 * 1024;
 
+/// Most bytes (as encoded, roughly) of a message's own headers that a copy a worker publishes
+/// (parked, or sent through a delay tier) carries over; the count of those left out goes in
+/// `x-chime-headers-dropped`. With the headers the worker adds (each value at most
+/// [`MAX_HEADER_VALUE_BYTES`]) the copy's header frame stays far below the broker's
+/// [`BROKER_FRAME_MAX`] whatever the original carried, so republishing a message can never make
+/// the broker close the connection (`FRAME_ERROR`).
+pub const MAX_COPIED_HEADER_BYTES: usize = 16 * 1024;
+
+/// RabbitMQ's default `frame_max` (128 KiB): a header frame larger than this closes the whole
+/// connection. Not a Chime setting; the bounds above are kept far below it.
+pub const BROKER_FRAME_MAX: usize = 128 * 1024;
+
 /// Cuts `value` to at most [`MAX_HEADER_VALUE_BYTES`] bytes at a character boundary, ending a cut
 /// value with `…[truncated]`.
 pub fn cap_header_value(value: &str) -> std::borrow::Cow<'_, str> {
@@ -115,6 +127,13 @@ pub fn cap_bytes(value: &str, max: usize) -> std::borrow::Cow<'_, str> {
     }
     std::borrow::Cow::Owned(format!("{}{MARK}", &value[..end]))
 }
+
+// A copy carries at most `MAX_COPIED_HEADER_BYTES` of the original's headers plus the few a
+// worker or the scheduler writes (attempt, term, not-before, dead reason, dead by, parked at,
+// error, dropped count: at most 8 values of at most `MAX_HEADER_VALUE_BYTES` each, with their
+// names): far below the broker's frame.
+const _: () =
+    assert!(MAX_COPIED_HEADER_BYTES + 8 * (MAX_HEADER_VALUE_BYTES + 64) < BROKER_FRAME_MAX / 2);
 
 // The retry maths multiplies delays up to `MAX_RETRY_DELAY` by at most `MAX_MULTIPLIER` and a
 // jitter factor below 2; that product must stay far inside chrono's and std's ranges.

@@ -10,23 +10,38 @@
 
 use std::time::Duration;
 
-use crate::protocol::RetryPolicy;
+use crate::limits::{MAX_ATTEMPTS, MAX_MULTIPLIER, MAX_RETRY_DELAY};
+use crate::timing::{HOLD_MAX, TRIGGER_HOLD_MAX};
 use crate::topology::{RETRY_TIERS, RetryTier};
+use crate::wire::RetryPolicy;
 
 /// Smallest jitter factor.
 pub const JITTER_MIN: f64 = 0.8;
 /// Largest jitter factor.
 pub const JITTER_MAX: f64 = 1.2;
-/// A wait shorter than this is held in memory by the worker that received the message (keeping
-/// its consumer slot) rather than sent through another delay tier.
-pub const HOLD_MAX: Duration = Duration::from_millis(250);
-/// A trigger the scheduler published ahead of its own instant (its `x-chime-not-before` is the
-/// run's scheduled instant) is held in memory when due within this, however far ahead the
-/// scheduler's lead put it: the lead grows with the number of triggers due at the same instant
-/// and is capped a second below this (`chime_scheduler::pace::MAX_LEAD`, 3 s), which leaves room
-/// for clock skew between the two hosts. Held triggers count against the worker's `hold`
-/// budget, never its handler slots.
-pub const TRIGGER_HOLD_MAX: Duration = Duration::from_secs(4);
+
+/// Attempts in all of a job whose retry policy does not say (`retry.max_attempts`), the first
+/// included: the job file's default, and what the rescuer assumes of a stored definition it
+/// cannot read.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+/// Delay before the second attempt when the policy does not say (`retry.initial`).
+pub const DEFAULT_INITIAL: Duration = Duration::from_secs(10);
+/// Factor applied to the delay after each further failure when the policy does not say
+/// (`retry.multiplier`).
+pub const DEFAULT_MULTIPLIER: f64 = 2.0;
+/// Upper bound of any delay when the policy does not say (`retry.max`).
+pub const DEFAULT_MAX_DELAY: Duration = Duration::from_secs(600);
+/// Whether delays are spread by a random factor when the policy does not say (`retry.jitter`).
+pub const DEFAULT_JITTER: bool = true;
+
+// The defaults are a policy the limits accept.
+const _: () = assert!(DEFAULT_MAX_ATTEMPTS >= 1 && DEFAULT_MAX_ATTEMPTS <= MAX_ATTEMPTS);
+const _: () = assert!(DEFAULT_INITIAL.as_millis() <= DEFAULT_MAX_DELAY.as_millis());
+const _: () = assert!(DEFAULT_MAX_DELAY.as_millis() <= MAX_RETRY_DELAY.as_millis());
+const _: () = assert!(DEFAULT_MULTIPLIER >= 1.0 && DEFAULT_MULTIPLIER <= MAX_MULTIPLIER);
+// `plan_wait` sends any wait of at least `HOLD_MAX` through a tier, so the shortest tier must
+// fit such a wait (the last in-memory hold then stays under `HOLD_MAX`).
+const _: () = assert!(RETRY_TIERS[0].ttl.as_millis() <= HOLD_MAX.as_millis());
 
 /// What becomes of a run whose attempt failed retryably.
 #[derive(Debug, Clone, PartialEq)]
@@ -164,7 +179,7 @@ const UNHANDLED_PAUSE_MAX: Duration = Duration::from_secs(30);
 /// 30 s, so a run that just started waiting is picked up soon after a new worker starts and
 /// a long wait costs a publish every 30 s; never (much) past what is left, so the run is
 /// parked close to its deadline.
-pub(crate) fn unhandled_pause(waited: Duration, left: Duration) -> RetryTier {
+pub fn unhandled_pause(waited: Duration, left: Duration) -> RetryTier {
     let want = (waited / 2)
         .clamp(UNHANDLED_PAUSE_MIN, UNHANDLED_PAUSE_MAX)
         .min(left);

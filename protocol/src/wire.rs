@@ -1,8 +1,10 @@
-//! The wire contract between the scheduler and workers: the trigger message and its headers.
+//! The wire contract between the scheduler and workers: the trigger message, the name of every
+//! header either side writes or reads, and the control messages.
 //!
 //! Only these types go on the wire. They are versioned (`v`) and documented in `docs/protocol.md`
 //! so that workers in other languages can join; change them only by adding optional fields or by
-//! bumping [`PROTOCOL_VERSION`].
+//! bumping [`PROTOCOL_VERSION`]. Each header's value type is written and read in one place,
+//! `headers` (feature `amqp`).
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -39,6 +41,14 @@ pub const HEADER_ERROR: &str = "x-chime-error";
 /// Header carrying the earliest instant (Unix milliseconds) a delayed retry may start; a retry
 /// that comes back from a delay tier early is re-tiered or held until then.
 pub const HEADER_NOT_BEFORE: &str = "x-chime-not-before";
+
+/// Header set on a copy (parked, or sent through a delay tier) whose original carried more
+/// headers than a copy keeps ([`crate::limits::MAX_COPIED_HEADER_BYTES`]): how many were left out.
+pub const HEADER_HEADERS_DROPPED: &str = "x-chime-headers-dropped";
+
+/// Header the broker sets on a quorum queue's redeliveries: how many times the message was
+/// delivered before (absent on the first delivery). Written by RabbitMQ, never by Chime.
+pub const HEADER_DELIVERY_COUNT: &str = "x-delivery-count";
 
 /// A message on the control exchange ([`crate::topology::control_exchange`]), fanned out to every
 /// worker under a prefix.
@@ -140,6 +150,13 @@ pub enum DecodeError {
     Attempt,
 }
 
+/// A trigger body exactly as the scheduler of protocol v1 wrote it before the protocol had a
+/// crate of its own (the serialization of the tests' `trigger()` then): it must still decode to
+/// the same trigger, and encode to the same bytes, so workers and schedulers on either side of
+/// the change read each other's messages.
+#[cfg(test)]
+pub(crate) const V1_BODY: &str = r#"{"v":1,"run_id":42,"job":"close-unpaid-orders","group":"orders","attempt":1,"scheduled_at":"2026-12-01T00:00:00Z","params":{"batch":500},"timeout_ms":300000,"retry":{"max_attempts":4,"initial_ms":1000,"multiplier":2.0,"max_ms":600000,"jitter":true}}"#;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,6 +179,33 @@ mod tests {
                 jitter: true,
             }),
         }
+    }
+
+    #[test]
+    fn a_v1_trigger_written_before_the_protocol_crate_still_decodes_and_encodes_the_same() {
+        assert_eq!(Trigger::from_body(V1_BODY.as_bytes()).unwrap(), trigger());
+        assert_eq!(String::from_utf8(trigger().to_body()).unwrap(), V1_BODY);
+        // A minimal v1 body: no optional field, params absent (docs/protocol.md, section 2).
+        let minimal = br#"{"v":1,"run_id":7,"job":"j","group":"g","attempt":2,"scheduled_at":"2026-12-01T00:00:00.250Z"}"#;
+        let t = Trigger::from_body(minimal).unwrap();
+        assert_eq!(
+            (t.run_id, t.attempt, t.params.clone()),
+            (7, 2, serde_json::Value::Null)
+        );
+        assert_eq!((t.timeout_ms, t.retry), (None, None));
+        assert_eq!(t.scheduled_at.timestamp_millis(), 1_796_083_200_250);
+        // Fields a newer publisher may add are ignored, as docs/protocol.md promises.
+        let newer = br#"{"v":1,"run_id":7,"job":"j","group":"g","attempt":1,"scheduled_at":"2026-12-01T00:00:00Z","shard":3}"#;
+        assert_eq!(Trigger::from_body(newer).unwrap().run_id, 7);
+        // The control message of v1.
+        assert_eq!(
+            serde_json::from_str::<ControlMessage>(r#"{"cancel_run":{"run_id":42}}"#).unwrap(),
+            ControlMessage::CancelRun { run_id: 42 }
+        );
+        assert_eq!(
+            serde_json::to_string(&ControlMessage::CancelRun { run_id: 42 }).unwrap(),
+            r#"{"cancel_run":{"run_id":42}}"#
+        );
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! RabbitMQ topology of one executor group, declared idempotently by the scheduler and by workers.
+//! RabbitMQ topology of one executor group, declared idempotently by the scheduler and by workers:
+//! every name, routing key and queue argument, as data; the declares behind feature `amqp`.
 //!
 //! Per group `G` under a name prefix `P` (default `chime`):
 //!
@@ -9,10 +10,11 @@
 //! | parking lot | `P.G.parking` | quorum, bound with key `parking`; runs that cannot go on wait here for an operator |
 //! | delay tiers | `P.G.retry.<tier>` for each of [`RETRY_TIERS`] | quorum, fixed `x-message-ttl`, bound with key `retry.<tier>`; dead-letter back to `P.G` with key `work` (at-least-once) |
 //!
-//! [`Topology::declare`] declares the exchange, work queue and parking lot. A delay tier is
-//! declared by the worker that first sends a message through it ([`Topology::declare_tier`],
-//! just before that confirmed publish), so a group whose jobs retry after 1 s and 2 s has two
-//! tier queues, not thirteen: every quorum queue is a Raft group with its own log on the broker.
+//! `Topology::declare` (feature `amqp`) declares the exchange, work queue and parking lot. A
+//! delay tier is declared by the worker that first sends a message through it
+//! (`Topology::declare_tier`, just before that confirmed publish), so a group whose jobs retry
+//! after 1 s and 2 s has two tier queues, not thirteen: every quorum queue is a Raft group with
+//! its own log on the broker.
 //!
 //! RabbitMQ 3.10 has no delayed-message plugin and a queue with per-message TTLs only expires
 //! its head, so a 5 s retry would wait behind a 1 h one; each tier therefore has one fixed TTL,
@@ -22,12 +24,15 @@
 //!
 //! Under the prefix there is also the control exchange `P.control` (fanout,
 //! [`control_exchange`]): every worker binds an exclusive, auto-deleted queue to it and receives
-//! [`crate::protocol::ControlMessage`]s such as "cancel run N".
+//! [`crate::wire::ControlMessage`]s such as "cancel run N".
 
 use std::time::Duration;
 
+#[cfg(feature = "amqp")]
 use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+#[cfg(feature = "amqp")]
 use lapin::types::{AMQPValue, FieldTable};
+#[cfg(feature = "amqp")]
 use lapin::{Channel, ExchangeKind};
 
 /// Routing key of the work queue.
@@ -54,7 +59,7 @@ const fn tier(name: &'static str, ms: u64) -> RetryTier {
 
 /// The delay tiers of every group, shortest first. A delay is served by hopping through the
 /// largest tier not longer than what remains (see [`crate::retry::plan_wait`]); the two
-/// sub-second tiers keep the last in-memory wait under [`crate::retry::HOLD_MAX`] whatever the
+/// sub-second tiers keep the last in-memory wait under [`crate::timing::HOLD_MAX`] whatever the
 /// delay, so jittered delays stay exact without holding a consumer slot for long.
 pub const RETRY_TIERS: [RetryTier; 13] = [
     tier("250ms", 250),
@@ -72,6 +77,9 @@ pub const RETRY_TIERS: [RetryTier; 13] = [
     tier("1h", 3_600_000),
 ];
 
+// A tier's TTL is declared as an unsigned 32-bit integer of milliseconds.
+const _: () = assert!(RETRY_TIERS[RETRY_TIERS.len() - 1].ttl.as_millis() <= u32::MAX as u128);
+
 impl RetryTier {
     /// Routing key of this tier on the group's exchange: `retry.<name>`.
     pub fn routing_key(&self) -> String {
@@ -82,6 +90,23 @@ impl RetryTier {
 /// Default quorum delivery limit: how many times a message may be handed out (crash loops,
 /// requeues) before RabbitMQ dead-letters it to the parking lot. RabbitMQ 3.10 has no default.
 pub const DEFAULT_DELIVERY_LIMIT: u32 = 5;
+
+/// The value of a queue argument, as the broker must get it: declaring a queue again with an
+/// argument of another type is a channel error (`PRECONDITION_FAILED`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ArgValue {
+    /// A text (an AMQP long string).
+    Text(String),
+    /// An unsigned 32-bit integer (an AMQP `long-uint`).
+    U32(u32),
+}
+
+/// A queue's arguments (`x-queue-type`, `x-message-ttl`, …), in declaration order.
+pub type QueueArguments = Vec<(&'static str, ArgValue)>;
+
+fn text(s: &str) -> ArgValue {
+    ArgValue::Text(s.to_owned())
+}
 
 /// Names and arguments of one executor group's exchange and queues.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,44 +167,43 @@ impl Topology {
         format!("{}.{}.retry.{}", self.prefix, self.group, tier.name)
     }
 
-    fn work_queue_arguments(&self) -> FieldTable {
-        let mut args = FieldTable::default();
-        args.insert("x-queue-type".into(), string("quorum"));
-        args.insert(
-            "x-delivery-limit".into(),
-            AMQPValue::LongUInt(self.delivery_limit),
-        );
-        args.insert("x-dead-letter-exchange".into(), string(&self.exchange()));
-        args.insert("x-dead-letter-routing-key".into(), string(PARKING_KEY));
-        // At-least-once dead-lettering needs reject-publish overflow (RabbitMQ docs, verified on 3.10.8);
-        // with the default drop-head it silently falls back to at-most-once.
-        args.insert("x-dead-letter-strategy".into(), string("at-least-once"));
-        args.insert("x-overflow".into(), string("reject-publish"));
-        args
+    /// The work queue's arguments.
+    pub fn work_queue_arguments(&self) -> QueueArguments {
+        vec![
+            ("x-queue-type", text("quorum")),
+            ("x-delivery-limit", ArgValue::U32(self.delivery_limit)),
+            ("x-dead-letter-exchange", text(&self.exchange())),
+            ("x-dead-letter-routing-key", text(PARKING_KEY)),
+            // At-least-once dead-lettering needs reject-publish overflow (RabbitMQ docs, verified
+            // on 3.10.8); with the default drop-head it silently falls back to at-most-once.
+            ("x-dead-letter-strategy", text("at-least-once")),
+            ("x-overflow", text("reject-publish")),
+        ]
     }
 
-    fn parking_queue_arguments(&self) -> FieldTable {
-        let mut args = FieldTable::default();
-        args.insert("x-queue-type".into(), string("quorum"));
-        args
+    /// The parking lot's arguments.
+    pub fn parking_queue_arguments(&self) -> QueueArguments {
+        vec![("x-queue-type", text("quorum"))]
     }
 
-    fn retry_queue_arguments(&self, tier: &RetryTier) -> FieldTable {
-        let ttl = u32::try_from(tier.ttl.as_millis()).expect("tier TTLs fit in u32 ms");
-        let mut args = FieldTable::default();
-        args.insert("x-queue-type".into(), string("quorum"));
-        args.insert("x-message-ttl".into(), AMQPValue::LongUInt(ttl));
-        args.insert("x-dead-letter-exchange".into(), string(&self.exchange()));
-        args.insert("x-dead-letter-routing-key".into(), string(WORK_KEY));
-        // As for the work queue: an expired retry must reach the work queue, not vanish.
-        args.insert("x-dead-letter-strategy".into(), string("at-least-once"));
-        args.insert("x-overflow".into(), string("reject-publish"));
-        args
+    /// The arguments of delay tier `tier`'s queue.
+    pub fn retry_queue_arguments(&self, tier: &RetryTier) -> QueueArguments {
+        // Fits: checked at compile time for every tier (above).
+        let ttl = u32::try_from(tier.ttl.as_millis()).unwrap_or(u32::MAX);
+        vec![
+            ("x-queue-type", text("quorum")),
+            ("x-message-ttl", ArgValue::U32(ttl)),
+            ("x-dead-letter-exchange", text(&self.exchange())),
+            ("x-dead-letter-routing-key", text(WORK_KEY)),
+            // As for the work queue: an expired retry must reach the work queue, not vanish.
+            ("x-dead-letter-strategy", text("at-least-once")),
+            ("x-overflow", text("reject-publish")),
+        ]
     }
 
     /// The queues every group has from the start, with routing key and arguments: work queue
     /// and parking lot.
-    fn base_queues(&self) -> [(String, String, FieldTable); 2] {
+    pub fn base_queues(&self) -> [(String, String, QueueArguments); 2] {
         [
             (
                 self.work_queue(),
@@ -194,8 +218,9 @@ impl Topology {
         ]
     }
 
-    /// Every queue the group may have: the base queues and all delay tiers.
-    fn queues(&self) -> Vec<(String, String, FieldTable)> {
+    /// Every queue the group may have, with routing key and arguments: the base queues and all
+    /// delay tiers.
+    pub fn queues(&self) -> Vec<(String, String, QueueArguments)> {
         let mut queues = self.base_queues().to_vec();
         for tier in &RETRY_TIERS {
             queues.push((
@@ -206,7 +231,16 @@ impl Topology {
         }
         queues
     }
+}
 
+/// The fanout exchange for control messages ([`crate::wire::ControlMessage`]) to every
+/// worker under `prefix`: `P.control`. Each worker binds an exclusive, auto-deleted queue to it.
+pub fn control_exchange(prefix: &str) -> String {
+    format!("{prefix}.control")
+}
+
+#[cfg(feature = "amqp")]
+impl Topology {
     /// Declares delay tier `tier`'s queue and binds it to the group's exchange (which must
     /// exist: [`Topology::declare`]). Idempotent; cheap enough to call before every delayed
     /// publish, which also repairs a tier queue an operator deleted.
@@ -220,7 +254,7 @@ impl Topology {
             &self.exchange(),
             &self.retry_queue(tier),
             &tier.routing_key(),
-            self.retry_queue_arguments(tier),
+            field_table(self.retry_queue_arguments(tier)),
         )
         .await
     }
@@ -241,7 +275,7 @@ impl Topology {
             )
             .await?;
         for (queue, key, args) in self.base_queues() {
-            declare_bound(channel, &exchange, &queue, &key, args).await?;
+            declare_bound(channel, &exchange, &queue, &key, field_table(args)).await?;
         }
         Ok(())
     }
@@ -263,13 +297,8 @@ impl Topology {
     }
 }
 
-/// The fanout exchange for control messages ([`crate::protocol::ControlMessage`]) to every
-/// worker under `prefix`: `P.control`. Each worker binds an exclusive, auto-deleted queue to it.
-pub fn control_exchange(prefix: &str) -> String {
-    format!("{prefix}.control")
-}
-
 /// Declares the control exchange (durable fanout). Idempotent.
+#[cfg(feature = "amqp")]
 pub async fn declare_control(channel: &Channel, prefix: &str) -> Result<(), lapin::Error> {
     channel
         .exchange_declare(
@@ -287,6 +316,7 @@ pub async fn declare_control(channel: &Channel, prefix: &str) -> Result<(), lapi
 /// Declares the control exchange and a worker's own queue `queue` on it: exclusive (only this
 /// connection may consume it) and auto-deleted (it goes when the worker does), bound to the
 /// fanout exchange. Idempotent for the connection that owns it.
+#[cfg(feature = "amqp")]
 pub async fn declare_control_queue(
     channel: &Channel,
     prefix: &str,
@@ -316,6 +346,7 @@ pub async fn declare_control_queue(
 }
 
 /// Declares durable queue `queue` with `args` and binds it to `exchange` with `key`.
+#[cfg(feature = "amqp")]
 async fn declare_bound(
     channel: &Channel,
     exchange: &str,
@@ -339,8 +370,18 @@ async fn declare_bound(
         .await
 }
 
-fn string(s: &str) -> AMQPValue {
-    AMQPValue::LongString(s.into())
+/// Queue arguments as lapin takes them.
+#[cfg(feature = "amqp")]
+pub fn field_table(args: QueueArguments) -> FieldTable {
+    let mut table = FieldTable::default();
+    for (name, value) in args {
+        let value = match value {
+            ArgValue::Text(s) => AMQPValue::LongString(s.into()),
+            ArgValue::U32(n) => AMQPValue::LongUInt(n),
+        };
+        table.insert(name.into(), value);
+    }
+    table
 }
 
 #[cfg(test)]
@@ -355,15 +396,28 @@ mod tests {
         assert_eq!(t.parking_queue(), "chime.orders.parking");
     }
 
+    fn get(args: &QueueArguments, name: &str) -> Option<ArgValue> {
+        args.iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.clone())
+    }
+
     #[test]
     fn work_queue_has_an_explicit_delivery_limit_and_a_dead_letter_target() {
         let t = Topology::new("p", "g").with_delivery_limit(3);
         let args = t.work_queue_arguments();
-        let get = |k: &str| args.inner().get(k).cloned();
-        assert_eq!(get("x-delivery-limit"), Some(AMQPValue::LongUInt(3)));
-        assert_eq!(get("x-dead-letter-exchange"), Some(string("p.g")));
-        assert_eq!(get("x-dead-letter-routing-key"), Some(string(PARKING_KEY)));
-        assert_eq!(get("x-queue-type"), Some(string("quorum")));
+        assert_eq!(get(&args, "x-delivery-limit"), Some(ArgValue::U32(3)));
+        assert_eq!(get(&args, "x-dead-letter-exchange"), Some(text("p.g")));
+        assert_eq!(
+            get(&args, "x-dead-letter-routing-key"),
+            Some(text(PARKING_KEY))
+        );
+        assert_eq!(get(&args, "x-queue-type"), Some(text("quorum")));
+        assert_eq!(
+            get(&args, "x-dead-letter-strategy"),
+            Some(text("at-least-once"))
+        );
+        assert_eq!(get(&args, "x-overflow"), Some(text("reject-publish")));
     }
 
     #[test]
@@ -374,11 +428,34 @@ mod tests {
         assert_eq!(t.retry_queue(one_second), "p.g.retry.1s");
         assert_eq!(one_second.routing_key(), "retry.1s");
         let args = t.retry_queue_arguments(one_second);
-        let get = |k: &str| args.inner().get(k).cloned();
-        assert_eq!(get("x-message-ttl"), Some(AMQPValue::LongUInt(1_000)));
-        assert_eq!(get("x-dead-letter-exchange"), Some(string("p.g")));
-        assert_eq!(get("x-dead-letter-routing-key"), Some(string(WORK_KEY)));
-        assert_eq!(get("x-queue-type"), Some(string("quorum")));
+        assert_eq!(get(&args, "x-message-ttl"), Some(ArgValue::U32(1_000)));
+        assert_eq!(get(&args, "x-dead-letter-exchange"), Some(text("p.g")));
+        assert_eq!(
+            get(&args, "x-dead-letter-routing-key"),
+            Some(text(WORK_KEY))
+        );
+        assert_eq!(get(&args, "x-queue-type"), Some(text("quorum")));
         assert_eq!(t.queues().len(), 2 + RETRY_TIERS.len());
+    }
+
+    /// The types docs/protocol.md names (`x-delivery-limit` and `x-message-ttl` unsigned 32-bit
+    /// integers, the rest long strings): a declare with another type is a channel error.
+    #[cfg(feature = "amqp")]
+    #[test]
+    fn arguments_reach_the_broker_with_the_documented_types() {
+        let t = Topology::new("p", "g");
+        let table = field_table(t.work_queue_arguments());
+        let get = |k: &str| table.inner().get(k).cloned();
+        assert_eq!(get("x-delivery-limit"), Some(AMQPValue::LongUInt(5)));
+        assert_eq!(
+            get("x-dead-letter-exchange"),
+            Some(AMQPValue::LongString("p.g".into()))
+        );
+        assert_eq!(table.inner().len(), 6);
+        let table = field_table(t.retry_queue_arguments(&RETRY_TIERS[12]));
+        assert_eq!(
+            table.inner().get("x-message-ttl"),
+            Some(&AMQPValue::LongUInt(3_600_000))
+        );
     }
 }

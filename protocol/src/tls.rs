@@ -1,4 +1,4 @@
-//! TLS to the broker and the database, shared by the worker SDK and the scheduler.
+//! TLS to the broker and the database, shared by the worker SDK and the scheduler (feature `amqp`).
 //!
 //! **RabbitMQ.** An `amqps://` URL always connects over TLS (rustls), verifying the broker's
 //! certificate and host name against the system's roots plus [`AmqpTls::ca_file`]; a
@@ -151,7 +151,7 @@ impl AmqpTls {
     }
 
     /// Checks the options against `url` and reads every file they name: what settings and
-    /// [`crate::WorkerBuilder::build`] call, so mistakes show before any connection.
+    /// `WorkerBuilder::build` (chime-worker) call, so mistakes show before any connection.
     pub fn check(&self, url: &str) -> Result<(), TlsError> {
         self.check_scheme(url)?;
         self.load().map(drop)
