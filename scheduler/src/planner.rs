@@ -833,8 +833,8 @@ async fn mark_loop(
     mut published: mpsc::UnboundedReceiver<Published>,
     marked: mpsc::UnboundedSender<Marked>,
 ) {
-    // Confirmed runs by the instant they are due to be marked.
-    let mut waiting: BinaryHeap<Reverse<(DateTime<Utc>, i64, DateTime<Utc>)>> = BinaryHeap::new();
+    // Confirmed runs by the instant they are due to be marked: (due, run id, confirmed at).
+    let mut waiting: BinaryHeap<Reverse<MarkDue>> = BinaryHeap::new();
     let mut tick = tokio::time::interval(MARK_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut open = true;
@@ -872,6 +872,9 @@ async fn mark_loop(
         let _ = marked.send((seq, batch.into_iter().map(|r| r.id).collect()));
     }
 }
+
+/// A confirmed run waiting for its mark: when it is due, the run, when its confirm arrived.
+type MarkDue = (DateTime<Utc>, i64, DateTime<Utc>);
 
 /// A run whose trigger the broker confirmed, on its way from the dispatcher to the marker.
 struct Published {
