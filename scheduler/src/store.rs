@@ -31,8 +31,8 @@ mod timeline;
 
 pub use dead_letters::{DeadLetterContent, DeadLetterRecord, NewDeadLetter};
 pub use failures::{
-    AlertEvent, AlertKind, AlertRecord, CancelOutcome, ClaimedAlert, IntervalColumn,
-    REPLAYABLE_STATES, ReplayOutcome, Rescued, RunBrief,
+    AlertEvent, AlertKind, AlertRecord, CancelOutcome, ClaimedAlert, REPLAYABLE_STATES,
+    ReplayOutcome, Rescued, RunBrief,
 };
 pub use ops::{
     AuditQuery, AuditRecord, NewAuditEntry, ObservedRun, RunQuery, TokenRecord, WorkerRecord,
