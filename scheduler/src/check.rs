@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use chrono::{DateTime, SecondsFormat, Utc};
 
 use crate::config::{ConfigErrors, LoadedJob, expand_job_patterns, load_located_jobs};
-use crate::job::JobSpec;
+use crate::job::{JobSpec, When};
 
 /// How many upcoming fires are listed per job.
 pub const UPCOMING_FIRES: usize = 5;
@@ -76,10 +76,10 @@ fn write_job(out: &mut dyn Write, job: &LoadedJob, now: DateTime<Utc>) -> std::i
 
 /// Why a job's schedule lists no next fire (also the API's schedule preview says it).
 pub(crate) fn why_no_fires(spec: &JobSpec) -> &'static str {
-    match (&spec.schedule, spec.every, spec.at) {
-        (None, None, None) => "manual only: runs when triggered",
-        (None, None, Some(_)) => "its one-shot instant has passed",
-        _ => "the schedule never fires again",
+    match spec.when {
+        When::Manual => "manual only: runs when triggered",
+        When::At(_) => "its one-shot instant has passed",
+        When::Cron(_) | When::Every(_) => "the schedule never fires again",
     }
 }
 

@@ -12,77 +12,247 @@ use std::time::Duration;
 use crate::schedule::{Schedule, ScheduleError};
 
 /// A validated job definition.
+///
+/// Serialized as the job-file form: `kind` only when it is not `single`, `when` as one of the
+/// keys `schedule`, `every` and `at` (none for a manual job). It is read back through
+/// `StoredSpec`, the same form with the three keys as they are written, which refuses unknown
+/// fields and two of the three keys at once.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "StoredSpec")]
 pub struct JobSpec {
     /// Unique job name; also the handler name workers register.
     pub name: String,
     /// Executor group: the RabbitMQ queue its triggers go to.
     pub group: String,
-    /// Cron expression (exclusive with `every` and `at`; none of the three = manual only).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub schedule: Option<String>,
-    /// Fixed rate, aligned to the Unix epoch ("30s" fires at :00 and :30).
-    #[serde(
-        default,
-        with = "opt_duration",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub every: Option<Duration>,
-    /// One-shot instant.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub at: Option<DateTime<FixedOffset>>,
+    /// What one fire runs (only [`Kind::Single`] today).
+    #[serde(skip_serializing_if = "Kind::is_single")]
+    pub kind: Kind,
+    /// When the job fires.
+    #[serde(flatten)]
+    pub when: When,
     /// IANA time zone the cron expression is read in.
-    #[serde(default = "utc")]
     pub timezone: Tz,
     /// JSON parameters handed to the handler.
-    #[serde(default)]
     pub params: serde_json::Value,
     /// Keys of `params` whose values are secrets, hidden from viewers and in the audit log
     /// (besides the keys that read as credentials by convention, `crate::secrets`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub secret_params: Vec<String>,
     /// Handler timeout.
     #[serde(
-        default,
-        with = "opt_duration",
+        serialize_with = "opt_duration::serialize",
         skip_serializing_if = "Option::is_none"
     )]
     pub timeout: Option<Duration>,
     /// What to do with fires missed while no leader could publish them.
-    #[serde(default)]
     pub misfire: MisfirePolicy,
     /// A fire published later than this after its instant counts as missed.
-    #[serde(default = "default_misfire_grace", with = "humantime_serde_compat")]
+    #[serde(serialize_with = "humantime_serde_compat::serialize")]
     pub misfire_grace: Duration,
     /// Missed fires older than this are skipped whatever the policy.
-    #[serde(default = "default_catchup_window", with = "humantime_serde_compat")]
+    #[serde(serialize_with = "humantime_serde_compat::serialize")]
     pub catchup_window: Duration,
     /// At most this many missed fires are run by `fire_all`.
-    #[serde(default = "default_max_catchup")]
     pub max_catchup: u32,
     /// Cluster-wide overlap policy.
-    #[serde(default)]
     pub concurrency: ConcurrencyPolicy,
     /// Retries with exponential backoff after a failed attempt.
-    #[serde(default)]
     pub retry: RetrySpec,
     /// Where this job's alerts go, overriding the settings' `alerts` (docs/failures.md).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub alerts: Option<AlertSpec>,
     /// How long this job's finished runs are kept, overriding the `retention.max_age` setting.
     #[serde(
-        default,
-        with = "opt_duration",
+        serialize_with = "opt_duration::serialize",
         skip_serializing_if = "Option::is_none"
     )]
     pub retention: Option<Duration>,
     /// Whether the job starts paused.
-    #[serde(default)]
     pub paused: bool,
     /// Free text shown in listings.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
+}
+
+/// A [`JobSpec`] as written in job files, API requests and `chime_jobs.spec`, with the defaults
+/// of fields left out: the deserializing half of the spec's serde form.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StoredSpec {
+    name: String,
+    group: String,
+    #[serde(default)]
+    kind: Kind,
+    #[serde(default)]
+    schedule: Option<String>,
+    #[serde(default, deserialize_with = "opt_duration::deserialize")]
+    every: Option<Duration>,
+    #[serde(default)]
+    at: Option<DateTime<FixedOffset>>,
+    #[serde(default = "utc")]
+    timezone: Tz,
+    #[serde(default)]
+    params: serde_json::Value,
+    #[serde(default)]
+    secret_params: Vec<String>,
+    #[serde(default, deserialize_with = "opt_duration::deserialize")]
+    timeout: Option<Duration>,
+    #[serde(default)]
+    misfire: MisfirePolicy,
+    #[serde(
+        default = "default_misfire_grace",
+        deserialize_with = "humantime_serde_compat::deserialize"
+    )]
+    misfire_grace: Duration,
+    #[serde(
+        default = "default_catchup_window",
+        deserialize_with = "humantime_serde_compat::deserialize"
+    )]
+    catchup_window: Duration,
+    #[serde(default = "default_max_catchup")]
+    max_catchup: u32,
+    #[serde(default)]
+    concurrency: ConcurrencyPolicy,
+    #[serde(default)]
+    retry: RetrySpec,
+    #[serde(default)]
+    alerts: Option<AlertSpec>,
+    #[serde(default, deserialize_with = "opt_duration::deserialize")]
+    retention: Option<Duration>,
+    #[serde(default)]
+    paused: bool,
+    #[serde(default)]
+    description: Option<String>,
+}
+
+impl TryFrom<StoredSpec> for JobSpec {
+    type Error = String;
+
+    fn try_from(stored: StoredSpec) -> Result<JobSpec, String> {
+        Ok(JobSpec {
+            when: When::from_fields(stored.schedule, stored.every, stored.at)?,
+            name: stored.name,
+            group: stored.group,
+            kind: stored.kind,
+            timezone: stored.timezone,
+            params: stored.params,
+            secret_params: stored.secret_params,
+            timeout: stored.timeout,
+            misfire: stored.misfire,
+            misfire_grace: stored.misfire_grace,
+            catchup_window: stored.catchup_window,
+            max_catchup: stored.max_catchup,
+            concurrency: stored.concurrency,
+            retry: stored.retry,
+            alerts: stored.alerts,
+            retention: stored.retention,
+            paused: stored.paused,
+            description: stored.description,
+        })
+    }
+}
+
+/// When a job fires: the one rule that `schedule`, `every` and `at` exclude each other.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum When {
+    /// `schedule`: a cron expression, read in the job's `timezone`.
+    Cron(String),
+    /// `every`: a fixed rate, aligned to the Unix epoch ("30s" fires at :00 and :30).
+    Every(Duration),
+    /// `at`: once, at this instant.
+    At(DateTime<FixedOffset>),
+    /// None of the three: only when triggered.
+    Manual,
+}
+
+impl When {
+    /// The job-file keys, in the order messages and docs list them.
+    pub const FIELDS: [&'static str; 3] = ["schedule", "every", "at"];
+
+    /// The value of at most one of the job-file keys `schedule`, `every` and `at`; none is
+    /// [`When::Manual`]. Two or three are refused with [`When::conflict`].
+    pub fn from_fields(
+        schedule: Option<String>,
+        every: Option<Duration>,
+        at: Option<DateTime<FixedOffset>>,
+    ) -> Result<When, String> {
+        match (schedule, every, at) {
+            (None, None, None) => Ok(When::Manual),
+            (Some(expr), None, None) => Ok(When::Cron(expr)),
+            (None, Some(period), None) => Ok(When::Every(period)),
+            (None, None, Some(at)) => Ok(When::At(at)),
+            (schedule, every, at) => {
+                let given = [schedule.is_some(), every.is_some(), at.is_some()];
+                let fields: Vec<&str> = When::FIELDS
+                    .into_iter()
+                    .zip(given)
+                    .filter_map(|(field, given)| given.then_some(field))
+                    .collect();
+                Err(When::conflict(&fields))
+            }
+        }
+    }
+
+    /// The message for a job that sets several of `schedule`, `every` and `at`: `fields`.
+    pub fn conflict(fields: &[&str]) -> String {
+        let quoted: Vec<String> = fields.iter().map(|field| format!("{field:?}")).collect();
+        let named = match quoted.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+            _ => quoted.join(""),
+        };
+        format!(
+            "{named} are {} set, but a job has at most one of \"schedule\", \"every\" and \
+             \"at\"; keep one, or none for a job that runs only when triggered",
+            if fields.len() == 2 { "both" } else { "all" }
+        )
+    }
+}
+
+impl Serialize for When {
+    /// As the one job-file key it is written with (`{"every": "30s"}`), or no key for
+    /// [`When::Manual`]; flattened into the [`JobSpec`].
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap as _;
+        let mut map = s.serialize_map(Some(usize::from(*self != When::Manual)))?;
+        match self {
+            When::Cron(expr) => map.serialize_entry("schedule", expr)?,
+            When::Every(period) => {
+                map.serialize_entry("every", &humantime::format_duration(*period).to_string())?
+            }
+            When::At(at) => map.serialize_entry("at", at)?,
+            When::Manual => {}
+        }
+        map.end()
+    }
+}
+
+/// What one fire of a job runs: the seam that job kinds (broadcast to every worker of the
+/// group, sharded, map/reduce) fill. Written `kind` in job files; absent means `single`, and a
+/// `single` job is stored without the key, so definitions from before it read and store as
+/// they did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// One run per fire, executed by one worker of the group.
+    #[default]
+    Single,
+}
+
+impl Kind {
+    /// Every kind, as job files spell them.
+    pub const NAMES: &'static [&'static str] = &["single"];
+
+    /// As job files spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Single => "single",
+        }
+    }
+
+    /// Whether it is the default kind, [`Kind::Single`] (left out of the stored form).
+    pub fn is_single(&self) -> bool {
+        *self == Kind::Single
+    }
 }
 
 /// Misfire (catch-up) policy.
@@ -254,14 +424,11 @@ impl ConcurrencyPolicy {
 impl JobSpec {
     /// Builds the schedule this spec describes.
     pub fn schedule(&self) -> Result<Schedule, ScheduleError> {
-        if let Some(expr) = &self.schedule {
-            Schedule::cron(expr, self.timezone)
-        } else if let Some(period) = self.every {
-            Schedule::every(period)
-        } else if let Some(at) = self.at {
-            Ok(Schedule::At(at.to_utc()))
-        } else {
-            Ok(Schedule::Manual)
+        match &self.when {
+            When::Cron(expr) => Schedule::cron(expr, self.timezone),
+            When::Every(period) => Schedule::every(*period),
+            When::At(at) => Ok(Schedule::At(at.to_utc())),
+            When::Manual => Ok(Schedule::Manual),
         }
     }
 }
@@ -314,6 +481,9 @@ mod opt_duration {
         super::humantime_serde_compat::deserialize(d).map(Some)
     }
 }
+
+#[cfg(test)]
+mod tests_stored;
 
 #[cfg(test)]
 mod tests {

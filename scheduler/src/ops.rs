@@ -24,14 +24,19 @@ use crate::parking::ParkingLot;
 use crate::publish::ControlDelivery;
 use crate::secrets;
 use crate::store::{
-    AuditQuery, AuditRecord, CancelOutcome, DeadLetterRecord, LeaderInfo, NewAuditEntry,
-    REPLAYABLE_STATES, ReplayOutcome, RunBrief, RunDetail, RunQuery, RunRecord, Store, TokenRecord,
-    WorkerRecord,
+    AuditQuery, AuditRecord, CancelOutcome, DeadLetterRecord, LeaderInfo, REPLAYABLE_STATES,
+    ReplayOutcome, RunBrief, RunDetail, RunQuery, RunRecord, Store, TokenRecord, WorkerRecord,
 };
+use audit::{Entry, Outcome};
 
+mod action;
+mod audit;
 mod report;
+#[cfg(test)]
+mod tests_audit;
 mod views;
 
+pub use action::{Action, Effect};
 pub use report::{JobReport, REPORT_DAYS, REPORT_OUTCOMES, ReportDay};
 pub use views::{
     DeadLetterMessage, MAX_TIMELINE_BUCKETS, PREVIEW_FIELDS, RunTimeline, SchedulePreview,
@@ -39,10 +44,6 @@ pub use views::{
 };
 
 pub use crate::broker::{Broker, QueueSource};
-
-/// Longest job name an audit entry keeps: a refused request may name anything, and the audit
-/// log's index on job names cannot hold a name of kilobytes.
-const MAX_AUDITED_NAME_BYTES: usize = 256;
 
 /// Run states, as filters accept them (docs/runs.md).
 pub const RUN_STATES: &[&str] = &chime_protocol::RunState::NAMES;
@@ -93,7 +94,7 @@ pub enum OpsError {
     )]
     Forbidden {
         /// The action, such as `jobs.trigger`.
-        action: &'static str,
+        action: Action,
         /// The lowest role allowed to do it.
         needed: Role,
         /// The caller's role.
@@ -401,99 +402,6 @@ impl Operations {
         Ok(Some(Caller::token(&token.name, role)))
     }
 
-    // ---- authorization and audit ---------------------------------------------------------
-
-    /// Allows `caller` to do `action` if its role is at least `needed`; records a refusal.
-    async fn allow(
-        &self,
-        caller: &Caller,
-        action: &'static str,
-        needed: Role,
-        job: Option<&str>,
-        run_id: Option<i64>,
-    ) -> OpsResult<()> {
-        if caller.role >= needed {
-            return Ok(());
-        }
-        self.audit_entry(
-            caller,
-            action,
-            "denied",
-            job,
-            run_id,
-            serde_json::json!({"needed": needed}),
-        )
-        .await?;
-        Err(OpsError::Forbidden {
-            action,
-            needed,
-            has: caller.role,
-            actor: caller.actor.clone(),
-        })
-    }
-
-    async fn audit_entry(
-        &self,
-        caller: &Caller,
-        action: &str,
-        outcome: &str,
-        job: Option<&str>,
-        run_id: Option<i64>,
-        detail: serde_json::Value,
-    ) -> OpsResult<()> {
-        // A refused request may name anything; the audit log keeps a bounded prefix of it.
-        // PostgreSQL's text and jsonb cannot hold NUL, which a hostile request may carry.
-        let job = job
-            .map(|name| limits::cap_bytes(name, MAX_AUDITED_NAME_BYTES).replace('\0', "\u{FFFD}"));
-        let job = job.as_deref();
-        let declared = match job {
-            Some(name) => self.declared_secrets(name).await,
-            None => Vec::new(),
-        };
-        let detail = without_nul(secrets::redact_audit_detail(&detail, &declared));
-        tracing::info!(actor = %caller.actor, role = %caller.role, action, outcome,
-                       job = job.unwrap_or_default(), run_id, "operator action");
-        self.store
-            .record_audit(&NewAuditEntry {
-                actor: &caller.actor,
-                role: caller.role.as_str(),
-                action,
-                outcome,
-                job,
-                run_id,
-                detail,
-            })
-            .await?;
-        Ok(())
-    }
-
-    /// Records the result of a changing action: `ok` with `detail`, or `failed` with the error
-    /// (input and state errors only; internal errors are logged by the caller).
-    async fn record<T>(
-        &self,
-        caller: &Caller,
-        action: &'static str,
-        job: Option<&str>,
-        run_id: Option<i64>,
-        detail: serde_json::Value,
-        result: OpsResult<T>,
-    ) -> OpsResult<T> {
-        let (outcome, detail) = match &result {
-            Ok(_) => ("ok", detail),
-            Err(OpsError::Internal(_)) | Err(OpsError::Forbidden { .. }) => return result,
-            Err(e) => {
-                let mut detail = detail;
-                if let Some(map) = detail.as_object_mut() {
-                    map.insert("error".into(), e.to_string().into());
-                }
-                ("failed", detail)
-            }
-        };
-        self.audit_entry(caller, action, outcome, job, run_id, detail)
-            .await?;
-        result
-    }
-
     /// The job's declared `secret_params`; none when it does not exist or cannot be read (the
     /// naming convention of `crate::secrets` still applies).
     async fn declared_secrets(&self, job: &str) -> Vec<String> {
@@ -567,7 +475,7 @@ impl Operations {
 
     /// Every job, by name.
     pub async fn jobs(&self, caller: &Caller) -> OpsResult<Vec<JobView>> {
-        self.allow(caller, "jobs.list", Role::Viewer, None, None)
+        self.authorize(caller, Action::JobsList, Entry::none())
             .await?;
         let now = Utc::now();
         Ok(self
@@ -581,7 +489,7 @@ impl Operations {
 
     /// One job.
     pub async fn job(&self, caller: &Caller, name: &str) -> OpsResult<JobView> {
-        self.allow(caller, "jobs.show", Role::Viewer, Some(name), None)
+        self.authorize(caller, Action::JobsShow, Entry::job(name))
             .await?;
         Ok(shown_to(caller, self.existing_job(name).await?))
     }
@@ -603,9 +511,9 @@ impl Operations {
             .get("name")
             .and_then(|n| n.as_str())
             .map(str::to_owned);
-        self.allow(caller, "jobs.create", Role::Admin, name.as_deref(), None)
-            .await?;
-        let result = async {
+        let entry =
+            Entry::job_named(name.as_deref()).detail(serde_json::json!({"definition": definition}));
+        self.audited(caller, Action::JobsCreate, entry, async |_| {
             let spec = validated(&definition)?;
             if !self.store.create_api_job(&spec).await? {
                 return Err(OpsError::Conflict(format!(
@@ -617,16 +525,7 @@ impl Operations {
             let job = self.existing_job(&spec.name).await?;
             let warnings = self.handler_warnings(&job.name).await;
             Ok(Created { job, warnings })
-        }
-        .await;
-        self.record(
-            caller,
-            "jobs.create",
-            name.as_deref(),
-            None,
-            serde_json::json!({"definition": definition}),
-            result,
-        )
+        })
         .await
     }
 
@@ -638,9 +537,8 @@ impl Operations {
         name: &str,
         changes: serde_json::Value,
     ) -> OpsResult<JobView> {
-        self.allow(caller, "jobs.update", Role::Admin, Some(name), None)
-            .await?;
-        let result = async {
+        let entry = Entry::job(name).detail(serde_json::json!({"changes": changes}));
+        self.audited(caller, Action::JobsUpdate, entry, async |_| {
             let serde_json::Value::Object(changes) = &changes else {
                 return Err(OpsError::Invalid(vec![FieldProblem {
                     field: None,
@@ -687,24 +585,13 @@ impl Operations {
                 return Err(no_such_job(name));
             }
             self.existing_job(name).await
-        }
-        .await;
-        self.record(
-            caller,
-            "jobs.update",
-            Some(name),
-            None,
-            serde_json::json!({"changes": changes}),
-            result,
-        )
+        })
         .await
     }
 
     /// Deletes a job created at runtime; its runs stay.
     pub async fn delete_job(&self, caller: &Caller, name: &str) -> OpsResult<()> {
-        self.allow(caller, "jobs.delete", Role::Admin, Some(name), None)
-            .await?;
-        let result = async {
+        self.audited(caller, Action::JobsDelete, Entry::job(name), async |_| {
             let job = self.existing_job(name).await?;
             if job.source != "api" {
                 return Err(OpsError::Conflict(format!(
@@ -716,16 +603,7 @@ impl Operations {
                 return Err(no_such_job(name));
             }
             Ok(())
-        }
-        .await;
-        self.record(
-            caller,
-            "jobs.delete",
-            Some(name),
-            None,
-            serde_json::json!({}),
-            result,
-        )
+        })
         .await
     }
 
@@ -736,24 +614,17 @@ impl Operations {
         name: &str,
         paused: bool,
     ) -> OpsResult<JobView> {
-        let action = if paused { "jobs.pause" } else { "jobs.resume" };
-        self.allow(caller, action, Role::Operator, Some(name), None)
-            .await?;
-        let result = async {
+        let action = if paused {
+            Action::JobsPause
+        } else {
+            Action::JobsResume
+        };
+        self.audited(caller, action, Entry::job(name), async |_| {
             if !self.store.set_paused(name, paused, &caller.actor).await? {
                 return Err(no_such_job(name));
             }
             self.existing_job(name).await
-        }
-        .await;
-        self.record(
-            caller,
-            action,
-            Some(name),
-            None,
-            serde_json::json!({}),
-            result,
-        )
+        })
         .await
     }
 
@@ -781,41 +652,40 @@ impl Operations {
         name: &str,
         params: Option<serde_json::Value>,
     ) -> OpsResult<Triggered> {
-        self.allow(caller, "jobs.trigger", Role::Operator, Some(name), None)
-            .await?;
-        let detail = serde_json::json!({"params": params});
-        let checked = params.as_ref().map(validate_params).transpose();
-        let result = match checked {
-            Err(e) => Err(OpsError::Invalid(vec![FieldProblem {
-                field: e.field,
-                value: e.value,
-                message: e.message,
-            }])),
-            Ok(_) => match self.store.trigger(name, params, &caller.actor).await {
-                Ok(Some(run_id)) => Ok(Triggered {
-                    run_id,
-                    job: name.to_owned(),
-                    warnings: self.handler_warnings(name).await,
-                }),
-                Ok(None) => Err(no_such_job(name)),
-                Err(e) => Err(e.into()),
-            },
-        };
-        let run_id = result.as_ref().ok().map(|t| t.run_id);
-        self.record(caller, "jobs.trigger", Some(name), run_id, detail, result)
-            .await
+        let entry = Entry::job(name).detail(serde_json::json!({"params": params}));
+        self.audited(caller, Action::JobsTrigger, entry, async |entry| {
+            if let Some(params) = &params {
+                validate_params(params).map_err(|e| {
+                    OpsError::Invalid(vec![FieldProblem {
+                        field: e.field,
+                        value: e.value,
+                        message: e.message,
+                    }])
+                })?;
+            }
+            let run_id = self
+                .store
+                .trigger(name, params, &caller.actor)
+                .await?
+                .ok_or_else(|| no_such_job(name))?;
+            entry.run_id = Some(run_id);
+            Ok(Triggered {
+                run_id,
+                job: name.to_owned(),
+                warnings: self.handler_warnings(name).await,
+            })
+        })
+        .await
     }
 
     // ---- runs ----------------------------------------------------------------------------
 
     /// A page of runs, newest first.
     pub async fn runs(&self, caller: &Caller, query: RunQuery) -> OpsResult<RunsPage> {
-        self.allow(
+        self.authorize(
             caller,
-            "runs.list",
-            Role::Viewer,
-            query.job.as_deref(),
-            None,
+            Action::RunsList,
+            Entry::job_named(query.job.as_deref()),
         )
         .await?;
         let mut problems = Vec::new();
@@ -853,7 +723,7 @@ impl Operations {
 
     /// One run with its attempts and log lines.
     pub async fn run(&self, caller: &Caller, id: i64) -> OpsResult<RunDetail> {
-        self.allow(caller, "runs.show", Role::Viewer, None, Some(id))
+        self.authorize(caller, Action::RunsShow, Entry::run(id))
             .await?;
         let mut detail = self.store.run(id).await?.ok_or_else(|| no_such_run(id))?;
         let values = self
@@ -876,62 +746,51 @@ impl Operations {
 
     /// Cancels a run: a waiting one at once, a running one through its worker.
     pub async fn cancel_run(&self, caller: &Caller, id: i64) -> OpsResult<Cancelled> {
-        self.allow(caller, "runs.cancel", Role::Operator, None, Some(id))
-            .await?;
-        let mut job = None;
-        let result = async {
-            match self.store.cancel_run(id, &caller.actor).await? {
-                CancelOutcome::NotFound => Err(no_such_run(id)),
-                CancelOutcome::Finished { state } => Err(OpsError::Conflict(format!(
-                    "run {id} has already finished ({state}); there is nothing to cancel"
-                ))),
+        self.audited(caller, Action::RunsCancel, Entry::run(id), async |entry| {
+            let (name, again) = match self.store.cancel_run(id, &caller.actor).await? {
+                CancelOutcome::NotFound => return Err(no_such_run(id)),
+                CancelOutcome::Finished { state } => {
+                    return Err(OpsError::Conflict(format!(
+                        "run {id} has already finished ({state}); there is nothing to cancel"
+                    )));
+                }
                 CancelOutcome::Cancelled {
                     job: name,
                     previous,
                 } => {
-                    job = Some(name.clone());
-                    Ok(Cancelled::Cancelled {
+                    entry.job = Some(name.clone());
+                    return Ok(Cancelled::Cancelled {
                         run_id: id,
                         job: name,
                         previous_state: previous,
-                    })
+                    });
                 }
                 CancelOutcome::Requested {
                     job: name, again, ..
-                } => {
-                    job = Some(name.clone());
-                    let broker = self.broker()?;
-                    let delivery = broker
-                        .publish_control(&ControlMessage::CancelRun { run_id: id })
-                        .await
-                        .map_err(|e| {
-                            OpsError::Unavailable(format!(
-                                "the cancel of run {id} is recorded, but the workers could not \
-                                 be told: {e:#}; cancel it again when the broker is back"
-                            ))
-                        })?;
-                    Ok(Cancelled::CancelRequested {
-                        run_id: id,
-                        job: name,
-                        requested_before: again,
-                        control_message: if delivery == ControlDelivery::Delivered {
-                            "delivered"
-                        } else {
-                            "no_listener"
-                        },
-                    })
-                }
-            }
-        }
-        .await;
-        self.record(
-            caller,
-            "runs.cancel",
-            job.as_deref(),
-            Some(id),
-            serde_json::json!({}),
-            result,
-        )
+                } => (name, again),
+            };
+            entry.job = Some(name.clone());
+            let broker = self.broker()?;
+            let delivery = broker
+                .publish_control(&ControlMessage::CancelRun { run_id: id })
+                .await
+                .map_err(|e| {
+                    OpsError::Unavailable(format!(
+                        "the cancel of run {id} is recorded, but the workers could not be \
+                         told: {e:#}; cancel it again when the broker is back"
+                    ))
+                })?;
+            Ok(Cancelled::CancelRequested {
+                run_id: id,
+                job: name,
+                requested_before: again,
+                control_message: if delivery == ControlDelivery::Delivered {
+                    "delivered"
+                } else {
+                    "no_listener"
+                },
+            })
+        })
         .await
     }
 
@@ -939,7 +798,7 @@ impl Operations {
 
     /// Workers online or stopped within the last day.
     pub async fn workers(&self, caller: &Caller) -> OpsResult<Vec<WorkerRecord>> {
-        self.allow(caller, "workers.list", Role::Viewer, None, None)
+        self.authorize(caller, Action::WorkersList, Entry::none())
             .await?;
         Ok(self.store.workers().await?)
     }
@@ -947,7 +806,7 @@ impl Operations {
     /// Each group's work queue and parking lot, from the management API when configured, else
     /// from passive declares (nothing is created either way).
     pub async fn queues(&self, caller: &Caller) -> OpsResult<Queues> {
-        self.allow(caller, "queues.list", Role::Viewer, None, None)
+        self.authorize(caller, Action::QueuesList, Entry::none())
             .await?;
         let broker = self.broker()?;
         let groups = self.store.groups().await?;
@@ -991,7 +850,7 @@ impl Operations {
 
     /// Runs per state and failure rate within `window`, leader, jobs and workers.
     pub async fn overview(&self, caller: &Caller, window: Duration) -> OpsResult<Overview> {
-        self.allow(caller, "overview.show", Role::Viewer, None, None)
+        self.authorize(caller, Action::OverviewShow, Entry::none())
             .await?;
         let (shortest, longest) = OVERVIEW_WINDOWS;
         if window < shortest || window > longest {
@@ -1030,14 +889,14 @@ impl Operations {
 
     /// Who leads.
     pub async fn leader(&self, caller: &Caller) -> OpsResult<LeaderInfo> {
-        self.allow(caller, "leader.show", Role::Viewer, None, None)
+        self.authorize(caller, Action::LeaderShow, Entry::none())
             .await?;
         Ok(self.store.leader().await?)
     }
 
     /// A page of the audit log, newest first.
     pub async fn audit(&self, caller: &Caller, query: AuditQuery) -> OpsResult<AuditPage> {
-        self.allow(caller, "audit.list", Role::Viewer, None, None)
+        self.authorize(caller, Action::AuditList, Entry::none())
             .await?;
         if !(1..=MAX_PAGE).contains(&query.limit) {
             return Err(OpsError::Invalid(vec![FieldProblem::new(
@@ -1088,7 +947,7 @@ impl Operations {
         after: Option<i64>,
         limit: usize,
     ) -> OpsResult<DeadLetterPage> {
-        self.allow(caller, "dlq.list", Role::Viewer, None, None)
+        self.authorize(caller, Action::DlqList, Entry::none())
             .await?;
         let limit = i64::try_from(limit).unwrap_or(MAX_PAGE).clamp(1, MAX_PAGE);
         let records = self
@@ -1118,28 +977,17 @@ impl Operations {
 
     /// Runs a parked run again as a new attempt and removes its dead letters.
     pub async fn replay(&self, caller: &Caller, id: i64) -> OpsResult<Replayed> {
-        self.allow(caller, "dlq.replay", Role::Operator, None, Some(id))
-            .await?;
-        let run = self.store.run_briefs(&[id]).await?.into_iter().next();
-        let job = run.as_ref().map(|r| r.job.clone());
-        let result = async {
+        self.audited(caller, Action::DlqReplay, Entry::run(id), async |entry| {
+            let run = self.store.run_briefs(&[id]).await?.into_iter().next();
             let Some(run) = run else {
                 return Err(OpsError::NotFound(format!(
                     "no run with id {id}; list parked runs with `chime dlq list` or GET \
                      /api/dead-letters"
                 )));
             };
+            entry.job = Some(run.job.clone());
             replay_one(&self.store, &run.group, id, &caller.actor).await
-        }
-        .await;
-        self.record(
-            caller,
-            "dlq.replay",
-            job.as_deref(),
-            Some(id),
-            serde_json::json!({}),
-            result,
-        )
+        })
         .await
     }
 
@@ -1149,44 +997,33 @@ impl Operations {
         caller: &Caller,
         group: Option<String>,
     ) -> OpsResult<ReplayedAll> {
-        self.allow(caller, "dlq.replay_all", Role::Operator, None, None)
+        let entry = Entry::none().detail(serde_json::json!({"group": group}));
+        let all = self
+            .audited(caller, Action::DlqReplayAll, entry, async |_| {
+                let groups = self.groups_or(group).await?;
+                let mut all = ReplayedAll::default();
+                for group in groups {
+                    replay_group(&self.store, &group, &caller.actor, &mut all).await?;
+                }
+                Ok(all)
+            })
             .await?;
-        let detail = serde_json::json!({"group": group});
-        let result = async {
-            let groups = self.groups_or(group).await?;
-            let mut all = ReplayedAll::default();
-            for group in groups {
-                replay_group(&self.store, &group, &caller.actor, &mut all).await?;
-            }
-            Ok(all)
+        // Each run replayed is in the audit log as if replayed alone, so a run's history shows it.
+        for id in &all.replayed {
+            let entry = Entry::run(*id).detail(serde_json::json!({"bulk": true}));
+            self.audit_entry(caller, Action::DlqReplay, Outcome::Ok, entry)
+                .await?;
         }
-        .await;
-        let result = self
-            .record(caller, "dlq.replay_all", None, None, detail, result)
-            .await?;
-        for id in &result.replayed {
-            self.audit_entry(
-                caller,
-                "dlq.replay",
-                "ok",
-                None,
-                Some(*id),
-                serde_json::json!({"bulk": true}),
-            )
-            .await?;
-        }
-        Ok(result)
+        Ok(all)
     }
 
     /// Deletes the dead letters of `group` (or of every group), and empties its parking-lot
     /// queue of messages not drained yet (a queue that does not exist is not created); the
     /// runs stay as they are.
     pub async fn purge(&self, caller: &Caller, group: Option<String>) -> OpsResult<Vec<Purged>> {
-        self.allow(caller, "dlq.purge", Role::Admin, None, None)
-            .await?;
-        let broker = self.broker()?;
-        let detail = serde_json::json!({"group": group});
-        let result = async {
+        let entry = Entry::none().detail(serde_json::json!({"group": group}));
+        self.audited(caller, Action::DlqPurge, entry, async |_| {
+            let broker = self.broker()?;
             let groups = self.groups_or(group).await?;
             let lot = self.parking_lot(broker).await?;
             let mut purged = Vec::new();
@@ -1214,10 +1051,8 @@ impl Operations {
             }
             lot.close().await;
             result.map(|()| purged)
-        }
-        .await;
-        self.record(caller, "dlq.purge", None, None, detail, result)
-            .await
+        })
+        .await
     }
 
     // ---- API tokens ----------------------------------------------------------------------
@@ -1229,28 +1064,30 @@ impl Operations {
         name: &str,
         role: Role,
     ) -> OpsResult<NewToken> {
-        self.allow(caller, "tokens.create", Role::Admin, None, None)
-            .await?;
-        let detail = serde_json::json!({"name": name, "role": role});
-        let result =
-            async {
-                if name.is_empty()
-                    || name.len() > 63
-                    || !name
-                        .chars()
-                        .all(|c| c.is_ascii_alphanumeric() || "_.-@".contains(c))
-                {
-                    return Err(OpsError::Invalid(vec![FieldProblem::new(
-                        "name",
-                        format!("{name:?}"),
-                        "use 1 to 63 characters from a-z, A-Z, 0-9, \"_\", \".\", \"-\" and \"@\", \
+        let entry = Entry::none().detail(serde_json::json!({"name": name, "role": role}));
+        self.audited(caller, Action::TokensCreate, entry, async |_| {
+            if name.is_empty()
+                || name.len() > 63
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_.-@".contains(c))
+            {
+                return Err(OpsError::Invalid(vec![FieldProblem::new(
+                    "name",
+                    format!("{name:?}"),
+                    "use 1 to 63 characters from a-z, A-Z, 0-9, \"_\", \".\", \"-\" and \"@\", \
                      such as \"grafana\" or \"alice@ops\"",
-                    )]));
-                }
-                let secret = auth::new_secret()?;
-                let token = self
+                )]));
+            }
+            let secret = auth::new_secret()?;
+            let token = self
                 .store
-                .create_token(name, role.as_str(), &auth::secret_hash(&secret), &caller.actor)
+                .create_token(
+                    name,
+                    role.as_str(),
+                    &auth::secret_hash(&secret),
+                    &caller.actor,
+                )
                 .await?
                 .ok_or_else(|| {
                     OpsError::Conflict(format!(
@@ -1259,39 +1096,29 @@ impl Operations {
                          \"{name}-2\""
                     ))
                 })?;
-                Ok(NewToken { token, secret })
-            }
-            .await;
-        self.record(caller, "tokens.create", None, None, detail, result)
-            .await
+            Ok(NewToken { token, secret })
+        })
+        .await
     }
 
     /// Every token (never their secrets).
     pub async fn tokens(&self, caller: &Caller) -> OpsResult<Vec<TokenRecord>> {
-        self.allow(caller, "tokens.list", Role::Admin, None, None)
+        self.authorize(caller, Action::TokensList, Entry::none())
             .await?;
         Ok(self.store.tokens().await?)
     }
 
     /// Revokes a token: it is refused from now on.
     pub async fn revoke_token(&self, caller: &Caller, name: &str) -> OpsResult<()> {
-        self.allow(caller, "tokens.revoke", Role::Admin, None, None)
-            .await?;
-        let result = match self.store.revoke_token(name).await {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(OpsError::NotFound(format!(
-                "no active token named {name:?}; list tokens with `chime tokens list`"
-            ))),
-            Err(e) => Err(e.into()),
-        };
-        self.record(
-            caller,
-            "tokens.revoke",
-            None,
-            None,
-            serde_json::json!({"name": name}),
-            result,
-        )
+        let entry = Entry::none().detail(serde_json::json!({"name": name}));
+        self.audited(caller, Action::TokensRevoke, entry, async |_| {
+            if !self.store.revoke_token(name).await? {
+                return Err(OpsError::NotFound(format!(
+                    "no active token named {name:?}; list tokens with `chime tokens list`"
+                )));
+            }
+            Ok(())
+        })
         .await
     }
 }

@@ -387,10 +387,7 @@ impl Planner {
         &mut self,
         spec: &JobSpec,
     ) -> Result<Arc<Schedule>, crate::schedule::ScheduleError> {
-        let key = format!(
-            "{:?}|{:?}|{:?}|{}",
-            spec.schedule, spec.every, spec.at, spec.timezone
-        );
+        let key = format!("{:?}|{}", spec.when, spec.timezone);
         if let Some(schedule) = self.schedules.get(&key) {
             return Ok(schedule.clone());
         }

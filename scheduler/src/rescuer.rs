@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::config::RescuerSettings;
-use crate::store::{Fence, IntervalColumn, Rescued, Store};
+use crate::store::{Fence, Rescued, Store};
 
 /// Runs rescued per statement.
 const BATCH: i64 = 100;
@@ -31,13 +31,6 @@ const MAX_BATCHES: usize = 10;
 
 /// Runs the rescuer for `fence`'s term until `stop`; cancels `stop` if the lease is lost.
 pub async fn run(store: Store, fence: Fence, settings: RescuerSettings, stop: CancellationToken) {
-    let interval_column = match store.worker_interval_column().await {
-        Ok(column) => column,
-        Err(e) => {
-            warn!(error = %format!("{e:#}"), "cannot read the workers' schema; rescuing by heartbeat age");
-            None
-        }
-    };
     // A heartbeat's age proves a worker lost only if the workers could write heartbeats all
     // that time. A leader just elected may come back from a database outage (or follow a
     // leader that could not reach the database) during which no worker could beat: wait until
@@ -53,7 +46,7 @@ pub async fn run(store: Store, fence: Fence, settings: RescuerSettings, stop: Ca
             () = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
-        if !pass(&store, &fence, &settings, interval_column.as_ref()).await {
+        if !pass(&store, &fence, &settings).await {
             warn!(
                 term = fence.term,
                 "lease lost while rescuing runs; leader duties stop"
@@ -65,15 +58,10 @@ pub async fn run(store: Store, fence: Fence, settings: RescuerSettings, stop: Ca
 }
 
 /// One pass. Returns false when the fence no longer holds.
-pub async fn pass(
-    store: &Store,
-    fence: &Fence,
-    settings: &RescuerSettings,
-    interval_column: Option<&IntervalColumn>,
-) -> bool {
+pub async fn pass(store: &Store, fence: &Fence, settings: &RescuerSettings) -> bool {
     for _ in 0..MAX_BATCHES {
         match store
-            .rescue_lost_runs(fence, interval_column, settings.rescue_after, BATCH)
+            .rescue_lost_runs(fence, settings.rescue_after, BATCH)
             .await
         {
             Ok(None) => return false,

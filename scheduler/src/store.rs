@@ -24,6 +24,8 @@ mod ops;
 mod overdue;
 mod report;
 #[cfg(test)]
+mod tests_job_fields;
+#[cfg(test)]
 mod tests_lease;
 #[cfg(test)]
 mod tests_pause;
@@ -31,8 +33,8 @@ mod timeline;
 
 pub use dead_letters::{DeadLetterContent, DeadLetterRecord, NewDeadLetter};
 pub use failures::{
-    AlertEvent, AlertKind, AlertRecord, CancelOutcome, ClaimedAlert, IntervalColumn,
-    REPLAYABLE_STATES, ReplayOutcome, Rescued, RunBrief,
+    AlertEvent, AlertKind, AlertRecord, CancelOutcome, ClaimedAlert, REPLAYABLE_STATES,
+    ReplayOutcome, Rescued, RunBrief,
 };
 pub use ops::{
     AuditQuery, AuditRecord, NewAuditEntry, ObservedRun, RunQuery, TokenRecord, WorkerRecord,
@@ -821,10 +823,10 @@ impl Store {
         let rows = sqlx::query(
             "SELECT r.id, r.job_name, r.group_name, r.scheduled_at, r.attempt, r.params,
                     j.spec->>'timeout' AS timeout, j.spec->'retry' AS retry,
-                    j.spec->>'concurrency' AS concurrency
+                    chime_job_concurrency(j.spec) AS concurrency
              FROM chime_runs r LEFT JOIN chime_jobs j ON j.name = r.job_name
              WHERE r.state = 'pending' AND r.scheduled_at <= $1
-               AND NOT (coalesce(j.spec->>'concurrency', 'allow') = 'queue' AND EXISTS (
+               AND NOT (chime_job_concurrency(j.spec) = 'queue' AND EXISTS (
                    SELECT 1 FROM chime_runs e
                    WHERE e.job_name = r.job_name AND e.id < r.id
                      AND e.state IN ('pending', 'queued', 'running', 'retrying')))

@@ -21,7 +21,7 @@ use serde_json::{Map, Value};
 
 use super::suggest::closest;
 use super::{ConfigError, ConfigErrors, FieldError, JobRef, render, render_config, to_json};
-use crate::job::JobSpec;
+use crate::job::{JobSpec, Kind, When};
 use crate::schedule::{Schedule, ScheduleError};
 
 /// Every field a job table may have, in the order messages and docs list them. A test keeps
@@ -29,6 +29,7 @@ use crate::schedule::{Schedule, ScheduleError};
 pub const JOB_FIELDS: &[&str] = &[
     "name",
     "group",
+    "kind",
     "schedule",
     "every",
     "at",
@@ -57,6 +58,8 @@ pub(super) const ALERT_FORMATS: &[&str] = &["generic", "slack"];
 
 /// Allowed values of `misfire`, as `MisfirePolicy` spells them.
 const MISFIRE_VALUES: &[&str] = &["skip", "fire_once", "fire_all"];
+/// Allowed values of `kind`.
+const KIND_VALUES: &[&str] = Kind::NAMES;
 /// Allowed values of `concurrency`, as `ConcurrencyPolicy` spells them.
 const CONCURRENCY_VALUES: &[&str] = &["allow", "forbid", "queue", "replace"];
 /// Longest job or group name: group names become part of RabbitMQ queue names (255 bytes at
@@ -559,20 +562,16 @@ pub fn validate_job(table: &Map<String, Value>) -> Result<JobSpec, Vec<FieldErro
     check.identifier("group", IdentifierKind::Group);
 
     let timezone = check.timezone();
-    let kinds: Vec<&str> = ["schedule", "every", "at"]
+    check.one_of("kind", KIND_VALUES);
+    let when: Vec<&str> = When::FIELDS
         .into_iter()
         .filter(|field| check.get(field).is_some())
         .collect();
-    if kinds.len() > 1 {
+    if when.len() > 1 {
         check.errors.push(FieldError {
             field: None,
             value: None,
-            message: format!(
-                "{} are {} set, but a job has at most one of \"schedule\", \"every\" and \
-                 \"at\"; keep one, or none for a job that runs only when triggered",
-                quoted_list(&kinds, "and"),
-                if kinds.len() == 2 { "both" } else { "all" }
-            ),
+            message: When::conflict(&when),
         });
     }
     if let Some(expr) = check.string("schedule") {

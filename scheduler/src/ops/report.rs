@@ -8,8 +8,8 @@ use chrono::{DateTime, Days, NaiveDate, SecondsFormat, TimeZone as _, Utc};
 use chrono_tz::Tz;
 use serde::Serialize;
 
-use super::{FieldProblem, Operations, OpsError, OpsResult, no_such_job};
-use crate::auth::{Caller, Role};
+use super::{Action, Entry, FieldProblem, Operations, OpsError, OpsResult, no_such_job};
+use crate::auth::Caller;
 
 /// Fewest and most days a report covers.
 pub const REPORT_DAYS: (u32, u32) = (1, 90);
@@ -74,7 +74,7 @@ impl Operations {
         days: u32,
         now: DateTime<Utc>,
     ) -> OpsResult<JobReport> {
-        self.allow(caller, "jobs.report", Role::Viewer, Some(name), None)
+        self.authorize(caller, Action::JobsReport, Entry::job(name))
             .await?;
         let (fewest, most) = REPORT_DAYS;
         if !(fewest..=most).contains(&days) {

@@ -10,12 +10,12 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 
 use super::{
-    DeadLetter, FieldProblem, Operations, OpsError, OpsResult, RUN_STATES, UPCOMING, dead_letter,
-    no_such_run, validated,
+    Action, DeadLetter, Entry, FieldProblem, Operations, OpsError, OpsResult, RUN_STATES, UPCOMING,
+    dead_letter, no_such_run, validated,
 };
 use chime_protocol::Topology;
 
-use crate::auth::{Caller, Role};
+use crate::auth::Caller;
 use crate::parking::ParkedPayload;
 use crate::secrets;
 
@@ -47,7 +47,7 @@ impl Operations {
         fields: serde_json::Value,
         now: DateTime<Utc>,
     ) -> OpsResult<SchedulePreview> {
-        self.allow(caller, "schedules.preview", Role::Viewer, None, None)
+        self.authorize(caller, Action::SchedulesPreview, Entry::none())
             .await?;
         let serde_json::Value::Object(fields) = fields else {
             return Err(OpsError::Invalid(vec![FieldProblem {
@@ -127,7 +127,7 @@ impl Operations {
         caller: &Caller,
         id: i64,
     ) -> OpsResult<DeadLetterMessage> {
-        self.allow(caller, "dlq.show", Role::Viewer, None, Some(id))
+        self.authorize(caller, Action::DlqShow, Entry::run(id))
             .await?;
         let Some(run) = self.store.run_briefs(&[id]).await?.into_iter().next() else {
             return Err(no_such_run(id));
@@ -224,7 +224,7 @@ impl Operations {
         bucket: Duration,
         now: DateTime<Utc>,
     ) -> OpsResult<RunTimeline> {
-        self.allow(caller, "overview.timeline", Role::Viewer, None, None)
+        self.authorize(caller, Action::OverviewTimeline, Entry::none())
             .await?;
         let mut problems = Vec::new();
         let (shortest, longest) = TIMELINE_WINDOWS;

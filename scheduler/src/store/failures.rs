@@ -186,48 +186,12 @@ pub struct ClaimedAlert {
     pub suppressed: bool,
 }
 
-/// Column of `chime_workers` that holds a worker's own heartbeat interval, if the schema has one
-/// (the worker SDK may add it): its name and SQL type.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IntervalColumn {
-    name: String,
-    data_type: String,
-}
-
-impl IntervalColumn {
-    /// SQL for the interval of worker row `w`, or `None` if the column's type is not understood.
-    fn expression(&self) -> Option<String> {
-        let column = format!("w.\"{}\"", self.name.replace('"', "\"\""));
-        match self.data_type.as_str() {
-            "interval" => Some(column),
-            "integer" | "bigint" | "smallint" | "numeric" | "double precision" | "real" => {
-                let unit = if self.name.ends_with("_ms") || self.name.ends_with("_millis") {
-                    "1 millisecond"
-                } else if self.name.ends_with("_us") {
-                    "1 microsecond"
-                } else {
-                    "1 second"
-                };
-                Some(format!("({column} * interval '{unit}')"))
-            }
-            _ => None,
-        }
-    }
-}
-
-/// The instant a worker row `w` counts as lost from, for a run `r` it holds: three heartbeat
-/// intervals after its last heartbeat when the schema records each worker's interval, else its
-/// last heartbeat; when it stopped, if earlier; the run's start if the worker never registered.
-fn lost_since_sql(interval: Option<&IntervalColumn>) -> String {
-    let stale = match interval.and_then(IntervalColumn::expression) {
-        Some(interval) => format!("w.heartbeat_at + 3 * {interval}"),
-        None => "w.heartbeat_at".to_owned(),
-    };
-    format!(
-        "CASE WHEN w.id IS NULL THEN coalesce(r.started_at, r.created_at) \
-              ELSE least(coalesce(w.stopped_at, 'infinity'::timestamptz), {stale}) END"
-    )
-}
+/// The instant a worker row `w` counts as lost from, for a run `r` it holds: three of the
+/// worker's own heartbeat intervals (`heartbeat_interval_ms`, migration 3) after its last
+/// heartbeat; when it stopped, if earlier; the run's start if the worker never registered.
+const LOST_SINCE_SQL: &str = "CASE WHEN w.id IS NULL THEN coalesce(r.started_at, r.created_at) \
+     ELSE least(coalesce(w.stopped_at, 'infinity'::timestamptz), \
+                w.heartbeat_at + 3 * (w.heartbeat_interval_ms * interval '1 millisecond')) END";
 
 const LEASE_CTE: &str = "lease AS (
      SELECT term FROM chime_leader
@@ -268,24 +232,6 @@ impl Store {
             .context("listing executor groups")
     }
 
-    /// The per-worker heartbeat interval column of `chime_workers`, if the schema has one.
-    pub async fn worker_interval_column(&self) -> anyhow::Result<Option<IntervalColumn>> {
-        let row = sqlx::query(
-            "SELECT column_name::text AS name, data_type::text AS data_type
-             FROM information_schema.columns
-             WHERE table_schema = current_schema() AND table_name = 'chime_workers'
-               AND column_name LIKE 'heartbeat\\_interval%'
-             ORDER BY column_name LIMIT 1",
-        )
-        .fetch_optional(&self.pool)
-        .await
-        .context("looking for the workers' heartbeat interval column")?;
-        Ok(row.map(|r| IntervalColumn {
-            name: r.get("name"),
-            data_type: r.get("data_type"),
-        }))
-    }
-
     /// Rescues up to `limit` runs whose worker has been lost for longer than `rescue_after`,
     /// under the leader's fence: the attempt is recorded `lost` with the reason, and the run goes
     /// back to the outbox (`pending`, attempt number unchanged, so it is published as the next
@@ -294,11 +240,9 @@ impl Store {
     pub async fn rescue_lost_runs(
         &self,
         fence: &Fence,
-        interval: Option<&IntervalColumn>,
         rescue_after: Duration,
         limit: i64,
     ) -> anyhow::Result<Option<Vec<Rescued>>> {
-        let lost_since = lost_since_sql(interval);
         let sql = format!(
             "WITH {LEASE_CTE}, lost AS (
                  SELECT r.id, r.job_name, r.attempt, r.worker_id, r.cancel_requested_by,
@@ -350,6 +294,7 @@ impl Store {
             stopped = ts_sql("w.stopped_at"),
             heartbeat = ts_sql("w.heartbeat_at"),
             max_attempts = max_attempts_sql(),
+            lost_since = LOST_SINCE_SQL,
         );
         let mut tx = self.pool.begin().await?;
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -787,35 +732,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn lost_since_uses_the_workers_own_interval_when_the_schema_has_one() {
-        let none = lost_since_sql(None);
-        assert!(none.contains("least(coalesce(w.stopped_at"), "{none}");
-        assert!(none.ends_with("w.heartbeat_at) END"), "{none}");
-        let ms = IntervalColumn {
-            name: "heartbeat_interval_ms".into(),
-            data_type: "integer".into(),
-        };
-        assert_eq!(
-            ms.expression().as_deref(),
-            Some("(w.\"heartbeat_interval_ms\" * interval '1 millisecond')")
-        );
-        assert!(
-            lost_since_sql(Some(&ms)).contains("w.heartbeat_at + 3 * (w.\"heartbeat_interval_ms\"")
-        );
-        let iv = IntervalColumn {
-            name: "heartbeat_interval".into(),
-            data_type: "interval".into(),
-        };
-        assert_eq!(iv.expression().as_deref(), Some("w.\"heartbeat_interval\""));
-        let odd = IntervalColumn {
-            name: "heartbeat_interval".into(),
-            data_type: "text".into(),
-        };
-        assert_eq!(odd.expression(), None);
-        assert_eq!(lost_since_sql(Some(&odd)), none);
-    }
-
-    #[test]
     fn alert_kinds_match_the_schema() {
         let kinds: Vec<&str> = [
             AlertKind::Dead,
@@ -1035,6 +951,44 @@ mod tests {
             );
         }
 
+        /// A worker counts as lost three of its own heartbeat intervals after its last
+        /// heartbeat: a slow-beating worker silent for 100 s still holds its run, a fast one
+        /// silent as long has lost it.
+        #[sqlx::test(migrations = "../migrations")]
+        async fn rescue_judges_each_worker_by_its_own_heartbeat_interval(pool: PgPool) {
+            let store = Store::from_pool(pool.clone());
+            job(&pool, "j", serde_json::json!({"name": "j", "group": "g"})).await;
+            sqlx::query(
+                "INSERT INTO chime_workers (id, group_name, hostname, capacity, jobs, heartbeat_at,
+                                            heartbeat_interval_ms)
+                 VALUES ('slow', 'g', 'h', 1, '{j}', now() - interval '100 seconds', 60000),
+                        ('fast', 'g', 'h', 1, '{j}', now() - interval '100 seconds', 1000)",
+            )
+            .execute(&pool)
+            .await
+            .unwrap();
+            let mut runs = Vec::new();
+            for worker in ["slow", "fast"] {
+                let id = run(&pool, "j", "running", 1).await;
+                sqlx::query("UPDATE chime_runs SET worker_id = $2 WHERE id = $1")
+                    .bind(id)
+                    .bind(worker)
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+                runs.push(id);
+            }
+            let fence = leader(&store).await;
+            let rescued = store
+                .rescue_lost_runs(&fence, Duration::from_secs(1), 100)
+                .await
+                .unwrap()
+                .expect("leading");
+            let ids: Vec<i64> = rescued.iter().map(|r| r.id).collect();
+            assert_eq!(ids, [runs[1]], "only the fast worker's run: {rescued:?}");
+            assert_eq!(state(&pool, runs[0]).await.0, "running");
+        }
+
         #[sqlx::test(migrations = "../migrations")]
         async fn rescue_republishes_kills_the_last_attempt_and_honours_cancels(pool: PgPool) {
             let store = Store::from_pool(pool.clone());
@@ -1079,9 +1033,8 @@ mod tests {
                 .unwrap();
             }
             let fence = leader(&store).await;
-            let interval = store.worker_interval_column().await.unwrap();
             let rescued = store
-                .rescue_lost_runs(&fence, interval.as_ref(), Duration::from_secs(1), 100)
+                .rescue_lost_runs(&fence, Duration::from_secs(1), 100)
                 .await
                 .unwrap()
                 .expect("leading");
@@ -1128,7 +1081,7 @@ mod tests {
             };
             assert_eq!(
                 store
-                    .rescue_lost_runs(&stale, None, Duration::from_secs(1), 100)
+                    .rescue_lost_runs(&stale, Duration::from_secs(1), 100)
                     .await
                     .unwrap(),
                 None
@@ -1175,7 +1128,7 @@ mod tests {
                 rescue_after: Duration::from_secs(1),
                 ..crate::config::RescuerSettings::default()
             };
-            assert!(crate::rescuer::pass(&store, &fence, &settings, None).await);
+            assert!(crate::rescuer::pass(&store, &fence, &settings).await);
 
             assert_eq!(
                 state(&pool, unrelated).await.0,

@@ -37,7 +37,7 @@ impl Store {
              FROM chime_runs r JOIN chime_jobs j ON j.name = r.job_name
              WHERE r.state = 'pending' AND r.attempt = 0 AND r.trigger <> 'manual'
                AND r.replayed_at IS NULL
-               AND coalesce(j.spec->>'concurrency', 'allow') <> 'queue'
+               AND chime_job_concurrency(j.spec) <> 'queue'
                AND r.scheduled_at < now() - make_interval(secs => $1)
              ORDER BY r.scheduled_at, r.id
              LIMIT $2",

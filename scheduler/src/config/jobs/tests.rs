@@ -7,7 +7,7 @@ use chrono::DateTime;
 use chrono_tz::Tz;
 
 use super::*;
-use crate::job::{ConcurrencyPolicy, MisfirePolicy};
+use crate::job::{ConcurrencyPolicy, Kind, MisfirePolicy, When};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -48,7 +48,7 @@ fn toml_job(text: &str) -> JobSpec {
     jobs.remove(0)
 }
 
-const ALL_FIELDS: &str = "name, group, schedule, every, at, timezone, params, secret_params, timeout, misfire, \
+const ALL_FIELDS: &str = "name, group, kind, schedule, every, at, timezone, params, secret_params, timeout, misfire, \
                           misfire_grace, catchup_window, max_catchup, concurrency, retry, \
                           alerts, retention, paused, description";
 
@@ -405,13 +405,14 @@ fn at_accepts_quoted_and_toml_datetimes() {
         let job = toml_job(&format!(
             "[[jobs]]\nname = \"launch\"\ngroup = \"web\"\n{line}\n"
         ));
+        let When::At(at) = job.when else {
+            panic!("{line}: {:?}", job.when);
+        };
         assert_eq!(
-            job.at.map(|at| at.to_utc()),
-            Some(
-                DateTime::parse_from_rfc3339("2026-11-30T16:00:00Z")
-                    .unwrap()
-                    .to_utc()
-            ),
+            at.to_utc(),
+            DateTime::parse_from_rfc3339("2026-11-30T16:00:00Z")
+                .unwrap()
+                .to_utc(),
             "{line}"
         );
     }
@@ -692,8 +693,7 @@ fn yaml_null_counts_as_absent() {
         SourceFormat::Yaml,
     )
     .unwrap();
-    assert_eq!(jobs[0].schedule, None);
-    assert_eq!(jobs[0].every, Some(Duration::from_secs(60)));
+    assert_eq!(jobs[0].when, When::Every(Duration::from_secs(60)));
     assert_eq!(jobs[0].params, serde_json::Value::Null);
 }
 
@@ -761,7 +761,7 @@ fn good_toml_and_yaml_load_to_the_same_specs() {
     );
     let orders = &toml[0];
     assert_eq!(orders.group, "orders");
-    assert_eq!(orders.schedule.as_deref(), Some("0 */2 * * * *"));
+    assert_eq!(orders.when, When::Cron("0 */2 * * * *".into()));
     assert_eq!(orders.timezone, chrono_tz::Asia::Shanghai);
     assert_eq!(
         orders.params,
@@ -781,20 +781,17 @@ fn good_toml_and_yaml_load_to_the_same_specs() {
         Some("Cancel orders left unpaid for 30 minutes")
     );
     let heartbeat = &toml[2];
-    assert_eq!(heartbeat.every, Some(Duration::from_secs(30)));
+    assert_eq!(heartbeat.when, When::Every(Duration::from_secs(30)));
     assert_eq!(heartbeat.timezone, Tz::UTC);
     assert_eq!(heartbeat.misfire, MisfirePolicy::FireOnce, "the default");
     let banner = &toml[3];
     assert_eq!(
-        banner.at,
-        Some(DateTime::parse_from_rfc3339("2027-01-01T00:00:00+08:00").unwrap())
+        banner.when,
+        When::At(DateTime::parse_from_rfc3339("2027-01-01T00:00:00+08:00").unwrap())
     );
     assert!(banner.paused);
     let manual = &toml[4];
-    assert_eq!(
-        (&manual.schedule, manual.every, manual.at),
-        (&None, None, None)
-    );
+    assert_eq!(manual.when, When::Manual);
 }
 
 #[test]
@@ -812,9 +809,8 @@ fn job_fields_match_the_spec_serde_form() {
     let spec = JobSpec {
         name: "a".into(),
         group: "g".into(),
-        schedule: Some("* * * * *".into()),
-        every: Some(Duration::from_secs(1)),
-        at: Some(DateTime::parse_from_rfc3339("2026-12-01T00:00:00Z").unwrap()),
+        kind: Kind::Single,
+        when: When::Manual,
         timezone: Tz::UTC,
         params: serde_json::json!({}),
         secret_params: vec!["token".into()],
@@ -830,12 +826,27 @@ fn job_fields_match_the_spec_serde_form() {
         paused: false,
         description: Some("d".into()),
     };
-    let serde_json::Value::Object(form) = serde_json::to_value(&spec).unwrap() else {
-        panic!("a JobSpec serialises to an object");
-    };
-    let mut serde_fields: Vec<&str> = form.keys().map(String::as_str).collect();
-    let mut ours = JOB_FIELDS.to_vec();
+    let whens = [
+        When::Cron("* * * * *".into()),
+        When::Every(Duration::from_secs(1)),
+        When::At(DateTime::parse_from_rfc3339("2026-12-01T00:00:00Z").unwrap()),
+    ];
+    let mut serde_fields: Vec<String> = Vec::new();
+    for when in whens {
+        let spec = JobSpec {
+            when,
+            ..spec.clone()
+        };
+        let serde_json::Value::Object(form) = serde_json::to_value(&spec).unwrap() else {
+            panic!("a JobSpec serialises to an object");
+        };
+        serde_fields.extend(form.keys().cloned());
+    }
+    // `kind` is left out while it is `single`, the only kind so far.
+    serde_fields.push("kind".into());
     serde_fields.sort();
+    serde_fields.dedup();
+    let mut ours = JOB_FIELDS.to_vec();
     ours.sort();
     assert_eq!(ours, serde_fields, "JOB_FIELDS must list JobSpec's fields");
 }
@@ -1260,7 +1271,7 @@ fn values_at_their_limits_load() {
         retry = { max_attempts = 1000, initial = "7days", max = "7days", multiplier = 100 }
         "#,
     );
-    assert_eq!(job.every, Some(chime_protocol::limits::MAX_EVERY));
+    assert_eq!(job.when, When::Every(chime_protocol::limits::MAX_EVERY));
     assert_eq!(job.retention, Some(chime_protocol::limits::MAX_RETENTION));
     assert_eq!(job.retry.max_attempts, chime_protocol::limits::MAX_ATTEMPTS);
     assert_eq!(job.retry.max, chime_protocol::limits::MAX_RETRY_DELAY);
