@@ -556,18 +556,30 @@ mod tests {
         })
         .await;
 
-        let declared = probe
-            .queue_declare(
-                queue.as_str().into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
-        assert_eq!(declared.consumer_count(), 0, "the consumer was revived");
+        // The client sees the channel closed as it sends `channel.close`; the broker drops the
+        // channel's consumers when it handles it, a moment later. A revived consumer on a live
+        // channel would stay.
+        let consumers = || async {
+            probe
+                .queue_declare(
+                    queue.as_str().into(),
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..QueueDeclareOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap()
+                .consumer_count()
+        };
+        let settle = Instant::now() + Duration::from_secs(5);
+        let mut count = consumers().await;
+        while count > 0 && Instant::now() < settle {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            count = consumers().await;
+        }
+        assert_eq!(count, 0, "the consumer was revived");
         assert!(
             link.publish.status().connected(),
             "the other channel recovered"
