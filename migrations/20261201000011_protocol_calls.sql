@@ -79,27 +79,38 @@ COMMENT ON FUNCTION chime_worker_lost_since(timestamptz, timestamptz, integer) I
 -- run from before this migration; read as the default policy.
 ALTER TABLE chime_runs ADD COLUMN retry_policy jsonb;
 
+-- What a run snapshots of its job's stored definition: the retry policy, '{}' when the job
+-- has none (every field its default).
+CREATE FUNCTION chime_retry_snapshot(spec jsonb) RETURNS jsonb
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT coalesce(spec->'retry', '{}'::jsonb) $$;
+COMMENT ON FUNCTION chime_retry_snapshot(jsonb) IS
+'Scheduler: the retry policy a new run keeps from its job''s stored definition (spec->''retry'', or ''{}'').';
+
+-- Whoever inserts a run without a snapshot (a manual trigger, a replay, another client), the
+-- database takes it from the job. The planner's batch insert passes it itself, joined to the
+-- jobs (a trigger call per row costs about 5 µs: 55 ms more for 10,000 fires), and the WHEN
+-- clause skips the call for those rows.
 CREATE FUNCTION chime_run_retry_snapshot() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF NEW.retry_policy IS NULL THEN
-        NEW.retry_policy := (SELECT coalesce(j.spec->'retry', '{}'::jsonb)
-                               FROM chime_jobs j WHERE j.name = NEW.job_name);
-    END IF;
+    NEW.retry_policy := (SELECT chime_retry_snapshot(j.spec)
+                           FROM chime_jobs j WHERE j.name = NEW.job_name);
     RETURN NEW;
 END
 $$;
 COMMENT ON FUNCTION chime_run_retry_snapshot() IS
-'Scheduler: fills a new run''s retry_policy from its job''s stored definition, whoever inserts it.';
+'Scheduler: fills a new run''s retry_policy from its job (chime_retry_snapshot) when the insert gave none.';
 
 CREATE TRIGGER chime_runs_retry_snapshot
     BEFORE INSERT ON chime_runs
-    FOR EACH ROW EXECUTE FUNCTION chime_run_retry_snapshot();
+    FOR EACH ROW WHEN (NEW.retry_policy IS NULL)
+    EXECUTE FUNCTION chime_run_retry_snapshot();
 
 -- Runs that can still be decided (unfinished, or replayable) get their job's policy now: what
 -- the rescuer read before this migration. Finished runs keep NULL (the default policy).
 UPDATE chime_runs r
-   SET retry_policy = coalesce(j.spec->'retry', '{}'::jsonb)
+   SET retry_policy = chime_retry_snapshot(j.spec)
   FROM chime_jobs j
  WHERE j.name = r.job_name
    AND r.state IN ('pending', 'queued', 'running', 'retrying', 'dead', 'failed', 'cancelled');

@@ -2,7 +2,7 @@
 //!
 //! Functions return domain types, never rows. Every write the leader makes is *fenced*: it
 //! lands only while the caller's `(holder, term)` still holds an unexpired lease, checked by the
-//! database in the same statement (`FOR KEY SHARE` on the lease row, so a takeover, which
+//! database in the same statement (`chime_fence`, which takes `FOR KEY SHARE` on the lease row, so a takeover, which
 //! changes the key `(name, term)`, cannot commit in between, while a renewal, which changes only
 //! `expires_at`, never waits for the leader's own writes). Times come from the database clock (`now()`), never from this process.
 
@@ -18,6 +18,19 @@ use sqlx::{PgPool, Row as _};
 
 use crate::job::{ConcurrencyPolicy, JobSpec};
 
+/// The fence of a leader write, as the first CTE of its statement (`$1` holder, `$2` term):
+/// `lease` has the lease row while `(holder, term)` holds an unexpired lease, locked `FOR KEY
+/// SHARE` by `chime_fence` (migration `protocol_calls`) until the transaction ends; the
+/// statement writes only `WHERE EXISTS (SELECT FROM lease)`.
+macro_rules! lease_cte {
+    () => {
+        "lease AS (SELECT term FROM chime_fence($1, $2))"
+    };
+}
+
+/// [`lease_cte!`] for statements built with `format!`.
+const LEASE_CTE: &str = lease_cte!();
+
 mod dead_letters;
 mod failures;
 mod ops;
@@ -29,6 +42,8 @@ mod tests_job_fields;
 mod tests_lease;
 #[cfg(test)]
 mod tests_pause;
+#[cfg(test)]
+mod tests_protocol_calls;
 mod timeline;
 
 pub use dead_letters::{DeadLetterContent, DeadLetterRecord, NewDeadLetter};
@@ -54,11 +69,10 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 /// key whatever the statistics say (a new database has none until autovacuum analyses it): a
 /// `LATERAL … FOR UPDATE` subquery is never flattened into a join, so it is one index lookup per
 /// run, and `= ANY (ARRAY[…])` in the update is a condition no hash or merge join can use.
-const MARK_PUBLISHED_SQL: &str = "WITH lease AS (
-    SELECT term FROM chime_leader
-    WHERE name = 'default' AND holder = $1 AND term = $2 AND expires_at > now()
-    FOR KEY SHARE
-), locked AS MATERIALIZED (
+const MARK_PUBLISHED_SQL: &str = concat!(
+    "WITH ",
+    lease_cte!(),
+    ", locked AS MATERIALIZED (
     SELECT k.id, k.confirmed_at
       FROM (SELECT * FROM unnest($3::bigint[], $4::timestamptz[]) AS u(id, confirmed_at)
              ORDER BY id) k
@@ -70,7 +84,8 @@ const MARK_PUBLISHED_SQL: &str = "WITH lease AS (
     UPDATE chime_runs r SET state = 'queued', published_at = coalesce(r.published_at, l.confirmed_at)
     FROM locked l WHERE r.id = ANY (ARRAY[l.id])
 )
-SELECT count(*) AS leased FROM lease";
+SELECT count(*) AS leased FROM lease"
+);
 
 /// Notification channel: a job was added, changed, paused, resumed or removed (payload: job name).
 pub const JOBS_CHANNEL: &str = "chime_jobs";
@@ -700,7 +715,8 @@ impl Store {
     // ---- runs ---------------------------------------------------------------------------
 
     /// Inserts fires as runs (`pending`, or `skipped` with a reason) under the leader's fence and
-    /// advances the jobs' cursors. A fire that already has a run is left alone (the unique key on
+    /// advances the jobs' cursors. Each run keeps its job's retry policy as it is now
+    /// (`chime_retry_snapshot`). A fire that already has a run is left alone (the unique key on
     /// (job, scheduled instant) makes a duplicate trigger impossible).
     ///
     /// The concurrency policy is decided here, against the database, in the same statement:
@@ -733,11 +749,7 @@ impl Store {
         let reasons: Vec<Option<&str>> = fires.iter().map(|f| f.skip.as_deref()).collect();
         let policies: Vec<&str> = fires.iter().map(|f| f.concurrency.as_str()).collect();
         let rows = sqlx::query(
-            "WITH lease AS (
-                 SELECT term FROM chime_leader
-                 WHERE name = 'default' AND holder = $1 AND term = $2 AND expires_at > now()
-                 FOR KEY SHARE
-             ), fires AS (
+            "WITH lease AS (SELECT term FROM chime_fence($1, $2)), fires AS (
                  SELECT * FROM unnest($3::text[], $4::text[], $5::timestamptz[], $6::text[],
                                       $7::jsonb[], $8::text[], $9::text[], $10::text[])
                      AS f(job_name, group_name, scheduled_at, trigger, params, state, reason, policy)
@@ -759,10 +771,11 @@ impl Store {
                  ) a ON true
              ), ins AS (
                  INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, params, state,
-                                         reason, term)
+                                         reason, term, retry_policy)
                  SELECT d.job_name, d.group_name, d.scheduled_at, d.trigger, d.params, d.state,
-                        d.reason, lease.term
+                        d.reason, lease.term, chime_retry_snapshot(j.spec)
                  FROM decided d CROSS JOIN lease
+                 LEFT JOIN chime_jobs j ON j.name = d.job_name
                  ON CONFLICT (job_name, scheduled_at) WHERE trigger <> 'manual' DO NOTHING
                  RETURNING id, job_name, scheduled_at, state
              ), cursor AS (
@@ -814,7 +827,9 @@ impl Store {
 
     /// Runs in the outbox due by `horizon`, oldest first, at most `limit`. A pending run of a
     /// `queue`-policy job is left out while an earlier run of the job is unfinished, so the job's
-    /// runs are published one after the other.
+    /// runs are published one after the other. Each carries the retry policy its run was made
+    /// with (`chime_runs.retry_policy`, filled at insert from the job's), not the job's current
+    /// one; a run without one gets the default policy.
     pub async fn outbox(
         &self,
         horizon: DateTime<Utc>,
@@ -822,7 +837,7 @@ impl Store {
     ) -> anyhow::Result<Vec<OutboxRun>> {
         let rows = sqlx::query(
             "SELECT r.id, r.job_name, r.group_name, r.scheduled_at, r.attempt, r.params,
-                    j.spec->>'timeout' AS timeout, j.spec->'retry' AS retry,
+                    j.spec->>'timeout' AS timeout, r.retry_policy AS retry,
                     chime_job_concurrency(j.spec) AS concurrency
              FROM chime_runs r LEFT JOIN chime_jobs j ON j.name = r.job_name
              WHERE r.state = 'pending' AND r.scheduled_at <= $1

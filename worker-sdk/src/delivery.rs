@@ -831,7 +831,6 @@ async fn take_over(
                 lost_error: &lost_error,
                 require_lost: !own_earlier_life,
                 delivery_limit: limit,
-                max_attempts: retry::max_attempts(trigger.retry.as_ref()),
                 dead_reason,
             },
             &shared.id,

@@ -114,11 +114,7 @@ impl Store {
             letters.iter().map(f).collect()
         };
         let row = sqlx::query(
-            "WITH lease AS (
-                 SELECT term FROM chime_leader
-                 WHERE name = 'default' AND holder = $1 AND term = $2 AND expires_at > now()
-                 FOR KEY SHARE
-             ), ins AS (
+            "WITH lease AS (SELECT term FROM chime_fence($1, $2)), ins AS (
                  INSERT INTO chime_dead_letters (group_name, run_id, job_name, attempt, reason,
                      parked_by, error, parked_at, message_id, content_type, headers, body,
                      body_truncated, fingerprint)

@@ -5,12 +5,12 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
-use chime_protocol::{RunState, retry};
+use chime_protocol::RunState;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::Row as _;
 
-use super::{Fence, OUTBOX_CHANNEL, Store, notify};
+use super::{Fence, LEASE_CTE, OUTBOX_CHANNEL, Store, notify};
 
 /// A run the rescuer moved on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -186,34 +186,11 @@ pub struct ClaimedAlert {
     pub suppressed: bool,
 }
 
-/// The instant a worker row `w` counts as lost from, for a run `r` it holds: three of the
-/// worker's own heartbeat intervals (`heartbeat_interval_ms`, migration 3) after its last
-/// heartbeat; when it stopped, if earlier; the run's start if the worker never registered.
+/// The instant a worker row `w` counts as lost from, for a run `r` it holds:
+/// `chime_worker_lost_since` (its heartbeat went stale, or it stopped, whichever came first);
+/// the run's start if the worker never registered.
 const LOST_SINCE_SQL: &str = "CASE WHEN w.id IS NULL THEN coalesce(r.started_at, r.created_at) \
-     ELSE least(coalesce(w.stopped_at, 'infinity'::timestamptz), \
-                w.heartbeat_at + 3 * (w.heartbeat_interval_ms * interval '1 millisecond')) END";
-
-const LEASE_CTE: &str = "lease AS (
-     SELECT term FROM chime_leader
-     WHERE name = 'default' AND holder = $1 AND term = $2 AND expires_at > now()
-     FOR KEY SHARE
- )";
-
-/// A run's `max_attempts` from its job's stored definition, for any JSON the column holds: a
-/// number is truncated and clamped to 1 ..= `i32::MAX` (a definition stored before the bounds
-/// of docs/configuration.md were checked may say 3000000000, which a plain `::int` cast refused,
-/// failing the whole rescue statement for every job); anything else, or no job, counts as the
-/// default ([`retry::DEFAULT_MAX_ATTEMPTS`]). Never raises, so one job's definition can never
-/// stop the rescuer for the others.
-fn max_attempts_sql() -> String {
-    format!(
-        "CASE WHEN jsonb_typeof(j.spec->'retry'->'max_attempts') = 'number'
-             THEN LEAST(GREATEST(trunc((j.spec->'retry'->>'max_attempts')::numeric), 1),
-                        2147483647)::int
-             ELSE {} END",
-        retry::DEFAULT_MAX_ATTEMPTS
-    )
-}
+     ELSE chime_worker_lost_since(w.stopped_at, w.heartbeat_at, w.heartbeat_interval_ms) END";
 
 impl Store {
     /// The database clock.
@@ -247,14 +224,14 @@ impl Store {
             "WITH {LEASE_CTE}, lost AS (
                  SELECT r.id, r.job_name, r.attempt, r.worker_id, r.cancel_requested_by,
                         r.cancel_requested_at IS NOT NULL AS cancel,
-                        {max_attempts} AS max_attempts,
+                        chime_retry_max_attempts(r.retry_policy) AS max_attempts,
+                        chime_retry_exhausted(r.retry_policy, r.attempt) AS exhausted,
                         'worker ' || coalesce(r.worker_id, '?') || ' lost (' ||
                         CASE WHEN w.id IS NULL THEN 'not registered'
                              WHEN w.stopped_at IS NOT NULL THEN 'stopped at ' || {stopped}
                              ELSE 'no heartbeat since ' || {heartbeat} END || ')' AS detail
                  FROM chime_runs r
                  LEFT JOIN chime_workers w ON w.id = r.worker_id
-                 LEFT JOIN chime_jobs j ON j.name = r.job_name
                  WHERE r.state = 'running' AND EXISTS (SELECT 1 FROM lease)
                    AND {lost_since} < now() - make_interval(secs => $3)
                  ORDER BY r.id
@@ -269,19 +246,19 @@ impl Store {
              ), runs AS (
                  UPDATE chime_runs r SET
                      state = CASE WHEN l.cancel THEN 'cancelled'
-                                  WHEN l.attempt >= l.max_attempts THEN 'dead'
+                                  WHEN l.exhausted THEN 'dead'
                                   ELSE 'pending' END,
                      error = l.detail,
                      reason = CASE
                          WHEN l.cancel THEN 'cancelled by ' || coalesce(l.cancel_requested_by, '?')
                                             || ' (its worker was lost)'
-                         WHEN l.attempt >= l.max_attempts THEN
+                         WHEN l.exhausted THEN
                              'worker lost on the last attempt (' || l.attempt || ' of '
                              || l.max_attempts || ')'
                          ELSE r.reason END,
-                     finished_at = CASE WHEN l.cancel OR l.attempt >= l.max_attempts
+                     finished_at = CASE WHEN l.cancel OR l.exhausted
                                         THEN now() END,
-                     published_at = CASE WHEN l.cancel OR l.attempt >= l.max_attempts
+                     published_at = CASE WHEN l.cancel OR l.exhausted
                                          THEN r.published_at END
                  FROM lost l
                  WHERE r.id = l.id AND r.state = 'running' AND r.attempt = l.attempt
@@ -293,7 +270,6 @@ impl Store {
              SELECT 'run', id, job_name, attempt, state, detail FROM runs",
             stopped = ts_sql("w.stopped_at"),
             heartbeat = ts_sql("w.heartbeat_at"),
-            max_attempts = max_attempts_sql(),
             lost_since = LOST_SINCE_SQL,
         );
         let mut tx = self.pool.begin().await?;

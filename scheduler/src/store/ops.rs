@@ -385,8 +385,8 @@ impl Store {
         let rows = sqlx::query(
             "SELECT w.id, w.group_name, w.hostname, w.capacity, w.jobs, w.started_at,
                     w.heartbeat_at, w.stopped_at,
-                    (w.stopped_at IS NULL AND w.heartbeat_at >= now()
-                         - 3 * w.heartbeat_interval_ms * interval '1 millisecond') AS online,
+                    chime_worker_online(w.stopped_at, w.heartbeat_at, w.heartbeat_interval_ms)
+                        AS online,
                     (SELECT count(*) FROM chime_runs r
                      WHERE r.worker_id = w.id AND r.state = 'running') AS running
              FROM chime_workers w
@@ -458,11 +458,7 @@ impl Store {
             ("r.job_name <> ALL($5)", "r.created_at")
         };
         let sql = format!(
-            "WITH lease AS (
-                 SELECT term FROM chime_leader
-                 WHERE name = 'default' AND holder = $1 AND term = $2 AND expires_at > now()
-                 FOR KEY SHARE
-             ), bound AS (
+            "WITH lease AS (SELECT term FROM chime_fence($1, $2)), bound AS (
                  SELECT coalesce(
                      (SELECT r.id FROM chime_runs r
                       WHERE r.created_at >= now() - make_interval(secs => $3)
@@ -515,11 +511,7 @@ impl Store {
         limit: i64,
     ) -> anyhow::Result<Option<u64>> {
         let row = sqlx::query(
-            "WITH lease AS (
-                 SELECT term FROM chime_leader
-                 WHERE name = 'default' AND holder = $1 AND term = $2 AND expires_at > now()
-                 FOR KEY SHARE
-             ), bound AS (
+            "WITH lease AS (SELECT term FROM chime_fence($1, $2)), bound AS (
                  SELECT coalesce(
                      (SELECT id FROM chime_audit
                       WHERE at >= now() - make_interval(secs => $3)
@@ -660,9 +652,8 @@ impl Store {
              WHERE j.name = $1 AND NOT EXISTS (
                  SELECT 1 FROM chime_workers w
                  WHERE w.group_name = j.group_name AND j.name = ANY (w.jobs)
-                   AND w.stopped_at IS NULL
-                   AND w.heartbeat_at >= now()
-                       - 3 * w.heartbeat_interval_ms * interval '1 millisecond')",
+                   AND chime_worker_online(w.stopped_at, w.heartbeat_at,
+                                           w.heartbeat_interval_ms))",
         )
         .bind(job)
         .fetch_optional(&self.pool)
@@ -674,8 +665,7 @@ impl Store {
     pub async fn workers_online(&self) -> anyhow::Result<Vec<(String, i64)>> {
         let rows = sqlx::query(
             "SELECT group_name, count(*) AS n FROM chime_workers
-             WHERE stopped_at IS NULL
-               AND heartbeat_at >= now() - 3 * heartbeat_interval_ms * interval '1 millisecond'
+             WHERE chime_worker_online(stopped_at, heartbeat_at, heartbeat_interval_ms)
              GROUP BY group_name ORDER BY group_name",
         )
         .fetch_all(&self.pool)

@@ -69,11 +69,7 @@ impl Store {
         let ids: Vec<i64> = skips.iter().map(|(id, _)| *id).collect();
         let reasons: Vec<&str> = skips.iter().map(|(_, r)| r.as_str()).collect();
         let row = sqlx::query(
-            "WITH lease AS (
-                 SELECT term FROM chime_leader
-                 WHERE name = 'default' AND holder = $1 AND term = $2 AND expires_at > now()
-                 FOR KEY SHARE
-             ), s AS (
+            "WITH lease AS (SELECT term FROM chime_fence($1, $2)), s AS (
                  SELECT * FROM unnest($3::bigint[], $4::text[]) AS s(id, reason)
              ), upd AS (
                  UPDATE chime_runs r SET state = 'skipped', reason = s.reason
