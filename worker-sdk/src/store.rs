@@ -3,7 +3,7 @@
 //!
 //! Every statement calls a function of migration `protocol_calls` (`chime_claim`,
 //! `chime_record_outcomes`, …), where the rule it applies lives once, for workers in any
-//! language; docs/protocol.md states their contracts. [`STATEMENTS`] lists every statement, and
+//! language; docs/protocol.md states their contracts. `STATEMENTS` lists every statement, and
 //! a test prepares each against the migrated schema, so a renamed function or column fails CI.
 //!
 //! Every write retries with capped backoff while the error looks like a lost or refused
@@ -984,7 +984,7 @@ mod tests {
             .unwrap();
         assert_eq!(claimed.len(), n);
         assert_eq!(
-            seq_scans(&mut *tx).await,
+            seq_scans(&mut tx).await,
             0,
             "a batch statement scanned chime_runs or chime_attempts"
         );
@@ -992,7 +992,7 @@ mod tests {
             .execute(&mut *tx)
             .await
             .unwrap();
-        assert_eq!(seq_scans(&mut *tx).await, 1, "the count sees a scan");
+        assert_eq!(seq_scans(&mut tx).await, 1, "the count sees a scan");
     }
 
     /// Every statement of the module prepares against the migrated schema: a renamed
