@@ -2,9 +2,9 @@
 //! dependency ([`mentions_outside`]), and no import cycle between the crate's top-level modules
 //! ([`module_cycles`]).
 //!
-//! The checks read the crate's `src` folder as text, with a small lexer that knows comments,
-//! string and character literals and test items; they need no compiler and no network, so a
-//! crate's test can call them with `env!("CARGO_MANIFEST_DIR")`:
+//! The checks parse the crate's `src` folder with `syn` (macro bodies are read as tokens); they
+//! need no compiler run and no network, so a crate's test can call them with
+//! `env!("CARGO_MANIFEST_DIR")`:
 //!
 //! ```no_run
 //! let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
@@ -23,6 +23,10 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fmt;
 use std::path::{Path, PathBuf};
+
+use proc_macro2::{Ident, Span, TokenStream, TokenTree};
+use syn::visit::{self, Visit};
+use syn::{Attribute, Item, ItemUse, Meta, UseTree};
 
 /// Where a file outside the allow-list names the word.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,12 +83,9 @@ pub fn mentions_outside(src: &Path, word: &str, allowed: &[&str]) -> Vec<Mention
         if is_allowed {
             continue;
         }
-        let lexed = Lexed::new(&file.text);
-        let mut lines = BTreeSet::new();
-        for at in lexed.words(word) {
-            lines.insert(lexed.line_of(at));
-        }
-        for line in lines {
+        let depth = module_path(&file.path).len();
+        let scan = Scan::new(&file.path, &file.text, depth, Some(word));
+        for line in scan.mentions {
             found.push(Mention {
                 path: file.path.clone(),
                 line,
@@ -133,9 +134,9 @@ pub fn module_graph(src: &Path) -> BTreeMap<String, BTreeMap<String, String>> {
         if tests.contains(&file.path) {
             continue;
         }
-        let lexed = Lexed::new(&file.text);
         let depth = module_path(&file.path).len();
-        for (at, to) in lexed.crate_references(depth) {
+        let scan = Scan::new(&file.path, &file.text, depth, None);
+        for (line, to) in scan.references {
             if to == from || !modules.contains(&to) {
                 continue;
             }
@@ -143,7 +144,7 @@ pub fn module_graph(src: &Path) -> BTreeMap<String, BTreeMap<String, String>> {
                 .entry(from.clone())
                 .or_default()
                 .entry(to)
-                .or_insert_with(|| format!("{}:{}", file.path, lexed.line_of(at)));
+                .or_insert_with(|| format!("{}:{line}", file.path));
         }
     }
     graph
@@ -247,7 +248,8 @@ fn test_files(files: &[SourceFile]) -> BTreeSet<String> {
     let mut declared_in_test: BTreeSet<Vec<String>> = BTreeSet::new();
     for file in files {
         let parent = module_path(&file.path);
-        for name in Lexed::new(&file.text).test_module_declarations() {
+        let scan = Scan::new(&file.path, &file.text, parent.len(), None);
+        for name in scan.test_modules {
             let mut child = parent.clone();
             child.push(name);
             declared_in_test.insert(child);
@@ -360,358 +362,244 @@ fn shortest_cycle(graph: &BTreeMap<String, BTreeMap<String, String>>, group: &[S
     Cycle { modules, sites }
 }
 
-/// A file's text with comments blanked out (newlines kept) and literals marked.
-struct Lexed {
-    code: Vec<u8>,
-    literal: Vec<bool>,
-    /// Byte ranges of test items.
-    tests: Vec<(usize, usize)>,
-    line_starts: Vec<usize>,
+/// What one file holds, as `syn` parses it: the lines that mention a word, the crate-level
+/// modules its non-test code references, and the modules its test items declare.
+#[derive(Default)]
+struct Scan {
+    /// Lines that name the word, test code included.
+    mentions: BTreeSet<usize>,
+    /// (line, top-level module) for every `crate::m` or root-reaching `super::…::m` outside
+    /// test code.
+    references: Vec<(usize, String)>,
+    /// Modules declared (`mod name;`) by a test item.
+    test_modules: Vec<String>,
 }
 
-fn is_ident(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b == b'_' || b >= 0x80
-}
-
-impl Lexed {
-    fn new(text: &str) -> Lexed {
-        let bytes = text.as_bytes();
-        let mut code = bytes.to_vec();
-        let mut literal = vec![false; bytes.len()];
-        let blank = |code: &mut Vec<u8>, from: usize, to: usize| {
-            for b in &mut code[from..to] {
-                if *b != b'\n' {
-                    *b = b' ';
-                }
-            }
+impl Scan {
+    /// Scans `text`, the file at module depth `depth` (`a.rs` is 1, `a/b.rs` 2), for `word`.
+    ///
+    /// # Panics
+    /// If the file is not Rust that `syn` parses (the crate would not compile either).
+    fn new(path: &str, text: &str, depth: usize, word: Option<&str>) -> Scan {
+        let file =
+            syn::parse_file(text).unwrap_or_else(|e| panic!("{path} does not parse as Rust: {e}"));
+        let mut scan = Scanner {
+            scan: Scan::default(),
+            depth,
+            word,
+            in_test: false,
         };
-        let mut i = 0;
-        while i < bytes.len() {
-            let b = bytes[i];
-            let next = bytes.get(i + 1).copied();
-            let prev_ident = i > 0 && is_ident(bytes[i - 1]);
-            if b == b'/' && next == Some(b'/') {
-                let end = bytes[i..]
-                    .iter()
-                    .position(|&c| c == b'\n')
-                    .map_or(bytes.len(), |p| i + p);
-                blank(&mut code, i, end);
-                i = end;
-            } else if b == b'/' && next == Some(b'*') {
-                let (mut depth, mut j) = (1, i + 2);
-                while j < bytes.len() && depth > 0 {
-                    if bytes[j..].starts_with(b"/*") {
-                        depth += 1;
-                        j += 2;
-                    } else if bytes[j..].starts_with(b"*/") {
-                        depth -= 1;
-                        j += 2;
-                    } else {
-                        j += 1;
-                    }
-                }
-                blank(&mut code, i, j);
-                i = j;
-            } else if b == b'r'
-                && (!prev_ident || (bytes[i - 1] == b'b' && (i < 2 || !is_ident(bytes[i - 2]))))
-                && matches!(next, Some(b'"' | b'#'))
-                && let Some(hashes) = bytes[i + 1..].iter().position(|&c| c != b'#')
-                && bytes[i + 1 + hashes] == b'"'
-            {
-                let mut closing = vec![b'"'];
-                closing.extend(std::iter::repeat_n(b'#', hashes));
-                let body = i + 2 + hashes;
-                let end = bytes[body..]
-                    .windows(closing.len())
-                    .position(|w| w == closing.as_slice())
-                    .map_or(bytes.len(), |p| body + p + closing.len());
-                literal[i..end].fill(true);
-                i = end;
-            } else if b == b'"' {
-                let mut j = i + 1;
-                while j < bytes.len() && bytes[j] != b'"' {
-                    j += if bytes[j] == b'\\' { 2 } else { 1 };
-                }
-                let end = (j + 1).min(bytes.len());
-                literal[i..end].fill(true);
-                i = end;
-            } else if b == b'\'' {
-                // A character literal, or a lifetime (`'a`) which is code.
-                let end = if next == Some(b'\\') {
-                    bytes[i + 2..]
-                        .iter()
-                        .skip(1)
-                        .position(|&c| c == b'\'')
-                        .map(|p| i + 3 + p + 1)
+        scan.visit_file(&file);
+        scan.scan
+    }
+}
+
+/// The visitor behind [`Scan`].
+struct Scanner<'w> {
+    scan: Scan,
+    depth: usize,
+    word: Option<&'w str>,
+    /// Inside an item that is test code.
+    in_test: bool,
+}
+
+impl Scanner<'_> {
+    /// Notes a path of the crate (`crate::a::…`, `super::…`) as a reference to its top-level
+    /// module, unless it stays inside the file's own one.
+    fn reference(&mut self, line: usize, segments: &[String]) {
+        if self.in_test {
+            return;
+        }
+        let target = match segments.first().map(String::as_str) {
+            Some("crate") => segments.get(1),
+            Some("super") => {
+                let climbs = segments.iter().take_while(|s| *s == "super").count();
+                // A file at depth d reaches the crate root after d climbs; fewer stay inside
+                // its own top-level module.
+                if climbs == self.depth {
+                    segments.get(climbs)
                 } else {
-                    text[i + 1..].chars().next().and_then(|c| {
-                        let after = i + 1 + c.len_utf8();
-                        (bytes.get(after) == Some(&b'\'')).then_some(after + 1)
-                    })
-                };
-                match end {
-                    Some(end) => {
-                        literal[i..end].fill(true);
-                        i = end;
-                    }
-                    None => i += 1,
+                    None
                 }
-            } else {
-                i += 1;
             }
-        }
-        let line_starts = std::iter::once(0)
-            .chain(
-                bytes
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, b)| **b == b'\n')
-                    .map(|(i, _)| i + 1),
-            )
-            .collect();
-        let mut lexed = Lexed {
-            code,
-            literal,
-            tests: Vec::new(),
-            line_starts,
+            _ => None,
         };
-        lexed.tests = lexed.find_test_items();
-        lexed
-    }
-
-    fn line_of(&self, at: usize) -> usize {
-        self.line_starts.partition_point(|&start| start <= at)
-    }
-
-    fn in_test(&self, at: usize) -> bool {
-        self.tests.iter().any(|&(from, to)| from <= at && at < to)
-    }
-
-    fn skip_space(&self, mut at: usize) -> usize {
-        while at < self.code.len() && !self.literal[at] && self.code[at].is_ascii_whitespace() {
-            at += 1;
+        if let Some(target) = target {
+            self.scan.references.push((line, target.clone()));
         }
-        at
     }
 
-    /// The identifier starting at `at`, if one does.
-    fn ident_at(&self, at: usize) -> Option<&str> {
-        if at >= self.code.len() || self.literal[at] || !is_ident(self.code[at]) {
-            return None;
+    fn mention_ident(&mut self, ident: &Ident) {
+        if self.word.is_some_and(|w| ident == w) {
+            self.scan.mentions.insert(ident.span().start().line);
         }
-        let end = (at..self.code.len())
-            .find(|&j| self.literal[j] || !is_ident(self.code[j]))
-            .unwrap_or(self.code.len());
-        std::str::from_utf8(&self.code[at..end]).ok()
     }
 
-    /// Starts of `word` as a whole identifier, in code and in literals.
-    fn words(&self, word: &str) -> Vec<usize> {
-        let w = word.as_bytes();
-        let mut found = Vec::new();
-        let mut at = 0;
-        while let Some(p) = self.code[at..].windows(w.len()).position(|s| s == w) {
-            let start = at + p;
-            let end = start + w.len();
-            let before = start == 0 || !is_ident(self.code[start - 1]);
-            let after = end >= self.code.len() || !is_ident(self.code[end]);
-            if before && after {
-                found.push(start);
+    fn mention_text(&mut self, text: &str, span: Span) {
+        if let Some(word) = self.word
+            && names_word(text, word)
+        {
+            self.scan.mentions.insert(span.start().line);
+        }
+    }
+
+    /// The use tree below `prefix`, leaf by leaf.
+    fn use_tree(&mut self, tree: &UseTree, prefix: &mut Vec<String>) {
+        match tree {
+            UseTree::Path(p) => {
+                prefix.push(p.ident.to_string());
+                self.use_tree(&p.tree, prefix);
+                prefix.pop();
             }
-            at = start + 1;
+            UseTree::Name(n) => {
+                prefix.push(n.ident.to_string());
+                self.reference(n.ident.span().start().line, prefix);
+                prefix.pop();
+            }
+            UseTree::Rename(r) => {
+                prefix.push(r.ident.to_string());
+                self.reference(r.ident.span().start().line, prefix);
+                prefix.pop();
+            }
+            UseTree::Glob(g) => self.reference(g.star_token.spans[0].start().line, prefix),
+            UseTree::Group(g) => {
+                for tree in &g.items {
+                    self.use_tree(tree, prefix);
+                }
+            }
         }
-        found
     }
 
-    /// The end of the bracketed group opening at `open` (`(`, `[` or `{`), past its closer.
-    fn matching(&self, open: usize) -> usize {
-        let mut depth = 0usize;
-        for j in open..self.code.len() {
-            if self.literal[j] {
-                continue;
-            }
-            match self.code[j] {
-                b'(' | b'[' | b'{' => depth += 1,
-                b')' | b']' | b'}' => {
-                    depth = depth.saturating_sub(1);
-                    if depth == 0 {
-                        return j + 1;
+    /// A macro's tokens, which `syn` leaves unparsed: identifiers, string literals and paths
+    /// `crate :: m` / `super :: …` in them.
+    fn tokens(&mut self, tokens: TokenStream) {
+        let tokens: Vec<TokenTree> = tokens.into_iter().collect();
+        for (i, token) in tokens.iter().enumerate() {
+            match token {
+                TokenTree::Group(g) => self.tokens(g.stream()),
+                TokenTree::Ident(ident) => {
+                    self.mention_ident(ident);
+                    let starts_path = (ident == "crate" || ident == "super")
+                        && !(i >= 2 && is_path_separator(&tokens[i - 2], &tokens[i - 1]));
+                    if starts_path {
+                        let segments = path_in_tokens(&tokens[i..]);
+                        self.reference(ident.span().start().line, &segments);
                     }
                 }
-                _ => {}
-            }
-        }
-        self.code.len()
-    }
-
-    /// The end of the item starting at `at`: past its first `;` outside brackets, or past the
-    /// block of its first `{` outside parentheses and brackets.
-    fn item_end(&self, at: usize) -> usize {
-        let mut j = at;
-        while j < self.code.len() {
-            if self.literal[j] {
-                j += 1;
-                continue;
-            }
-            match self.code[j] {
-                b';' => return j + 1,
-                b'{' => return self.matching(j),
-                b'(' | b'[' => j = self.matching(j),
-                _ => j += 1,
-            }
-        }
-        self.code.len()
-    }
-
-    fn find_test_items(&self) -> Vec<(usize, usize)> {
-        let mut items = Vec::new();
-        let mut j = 0;
-        while j < self.code.len() {
-            if self.literal[j] || self.code[j] != b'#' {
-                j += 1;
-                continue;
-            }
-            let inner = self.code.get(j + 1) == Some(&b'!');
-            let open = self.skip_space(j + 1 + usize::from(inner));
-            if self.code.get(open) != Some(&b'[') {
-                j += 1;
-                continue;
-            }
-            let close = self.matching(open);
-            let attribute: String = String::from_utf8_lossy(&self.code[open + 1..close - 1])
-                .chars()
-                .filter(|c| !c.is_whitespace())
-                .collect();
-            let is_test = attribute == "cfg(test)"
-                || attribute == "test"
-                || attribute.ends_with("::test")
-                || attribute.contains("::test(");
-            if !is_test {
-                j = close;
-                continue;
-            }
-            if inner {
-                items.push((0, self.code.len()));
-                return items;
-            }
-            // Further attributes belong to the same item.
-            let mut start = self.skip_space(close);
-            while self.code.get(start) == Some(&b'#') {
-                let open = self.skip_space(start + 1);
-                if self.code.get(open) != Some(&b'[') {
-                    break;
-                }
-                start = self.skip_space(self.matching(open));
-            }
-            let end = self.item_end(start);
-            items.push((j, end));
-            j = end;
-        }
-        items
-    }
-
-    /// Names of the modules test items declare as files (`#[cfg(test)] mod name;`).
-    fn test_module_declarations(&self) -> Vec<String> {
-        let mut names = Vec::new();
-        for &(from, to) in &self.tests {
-            let text = String::from_utf8_lossy(&self.code[from..to]);
-            let Some(rest) = text.trim_end().strip_suffix(';') else {
-                continue;
-            };
-            let mut words = rest
-                .rsplit(|c: char| c.is_whitespace())
-                .filter(|w| !w.is_empty());
-            if let (Some(name), Some("mod")) = (words.next(), words.next()) {
-                names.push(name.to_owned());
-            }
-        }
-        names
-    }
-
-    /// The top-level modules that non-test code names at the crate root, with where: a
-    /// `crate::` path, or a `super::` chain of `depth` steps (the file's module depth).
-    fn crate_references(&self, depth: usize) -> Vec<(usize, String)> {
-        let mut found = Vec::new();
-        let mut j = 0;
-        while j < self.code.len() {
-            let Some(word) = self.ident_at(j) else {
-                j += 1;
-                continue;
-            };
-            let start = j;
-            j += word.len();
-            let preceded =
-                start > 0 && (is_ident(self.code[start - 1]) || self.code[start - 1] == b'$');
-            if preceded || self.in_test(start) {
-                continue;
-            }
-            // After `crate`, or `depth` times `super`, comes the root's namespace.
-            let mut at = start;
-            let rooted = match word {
-                "crate" => {
-                    at = j;
-                    true
-                }
-                "super" if depth > 0 => {
-                    let mut steps = 0;
-                    let mut k = start;
-                    while self.ident_at(k) == Some("super") {
-                        steps += 1;
-                        let after = self.skip_space(k + "super".len());
-                        at = after;
-                        if !self.code[after..].starts_with(b"::") {
-                            break;
-                        }
-                        let next = self.skip_space(after + 2);
-                        if self.ident_at(next) != Some("super") {
-                            break;
-                        }
-                        k = next;
+                TokenTree::Literal(literal) => {
+                    if let Ok(syn::Lit::Str(s)) = syn::parse_str::<syn::Lit>(&literal.to_string()) {
+                        self.mention_text(&s.value(), literal.span());
                     }
-                    j = at.max(j);
-                    steps == depth
                 }
-                _ => false,
-            };
-            if !rooted {
-                continue;
-            }
-            let at = self.skip_space(at);
-            if !self.code[at..].starts_with(b"::") {
-                continue;
-            }
-            let at = self.skip_space(at + 2);
-            if let Some(name) = self.ident_at(at) {
-                found.push((start, name.to_owned()));
-            } else if self.code.get(at) == Some(&b'{') {
-                found.extend(self.group_heads(at));
+                TokenTree::Punct(_) => {}
             }
         }
-        found
+    }
+}
+
+impl<'ast> Visit<'ast> for Scanner<'_> {
+    fn visit_item(&mut self, item: &'ast Item) {
+        let attrs: &[Attribute] = match item {
+            Item::Const(i) => &i.attrs,
+            Item::Enum(i) => &i.attrs,
+            Item::ExternCrate(i) => &i.attrs,
+            Item::Fn(i) => &i.attrs,
+            Item::ForeignMod(i) => &i.attrs,
+            Item::Impl(i) => &i.attrs,
+            Item::Macro(i) => &i.attrs,
+            Item::Mod(i) => &i.attrs,
+            Item::Static(i) => &i.attrs,
+            Item::Struct(i) => &i.attrs,
+            Item::Trait(i) => &i.attrs,
+            Item::TraitAlias(i) => &i.attrs,
+            Item::Type(i) => &i.attrs,
+            Item::Union(i) => &i.attrs,
+            Item::Use(i) => &i.attrs,
+            _ => &[],
+        };
+        let test = attrs.iter().any(is_test_attribute);
+        if test && let Item::Mod(m) = item && m.content.is_none() {
+            self.scan.test_modules.push(m.ident.to_string());
+        }
+        let outer = self.in_test;
+        self.in_test = outer || test;
+        visit::visit_item(self, item);
+        self.in_test = outer;
     }
 
-    /// The first identifier of each element of the `{…}` group opening at `open`, with where.
-    fn group_heads(&self, open: usize) -> Vec<(usize, String)> {
-        let close = self.matching(open);
-        let mut heads = Vec::new();
-        let mut at = open + 1;
-        while at < close {
-            at = self.skip_space(at);
-            if let Some(name) = self.ident_at(at) {
-                heads.push((at, name.to_owned()));
-            }
-            // To the next comma of this group.
-            while at < close - 1 {
-                match self.code[at] {
-                    b'{' | b'(' | b'[' if !self.literal[at] => at = self.matching(at),
-                    b',' if !self.literal[at] => break,
-                    _ => at += 1,
-                }
-            }
-            at += 1;
-        }
-        heads
+    fn visit_item_use(&mut self, item: &'ast ItemUse) {
+        self.use_tree(&item.tree, &mut Vec::new());
+        visit::visit_item_use(self, item);
     }
+
+    fn visit_path(&mut self, path: &'ast syn::Path) {
+        if path.leading_colon.is_none() {
+            let segments: Vec<String> = path.segments.iter().map(|s| s.ident.to_string()).collect();
+            let line = path.segments[0].ident.span().start().line;
+            self.reference(line, &segments);
+        }
+        visit::visit_path(self, path);
+    }
+
+    fn visit_ident(&mut self, ident: &'ast Ident) {
+        self.mention_ident(ident);
+    }
+
+    fn visit_lit_str(&mut self, lit: &'ast syn::LitStr) {
+        self.mention_text(&lit.value(), lit.span());
+    }
+
+    fn visit_attribute(&mut self, attr: &'ast Attribute) {
+        // Doc comments are comments: they neither mention nor reference.
+        if !attr.path().is_ident("doc") {
+            visit::visit_attribute(self, attr);
+        }
+    }
+
+    fn visit_macro(&mut self, mac: &'ast syn::Macro) {
+        visit::visit_path(self, &mac.path);
+        self.tokens(mac.tokens.clone());
+    }
+}
+
+/// Whether an attribute makes its item test code: `#[cfg(test)]`, `#[test]`, or a test
+/// framework's `#[….::test]` / `#[….::test(…)]`.
+fn is_test_attribute(attr: &Attribute) -> bool {
+    let path = attr.path();
+    if path.is_ident("cfg") {
+        return matches!(&attr.meta, Meta::List(list) if list.tokens.to_string() == "test");
+    }
+    path.segments.last().is_some_and(|s| s.ident == "test")
+}
+
+/// Whether `a b` is the path separator `::`.
+fn is_path_separator(a: &TokenTree, b: &TokenTree) -> bool {
+    matches!((a, b), (TokenTree::Punct(x), TokenTree::Punct(y)) if x.as_char() == ':' && y.as_char() == ':')
+}
+
+/// The segments of the path that starts `tokens`: `ident (:: ident)*`.
+fn path_in_tokens(tokens: &[TokenTree]) -> Vec<String> {
+    let mut segments = Vec::new();
+    let mut at = 0;
+    while let Some(TokenTree::Ident(ident)) = tokens.get(at) {
+        segments.push(ident.to_string());
+        match (tokens.get(at + 1), tokens.get(at + 2)) {
+            (Some(a), Some(b)) if is_path_separator(a, b) => at += 3,
+            _ => break,
+        }
+    }
+    segments
+}
+
+/// Whether `text` holds `word` as a whole identifier (`"info,lapin=warn"` names `lapin`,
+/// `"lapin_like"` does not).
+fn names_word(text: &str, word: &str) -> bool {
+    let is_ident = |c: char| c.is_alphanumeric() || c == '_';
+    text.match_indices(word).any(|(at, _)| {
+        let before = text[..at].chars().next_back();
+        let after = text[at + word.len()..].chars().next();
+        !before.is_some_and(is_ident) && !after.is_some_and(is_ident)
+    })
 }
 
 #[cfg(test)]
@@ -771,6 +659,38 @@ mod tests {
             "comments and strings are no references"
         );
         assert!(!graph["c"].contains_key("c"));
+    }
+
+    /// `syn` leaves macro bodies as tokens: paths in them count, as in code.
+    #[test]
+    fn references_inside_macro_bodies_count() {
+        let src = Folder::new(
+            "macros",
+            &[
+                ("lib.rs", "pub mod a; pub mod b;"),
+                ("a.rs", "use crate::b;\n"),
+                (
+                    "b.rs",
+                    "fn f() {\n    tokio::select! {\n        _ = crate::a::g() => {}\n    }\n}\n",
+                ),
+            ],
+        );
+        assert_eq!(module_graph(&src.0)["b"]["a"], "b.rs:3");
+        assert_eq!(module_cycles(&src.0).len(), 1);
+    }
+
+    /// `#[cfg(not(test))]` is code that ships.
+    #[test]
+    fn cfg_not_test_is_not_test_code() {
+        let src = Folder::new(
+            "cfg-not-test",
+            &[
+                ("lib.rs", "pub mod a; pub mod b;"),
+                ("a.rs", "use crate::b;\n"),
+                ("b.rs", "#[cfg(not(test))]\nuse crate::a;\n"),
+            ],
+        );
+        assert_eq!(module_cycles(&src.0).len(), 1);
     }
 
     #[test]
