@@ -66,9 +66,10 @@
 //!    `unhandled` sends back a trigger of a job this worker has no handler for.
 //! 3. `link` — RabbitMQ, and the only module that uses lapin: the connection and its channels,
 //!    the supervised consumer, acks, and the confirmed publishes of retries and parked copies.
-//! 4. Leaves: `claims` and `recording` (batched claims and outcome writes), `store` (the only
-//!    module that speaks SQL), `verify` (pure checks of a trigger), `context`, `handler`,
-//!    `outcome` (`JobError` and the decision after an attempt) and [`testing`].
+//! 4. Leaves, acyclic among themselves: `claims` and `recording` (batched claims and outcome
+//!    writes) over `store` (the only module that speaks SQL); `verify` (pure checks of a
+//!    trigger); [`testing`] and `handler` over `context` and `outcome` (`JobError` and the
+//!    decision after an attempt).
 
 mod claims;
 mod context;

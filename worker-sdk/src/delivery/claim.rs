@@ -165,7 +165,8 @@ struct Claiming<'a> {
     limit: u32,
     /// How many times the work queue delivered this message before.
     deliveries: u32,
-    /// This is the last delivery the broker allows: it claims nothing, it ends the run.
+    /// This is the last delivery the broker allows (`x-delivery-limit`): it claims nothing, and
+    /// a run waiting for it, or lost with its worker, ends `dead`.
     last: bool,
     /// The broker's `redelivered` flag.
     redelivered: bool,

@@ -243,9 +243,10 @@ pub(super) async fn dead_letter(
     }
 }
 
-/// Ends a delivery whose path panicked: records the attempt it claimed as failed and its run
-/// `dead` (fenced like any outcome: only while that attempt is still `running` on this worker),
-/// then parks the message unless it was settled already.
+/// Ends a delivery whose path panicked: records the attempt it claimed (`claimed`: run and
+/// attempt, if it got that far) as failed and its run `dead` (fenced like any outcome: only
+/// while that attempt is still `running` on this worker), then parks the message unless it was
+/// settled already.
 pub(super) async fn after_panic(
     shared: &Shared,
     link: &Link,
