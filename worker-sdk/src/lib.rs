@@ -56,7 +56,8 @@
 //!
 //! # Layers
 //!
-//! Each module imports only modules below it, never one above (no import cycles):
+//! Each module imports only modules below it, never one above (no import cycles; checked by
+//! `tests/layering.rs`):
 //!
 //! 1. `runtime` — the [`Worker`] and its builder; one worker's life: register, consume until
 //!    shutdown, heartbeat, drain, stop. It hands the link's deliveries to the delivery path.
