@@ -518,7 +518,10 @@ impl<'ast> Visit<'ast> for Scanner<'_> {
             _ => &[],
         };
         let test = attrs.iter().any(is_test_attribute);
-        if test && let Item::Mod(m) = item && m.content.is_none() {
+        if test
+            && let Item::Mod(m) = item
+            && m.content.is_none()
+        {
             self.scan.test_modules.push(m.ident.to_string());
         }
         let outer = self.in_test;
