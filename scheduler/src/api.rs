@@ -33,7 +33,6 @@ use tokio_util::sync::CancellationToken;
 use crate::auth::{Caller, Role};
 use crate::leader::Leadership;
 use crate::ops::{Broker, FieldProblem, MAX_PAGE, Operations, OpsError};
-use crate::service::ServiceConfig;
 use crate::store::{AuditQuery, RunQuery, Store};
 
 /// The OpenAPI 3.1 document, hand-written next to the router (a test checks that both name the
@@ -154,18 +153,16 @@ pub struct Server {
 
 impl Server {
     /// Checks the exposure rule ([`check_exposure`]) and binds `bind`, for the instance
-    /// `config` describes (queue figures from the management API at `management_url`, if
-    /// any), whose elector reports through `leadership`.
+    /// `instance_id` whose operations go to `broker` (its readiness probe connects there too)
+    /// and whose elector reports through `leadership`.
     pub async fn bind(
         bind: SocketAddr,
         store: &Store,
-        config: &ServiceConfig,
-        management_url: Option<&str>,
+        instance_id: &str,
+        broker: Broker,
         leadership: watch::Receiver<Leadership>,
     ) -> anyhow::Result<Server> {
-        let broker = Broker::new(&config.amqp_url, &config.queue_prefix)
-            .with_amqp_tls(config.amqp_tls.clone())
-            .with_management_url(management_url);
+        let readiness = Readiness::with_broker(broker.amqp_url.clone(), broker.amqp_tls.clone());
         let ops = Operations::new(store.clone(), Some(broker.clone()));
         check_exposure(bind, &ops).await?;
         let listener = tokio::net::TcpListener::bind(bind)
@@ -177,8 +174,8 @@ impl Server {
             listener,
             state: Arc::new(ApiState {
                 ops,
-                instance_id: config.instance_id.clone(),
-                readiness: Readiness::with_broker(config.amqp_url.clone(), config.amqp_tls.clone()),
+                instance_id: instance_id.to_owned(),
+                readiness,
                 metrics: Some(Arc::new(metrics)),
             }),
         })

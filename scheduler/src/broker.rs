@@ -1,11 +1,13 @@
-//! The broker as the operations surface sees it: where it is ([`Broker`]), the one AMQP
-//! connection the operations layer shares, and each queue's figures, read from RabbitMQ's
+//! The broker as the operations surface and the leader's control messages see it: where it is
+//! ([`Broker`]), the one AMQP connection they share (through the [`crate::amqp`] adapter),
+//! control messages to the workers ([`Broker::publish_control`]), and each queue's figures, read from RabbitMQ's
 //! management HTTP API when `management_url` is set and answers, else from passive queue
 //! declares (which create nothing).
 //!
 //! **The shared connection.** Every clone of a [`Broker`] shares one AMQP connection, opened on
 //! first use and reopened on the next use after it closed or broke: queue figures, dead-letter
-//! listing, replay and purge, and cancel's control message each open a channel on it (cheap)
+//! listing, replay and purge, and the control messages of cancel and of the `replace` policy
+//! each open a channel on it (cheap)
 //! instead of a connection (a TCP and AMQP handshake, and a connection the broker tracks). A
 //! read that finds the connection broken after the fact (so its figures cannot be trusted) is
 //! retried once on a new one; a change (replay, purge, cancel) is not, it fails and the next
@@ -18,24 +20,31 @@
 //! to passive declares, and the answer says which source it used and why it fell back.
 
 use std::collections::HashMap;
-use std::str::FromStr as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context as _;
 use chime_protocol::wire::ControlMessage;
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
-use lapin::{BasicProperties, Confirmation, Connection};
 use serde::{Deserialize, Serialize};
 
+use crate::amqp::{self, Confirmed, Connection};
 use crate::parking::ParkingLot;
-use crate::publish::ControlDelivery;
 use chime_protocol::redact::redact_url as redact;
 use chime_protocol::tls::AmqpTls;
 
 /// Longest wait for the broker's confirm of a control message.
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How a control message fared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControlDelivery {
+    /// The broker confirmed it into at least one worker's control queue.
+    Delivered,
+    /// No worker is listening (no queue is bound to the control exchange): no worker of this
+    /// prefix is running.
+    NoListener,
+}
 
 /// Longest a management API request may take before passive declares are used instead.
 pub const MANAGEMENT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -113,15 +122,13 @@ impl Broker {
     pub async fn connection(&self) -> anyhow::Result<Arc<Connection>> {
         let mut slot = self.link.connection.lock().await;
         if let Some(connection) = slot.as_ref()
-            && connection.status().connected()
+            && connection.is_connected()
         {
             return Ok(connection.clone());
         }
         *slot = None;
-        let connection = Arc::new(
-            crate::parking::open_connection(&self.amqp_url, &self.amqp_tls, &self.link.name)
-                .await?,
-        );
+        let connection =
+            Arc::new(Connection::open(&self.amqp_url, &self.amqp_tls, &self.link.name).await?);
         let opened = self.link.opened.fetch_add(1, Ordering::Relaxed) + 1;
         if opened > 1 {
             tracing::info!(url = %redact(&self.amqp_url), opened, "operations reconnected to the broker");
@@ -143,44 +150,40 @@ impl Broker {
     /// Closes the shared connection (shutdown); a later use opens a new one.
     pub async fn close(&self) {
         if let Some(connection) = self.link.connection.lock().await.take()
-            && connection.status().connected()
+            && connection.is_connected()
         {
-            let _ = connection.close(200, "done".into()).await;
+            let _ = connection.close("done").await;
         }
     }
 
     /// Publishes a control message to every worker under the prefix (fanout exchange
     /// `P.control`, declared if needed) on a channel of the shared connection, and waits for
-    /// the broker's confirm.
+    /// the broker's confirm: the one way the scheduler sends control messages (an operator's
+    /// cancel, the `replace` policy).
     pub async fn publish_control(
         &self,
         message: &ControlMessage,
     ) -> anyhow::Result<ControlDelivery> {
         let connection = self.connection().await?;
-        let channel = connection
-            .create_channel()
-            .await
-            .context("opening a channel")?;
+        let channel = connection.channel().await.context("opening a channel")?;
         let published = async {
             let sent = async {
-                channel
-                    .confirm_select(ConfirmSelectOptions::default())
-                    .await?;
-                chime_protocol::topology::declare_control(&channel, &self.queue_prefix).await?;
+                channel.enable_confirms().await?;
+                channel.declare_control(&self.queue_prefix).await?;
                 let exchange = chime_protocol::topology::control_exchange(&self.queue_prefix);
                 let body = serde_json::to_vec(message).expect("a ControlMessage always serialises");
                 channel
-                    .basic_publish(
-                        exchange.as_str().into(),
-                        "".into(),
-                        BasicPublishOptions {
-                            mandatory: true,
-                            ..BasicPublishOptions::default()
-                        },
-                        &body,
-                        BasicProperties::default()
-                            .with_content_type(chime_protocol::wire::CONTENT_TYPE.into())
-                            .with_delivery_mode(2),
+                    .publish(
+                        &exchange,
+                        "",
+                        amqp::Message {
+                            body: &body,
+                            content_type: chime_protocol::wire::CONTENT_TYPE,
+                            message_id: None,
+                            timestamp: None,
+                            headers: None,
+                        }
+                        .prepare(),
                     )
                     .await
             }
@@ -192,15 +195,13 @@ impl Broker {
                 .context("waiting for the broker's confirm")
         }
         .await;
-        if channel.status().connected() {
-            let _ = channel.close(200, "done".into()).await;
+        if channel.is_connected() {
+            channel.close("done").await;
         }
-        let confirmation = published?;
-        match confirmation {
-            Confirmation::Ack(None) => Ok(ControlDelivery::Delivered),
-            Confirmation::Ack(Some(_)) => Ok(ControlDelivery::NoListener),
-            Confirmation::Nack(_) => anyhow::bail!("the broker nacked the control message"),
-            Confirmation::NotRequested => unreachable!("the channel is in confirm mode"),
+        match published? {
+            Confirmed::Ack => Ok(ControlDelivery::Delivered),
+            Confirmed::Returned { .. } => Ok(ControlDelivery::NoListener),
+            Confirmed::Nack => anyhow::bail!("the broker nacked the control message"),
         }
     }
 
@@ -344,7 +345,7 @@ impl Management {
     fn new(url: &str, amqp_url: &str) -> anyhow::Result<Management> {
         let base = reqwest::Url::parse(url)
             .with_context(|| format!("management_url {url:?} is not a URL"))?;
-        let amqp = lapin::uri::AMQPUri::from_str(amqp_url)
+        let amqp = amqp::parse_url(amqp_url)
             .map_err(|e| anyhow::anyhow!("amqp_url {}: {e}", redact(amqp_url)))?;
         let mut queues_url = base.clone();
         queues_url
@@ -362,8 +363,8 @@ impl Management {
         Ok(Management {
             base,
             queues_url,
-            user: amqp.authority.userinfo.username,
-            password: amqp.authority.userinfo.password,
+            user: amqp.user,
+            password: amqp.password,
             client,
         })
     }
@@ -537,32 +538,19 @@ mod tests {
             1,
             "clones share one connection"
         );
-        assert!(
-            broker
-                .connection()
-                .await
-                .expect("open")
-                .status()
-                .connected()
-        );
+        assert!(broker.connection().await.expect("open").is_connected());
 
         // Closed under it: the next use opens a new one.
         let first = broker.connection().await.expect("connection");
-        first
-            .close(320, "test closes it".into())
-            .await
-            .expect("closed");
+        first.close("test closes it").await.expect("closed");
         broker.queue_figures(&names).await.expect("figures");
         assert_eq!(broker.connections_opened(), 2);
         let second = broker.connection().await.expect("connection");
         assert!(!Arc::ptr_eq(&first, &second));
-        assert!(second.status().connected());
+        assert!(second.is_connected());
 
         broker.close().await;
-        assert!(
-            !second.status().connected(),
-            "close closes the shared connection"
-        );
+        assert!(!second.is_connected(), "close closes the shared connection");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! trigger messages to RabbitMQ. See ARCHITECTURE.md for the module map and invariants.
 
 pub mod alerts;
+pub mod amqp;
 pub mod api;
 pub mod auth;
 pub mod broker;
@@ -9,11 +10,13 @@ pub mod check;
 pub mod cli;
 pub mod config;
 pub mod dashboard;
+pub mod dispatcher;
 pub mod job;
 pub mod leader;
 pub mod metrics;
 pub mod misfire;
 pub mod ops;
+pub mod outbox;
 pub mod overdue;
 pub mod pace;
 pub mod parking;

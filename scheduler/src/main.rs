@@ -1,16 +1,13 @@
-//! `chime`: parse arguments, load settings, set up logging, dispatch to the command.
+//! `chime`: parse arguments, load settings, set up logging, then run the scheduler
+//! ([`chime_scheduler::service::run`]) or the command.
 
 use std::io::{IsTerminal as _, Write as _};
-use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use chime_scheduler::auth::Caller;
 use chime_scheduler::cli::{Broker, Cli, Command};
 use chime_scheduler::config::Settings;
-use chime_scheduler::leader::LeaseTimings;
-use chime_scheduler::planner::PlannerTimings;
-use chime_scheduler::service::{self, DutySettings, JobLoader, ServiceConfig};
+use chime_scheduler::service;
 use chime_scheduler::store::Store;
 use clap::{CommandFactory as _, Parser as _};
 use tokio::signal::unix::{SignalKind, signal};
@@ -49,7 +46,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let settings = Settings::load(cli.config.as_deref()).map_err(|e| anyhow::anyhow!("{e}"))?;
     match cli.command {
         Command::Scheduler { jobs } => {
-            scheduler(settings, jobs).await?;
+            let mut settings = settings;
+            settings.jobs.extend(jobs);
+            service::run(settings, stop_on_signal()?).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Migrate => {
@@ -88,59 +87,19 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
-async fn scheduler(settings: Settings, extra_jobs: Vec<PathBuf>) -> anyhow::Result<()> {
-    let config = ServiceConfig {
-        database_url: settings.database_url.clone(),
-        amqp_url: settings.amqp_url.clone(),
-        amqp_tls: settings.amqp_tls.clone(),
-        instance_id: settings.resolved_instance_id(),
-        queue_prefix: settings.queue_prefix.clone(),
-        lease: LeaseTimings {
-            ttl: settings.leader.lease_ttl,
-            renew_interval: settings.leader.renew_interval,
-            ..LeaseTimings::default()
-        },
-        planner: PlannerTimings {
-            lookahead: settings.planner.lookahead,
-            ..PlannerTimings::default()
-        },
-    };
-    let duties = DutySettings {
-        rescuer: settings.rescuer,
-        alerts: settings.alerts.clone(),
-    };
-    let bind = settings.bind;
-    let retention = settings.retention;
-    let management_url = settings.management_url.clone();
-    let mut settings = settings;
-    settings.jobs.extend(extra_jobs);
-    let loader: JobLoader =
-        Arc::new(move || settings.load_jobs().map_err(|e| anyhow::anyhow!("{e}")));
-
+/// A token cancelled on SIGTERM or Ctrl-C.
+fn stop_on_signal() -> anyhow::Result<CancellationToken> {
     let shutdown = CancellationToken::new();
-    let (reload_tx, reload_rx) = tokio::sync::mpsc::channel(4);
-    let mut hangup = signal(SignalKind::hangup())?;
     let mut terminate = signal(SignalKind::terminate())?;
     let stop = shutdown.clone();
     tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                _ = hangup.recv() => {
-                    tracing::info!("SIGHUP: reloading job files");
-                    let _ = reload_tx.send(()).await;
-                }
-                _ = terminate.recv() => break,
-                _ = tokio::signal::ctrl_c() => break,
-            }
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
         }
         stop.cancel();
     });
-    let operations = service::OpsSettings {
-        bind: Some(bind),
-        retention: Some(retention),
-        management_url,
-    };
-    service::run_serving(config, duties, operations, loader, reload_rx, shutdown).await
+    Ok(shutdown)
 }
 
 /// The database `url` names, for messages (PostgreSQL's default: the user's name).
@@ -156,9 +115,12 @@ fn database_name(url: &str) -> String {
 /// their result to stdout and log only warnings and errors, unless `RUST_LOG` says otherwise.
 fn init_tracing(serving: bool) {
     let default = if serving {
-        "info,sqlx=warn,lapin=warn"
+        format!(
+            "info,sqlx=warn,{}",
+            chime_scheduler::amqp::QUIET_CLIENT_LOGS
+        )
     } else {
-        "warn"
+        "warn".to_owned()
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));

@@ -25,23 +25,24 @@
 //!   when `management_url` is set (then also unacknowledged messages), else passive declares
 //!   (nothing is created); unknown queues are left out ([`crate::broker`]).
 //!
-//! Publish confirm latency is measured where it happens ([`observe_confirm`], in the publish
-//! path); `chime_is_leader` comes from this instance's elector.
+//! Publish confirm latency is measured where it happens ([`crate::publish::CONFIRM_LATENCY`],
+//! in the publish path) and only registered here; `chime_is_leader` comes from this instance's
+//! elector.
 
 use std::collections::HashMap;
-use std::sync::LazyLock;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use prometheus::core::Collector;
 use prometheus::{
-    Encoder as _, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec,
-    Opts, Registry, TextEncoder,
+    Encoder as _, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 use tokio::sync::{Mutex, watch};
 
+use crate::broker::Broker;
 use crate::leader::Leadership;
-use crate::ops::Broker;
+use crate::publish::CONFIRM_LATENCY;
 use crate::store::Store;
 
 /// Most runs the lateness cursor reads per scrape.
@@ -75,25 +76,6 @@ pub const PUBLISH_OFFSET_BUCKETS: &[f64] = &[
     -3.0, -2.0, -1.0, -0.5, -0.25, -0.22, -0.2, -0.18, -0.15, -0.1, -0.05, -0.01, 0.0, 0.01, 0.05,
     0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
-
-/// Publish → confirm latency of triggers, observed by the publish path.
-static PUBLISH_CONFIRM: LazyLock<Histogram> = LazyLock::new(|| {
-    Histogram::with_opts(
-        HistogramOpts::new(
-            "chime_publish_confirm_seconds",
-            "Time from sending a trigger to the broker's confirm (or its failure).",
-        )
-        .buckets(vec![
-            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-        ]),
-    )
-    .expect("valid histogram")
-});
-
-/// Records one publish's confirm latency.
-pub fn observe_confirm(elapsed: Duration) {
-    PUBLISH_CONFIRM.observe(elapsed.as_secs_f64());
-}
 
 /// One instance's metrics.
 #[derive(Debug)]
@@ -244,7 +226,7 @@ impl Metrics {
         registry.register(Box::new(term.clone()))?;
         registry.register(Box::new(workers.clone()))?;
         registry.register(Box::new(scrape_errors.clone()))?;
-        registry.register(Box::new(PUBLISH_CONFIRM.clone()))?;
+        registry.register(Box::new(CONFIRM_LATENCY.clone()))?;
         // Make every labelled family visible before its first sample, so dashboards and
         // alerts find the name.
         lateness.with_label_values(&["started"]);
@@ -291,7 +273,7 @@ impl Metrics {
             &self.term,
             &self.workers,
             &self.scrape_errors,
-            &*PUBLISH_CONFIRM,
+            &*CONFIRM_LATENCY,
         ];
         collectors
             .iter()

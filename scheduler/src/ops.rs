@@ -18,10 +18,10 @@ use chime_protocol::limits;
 use chime_protocol::wire::ControlMessage;
 
 use crate::auth::{self, Caller, Role};
+use crate::broker::ControlDelivery;
 use crate::config::{validate_job, validate_params};
 use crate::job::JobSpec;
 use crate::parking::ParkingLot;
-use crate::publish::ControlDelivery;
 use crate::secrets;
 use crate::store::{
     AuditQuery, AuditRecord, CancelOutcome, DeadLetterRecord, LeaderInfo, REPLAYABLE_STATES,

@@ -1,7 +1,7 @@
 //! The parking lot from the operator's side (`chime dlq …`): the leader's drain of every
 //! group's parking-lot queue into PostgreSQL, what a drained message says, and purging a queue.
 //!
-//! With [`crate::publish`], the only scheduler module that speaks AMQP.
+//! It reaches the broker through the [`crate::amqp`] adapter.
 //!
 //! **Why drain.** A quorum queue cannot be read without changing it: `basic.get` and a return
 //! (`basic.nack` with requeue, or closing the channel) count as a delivery and raise the
@@ -32,20 +32,17 @@ use chime_protocol::wire::{
     HEADER_PARKED_AT, Trigger,
 };
 use chrono::{DateTime, Utc};
-use lapin::options::{BasicAckOptions, BasicGetOptions, QueueDeclareOptions, QueuePurgeOptions};
-use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Connection, ConnectionProperties};
 use serde::Serialize;
 use sha2::{Digest as _, Sha256};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::amqp::{AMQPValue, Connection, Delivery, FieldTable};
 use crate::store::{DeadLetterContent, Fence, NewDeadLetter, Store};
-use chime_protocol::redact::redact_url as redact;
 use chime_protocol::tls::AmqpTls;
 
-/// How long to wait for the broker to accept a connection.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a passive declare may take (as long as a connection may take to open).
+const INSPECT_TIMEOUT: Duration = crate::amqp::CONNECT_TIMEOUT;
 
 /// How often the leader drains the parking-lot queues.
 pub const DRAIN_PERIOD: Duration = Duration::from_secs(1);
@@ -87,7 +84,7 @@ pub struct ParkedMessage {
 
 impl ParkedMessage {
     /// Reads a delivery's headers and body.
-    pub fn from_delivery(group: &str, delivery: &lapin::message::Delivery) -> ParkedMessage {
+    pub fn from_delivery(group: &str, delivery: &Delivery) -> ParkedMessage {
         let headers = delivery.properties.headers().clone().unwrap_or_default();
         let trigger = (delivery.data.len() <= MAX_TRIGGER_BYTES)
             .then(|| Trigger::from_body(&delivery.data).ok())
@@ -157,7 +154,7 @@ impl ParkedPayload {
 
 /// What the drain stores of a delivery from `group`'s parking lot: its fields (cut to their
 /// bounds), its headers, its body (cut) and its fingerprint.
-pub fn dead_letter(group: &str, delivery: &lapin::message::Delivery) -> NewDeadLetter {
+pub fn dead_letter(group: &str, delivery: &Delivery) -> NewDeadLetter {
     let properties = &delivery.properties;
     let message = ParkedMessage::from_delivery(group, delivery);
     let headers = table_json(&properties.headers().clone().unwrap_or_default(), 0);
@@ -226,10 +223,11 @@ pub async fn run(
             () = stop.cancelled() => break,
             () = tokio::time::sleep(DRAIN_PERIOD) => {}
         }
-        if !connection.as_ref().is_some_and(|c| c.status().connected()) {
-            connection = match open_connection(&amqp_url, &amqp_tls, &name).await {
+        if !connection.as_ref().is_some_and(Connection::is_connected) {
+            connection = match Connection::open(&amqp_url, &amqp_tls, &name).await {
                 Ok(c) => Some(c),
                 Err(e) => {
+                    let e = anyhow::Error::new(e);
                     debug!(error = %format!("{e:#}"), "drain: broker unreachable; next pass tries again");
                     continue;
                 }
@@ -248,7 +246,7 @@ pub async fn run(
         }
     }
     if let Some(connection) = connection {
-        let _ = connection.close(200, "done".into()).await;
+        let _ = connection.close("done").await;
     }
 }
 
@@ -317,26 +315,16 @@ async fn drain_batch(
     stop: &CancellationToken,
 ) -> anyhow::Result<Batch> {
     let channel = connection
-        .create_channel()
+        .channel()
         .await
         .context("opening a channel to drain the parking lots")?;
     // A missing queue (its workers never ran, no instance declared it yet): nothing to drain,
     // and nothing is created. The broker closes the channel.
-    let Ok(declared) = channel
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-    else {
+    let Ok(declared) = channel.passive_declare(queue).await else {
         return Ok(Batch::Missing);
     };
-    if declared.message_count() == 0 {
-        let _ = channel.close(200, "done".into()).await;
+    if declared.messages == 0 {
+        channel.close("done").await;
         return Ok(Batch::Stored {
             taken: 0,
             stored: 0,
@@ -346,25 +334,25 @@ async fn drain_batch(
     let (mut bytes, mut last_tag) = (0, None);
     while letters.len() < DRAIN_BATCH && bytes < DRAIN_BATCH_BYTES {
         let got = channel
-            .basic_get(queue.into(), BasicGetOptions { no_ack: false })
+            .get(queue)
             .await
             .with_context(|| format!("reading the parking lot {queue}"));
-        let message = match got {
-            Ok(Some(message)) => message,
+        let delivery = match got {
+            Ok(Some(delivery)) => delivery,
             Ok(None) => break,
             Err(e) => {
                 // Closing the channel returns what this batch took.
-                let _ = channel.close(200, "read failed".into()).await;
+                channel.close("read failed").await;
                 return Err(e);
             }
         };
-        let letter = dead_letter(group, &message.delivery);
+        let letter = dead_letter(group, &delivery);
         bytes += stored_size(&letter);
         letters.push(letter);
-        last_tag = Some(message.delivery.delivery_tag);
+        last_tag = Some(delivery.delivery_tag);
     }
     let Some(last_tag) = last_tag else {
-        let _ = channel.close(200, "done".into()).await;
+        channel.close("done").await;
         return Ok(Batch::Stored {
             taken: 0,
             stored: 0,
@@ -376,7 +364,7 @@ async fn drain_batch(
         match store.insert_dead_letters(fence, &letters).await {
             Ok(Some(stored)) => break stored,
             Ok(None) => {
-                let _ = channel.close(200, "lease lost".into()).await;
+                channel.close("lease lost").await;
                 return Ok(Batch::Stopped);
             }
             Err(e) => {
@@ -384,7 +372,7 @@ async fn drain_batch(
                       "could not store drained dead letters; they stay in the queue, trying again");
                 tokio::select! {
                     () = stop.cancelled() => {
-                        let _ = channel.close(200, "stopping".into()).await;
+                        channel.close("stopping").await;
                         return Ok(Batch::Stopped);
                     }
                     () = tokio::time::sleep(DRAIN_PERIOD) => {}
@@ -393,10 +381,10 @@ async fn drain_batch(
         }
     };
     channel
-        .basic_ack(last_tag, BasicAckOptions { multiple: true })
+        .ack_through(last_tag)
         .await
         .with_context(|| format!("acknowledging drained messages of {queue}"))?;
-    let _ = channel.close(200, "done".into()).await;
+    channel.close("done").await;
     let taken = letters.len();
     Ok(if bytes >= DRAIN_BATCH_BYTES {
         Batch::Full { stored }
@@ -425,7 +413,7 @@ impl std::fmt::Debug for ParkingLot {
 impl ParkingLot {
     /// Connects to the broker at `url` (TLS options `tls`); queue names use `prefix`.
     pub async fn connect(url: &str, tls: &AmqpTls, prefix: &str) -> anyhow::Result<ParkingLot> {
-        let connection = open_connection(url, tls, "chime-cli").await?;
+        let connection = Connection::open(url, tls, "chime-cli").await?;
         Ok(ParkingLot {
             connection: std::sync::Arc::new(connection),
             prefix: prefix.to_owned(),
@@ -445,7 +433,7 @@ impl ParkingLot {
 
     /// Whether the connection is still open (a failed operation may have broken it).
     pub fn connected(&self) -> bool {
-        self.connection.status().connected()
+        self.connection.is_connected()
     }
 
     /// The parking-lot queue of `group`.
@@ -462,14 +450,14 @@ impl ParkingLot {
         }
         let channel = self
             .connection
-            .create_channel()
+            .channel()
             .await
             .context("opening a channel")?;
         let count = channel
-            .queue_purge(queue.as_str().into(), QueuePurgeOptions::default())
+            .purge(&queue)
             .await
             .with_context(|| format!("purging the parking lot {queue}"))?;
-        let _ = channel.close(200, "done".into()).await;
+        channel.close("done").await;
         Ok(count)
     }
 
@@ -478,22 +466,12 @@ impl ParkingLot {
     pub async fn inspect(&self, queue: &str) -> Option<(u32, u32)> {
         let inspect = async {
             // A passive declare of a missing queue closes its channel: use a channel per queue.
-            let channel = self.connection.create_channel().await.ok()?;
-            let declared = channel
-                .queue_declare(
-                    queue.into(),
-                    QueueDeclareOptions {
-                        passive: true,
-                        ..QueueDeclareOptions::default()
-                    },
-                    FieldTable::default(),
-                )
-                .await
-                .ok()?;
-            let _ = channel.close(200, "done".into()).await;
-            Some((declared.message_count(), declared.consumer_count()))
+            let channel = self.connection.channel().await.ok()?;
+            let declared = channel.passive_declare(queue).await.ok()?;
+            channel.close("done").await;
+            Some((declared.messages, declared.consumers))
         };
-        tokio::time::timeout(CONNECT_TIMEOUT, inspect)
+        tokio::time::timeout(INSPECT_TIMEOUT, inspect)
             .await
             .ok()
             .flatten()
@@ -502,27 +480,9 @@ impl ParkingLot {
     /// Closes the connection, unless it is shared.
     pub async fn close(self) {
         if self.owned {
-            let _ = self.connection.close(200, "done".into()).await;
+            let _ = self.connection.close("done").await;
         }
     }
-}
-
-/// A connection to the broker at `url` (TLS options `tls`) named `name` (as the broker lists
-/// it), waiting at most 5 s.
-pub async fn open_connection(url: &str, tls: &AmqpTls, name: &str) -> anyhow::Result<Connection> {
-    let properties = ConnectionProperties::default().with_connection_name(name.into());
-    tokio::time::timeout(
-        CONNECT_TIMEOUT,
-        chime_protocol::tls::connect(url, tls, properties),
-    )
-    .await
-    .map_err(|_| {
-        anyhow::anyhow!(
-            "broker at {} did not answer within {CONNECT_TIMEOUT:?}",
-            redact(url)
-        )
-    })?
-    .with_context(|| format!("connecting to RabbitMQ at {}", redact(url)))
 }
 
 /// Whether the broker at `url` accepts a connection (for `/readyz`).
@@ -651,17 +611,10 @@ fn header_time(headers: &FieldTable, name: &str) -> Option<DateTime<Utc>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lapin::BasicProperties;
-    use lapin::types::FieldArray;
+    use crate::amqp::{BasicProperties, FieldArray};
 
-    fn delivery(properties: BasicProperties, body: &[u8]) -> lapin::message::Delivery {
-        let mut d = lapin::message::Delivery::mock(
-            1,
-            "chime.g".into(),
-            "parking".into(),
-            false,
-            body.to_vec(),
-        );
+    fn delivery(properties: BasicProperties, body: &[u8]) -> Delivery {
+        let mut d = Delivery::mock(1, "chime.g".into(), "parking".into(), false, body.to_vec());
         d.properties = properties;
         d
     }

@@ -1,60 +1,55 @@
-//! The leader's duties: turn schedules into runs (planner) and publish them on the instant
-//! (dispatcher), with the outbox as the safety net.
+//! The leader's planning, and its duties while it leads ([`lead`]).
 //!
-//! * The **planner** keeps every active job in a min-heap keyed by its next fire, so a tick
-//!   touches only the jobs that are due, never the registered ones. A little before each instant
-//!   (`lookahead`) it writes the due fires as runs in one fenced batch insert (unique on
-//!   (job, scheduled instant), so a fire can never become two runs), then hands them to the
-//!   dispatcher. On taking office and whenever a job is found behind schedule, it applies the
-//!   job's misfire policy from the persisted cursor ([`crate::misfire`]).
-//! * The **dispatcher** holds runs until `lead` before their instant, publishes them with
-//!   confirms and the header `x-chime-not-before` = the instant, and marks them `queued` in
-//!   batches at their instant, unless a worker claimed them first (the usual case, which spares
-//!   the row a version). A publish that fails leaves the run `pending` in the outbox. The worker holds an
-//!   early trigger, claims it, and starts the handler at the instant (docs/protocol.md §4), so
-//!   the broker's and the database's latency are spent before the instant, not after it.
-//! * The **outbox sweep** (every `sweep_interval`, and at once on `NOTIFY chime_outbox`) hands
-//!   the dispatcher every pending run due by the horizon that it does not already hold: manual
-//!   triggers, runs a previous leader persisted but did not publish, and failed publishes.
+//! The **planner** keeps every active job in a min-heap keyed by its next fire, so a tick
+//! touches only the jobs that are due, never the registered ones. A little before each instant
+//! (`lookahead`, 500 ms, more for an instant with many fires: [`crate::pace`]) it writes the due
+//! fires as runs in one fenced batch insert (unique on (job, scheduled instant), so a fire can
+//! never become two runs), then hands them to the [`crate::dispatcher`]. On taking office and
+//! whenever a job is found behind schedule, it applies the job's misfire policy from the
+//! persisted cursor ([`crate::misfire`]).
 //!
-//! * **Concurrency policies** are decided against the database when a fire is written
-//!   ([`Store::insert_fires`]): `forbid` records the fire `skipped` while a run of the job is
-//!   unfinished, `queue` keeps the new run out of the dispatcher and the outbox until the
-//!   earlier runs of its job have finished (a database trigger wakes the sweep when one does),
-//!   and `replace` cancels the job's unfinished runs just before attempt 1 of the new run is
-//!   published (running ones through a `CancelRun` control message).
-//! * Next to these run the [`crate::rescuer`] and the [`crate::alerts`] duty.
+//! **Concurrency policies** are decided against the database when a fire is written
+//! ([`Store::insert_fires`]): `forbid` records the fire `skipped` while a run of the job is
+//! unfinished, `queue` keeps the new run out of the dispatcher and the outbox until the earlier
+//! runs of its job have finished (a database trigger wakes the outbox sweep when one does), and
+//! `replace` cancels the job's unfinished runs just before attempt 1 of the new run is published
+//! ([`crate::dispatcher::Triggers`]).
 //!
-//! Before each publish the dispatcher checks the local trust window of its term; every database
-//! write is fenced by the term.
+//! **Invariants** (enforced here):
+//! * A run row exists before its trigger is published: a run reaches the dispatcher only after
+//!   the fenced insert that wrote it committed; a lost fence stops the leadership.
+//! * Tick cost grows with the number of *due* jobs, not registered ones.
+//! * Memory grows by a compact record per planned job (what firing needs, schedule and group
+//!   shared), never by whole definitions; jobs are read from the database in pages of 2,000.
+//!
+//! [`lead`] runs the planner with the [`crate::dispatcher`] and its [`crate::outbox`], the
+//! [`crate::rescuer`] and the [`crate::alerts`] duty, for one term.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use futures::StreamExt as _;
-use futures::stream::FuturesUnordered;
 use tokio::sync::{mpsc, watch};
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use chime_protocol::wire::{ControlMessage, RetryPolicy};
+use chime_protocol::wire::RetryPolicy;
 
+use crate::broker::Broker;
 use crate::config::{AlertSettings, RescuerSettings};
+use crate::dispatcher::{Dispatcher, Triggers, WallClock};
 use crate::job::{ConcurrencyPolicy, JobSpec};
 use crate::leader::Leadership;
 use crate::misfire::{self, CatchUpPolicy, Decision};
+use crate::outbox::Outbox;
 pub use crate::pace::MAX_LEAD;
-use crate::pace::{Instants, Pace, minus, plus};
+use crate::pace::{Instants, Pace, minus};
 use crate::publish::Publisher;
 use crate::schedule::Schedule;
 use crate::store::{
-    ALL_JOBS, Confirmed, Fence, JOBS_CHANNEL, JobRecord, NewFire, OUTBOX_CHANNEL, OutboxRun, Store,
-    TriggerKind,
+    ALL_JOBS, Fence, JOBS_CHANNEL, JobRecord, NewFire, OutboxRun, Store, TriggerKind,
 };
 
 /// Tuning of the leader's loops.
@@ -86,8 +81,11 @@ impl Default for PlannerTimings {
 pub struct LeaderContext {
     /// Database.
     pub store: Store,
-    /// Broker.
+    /// Triggers.
     pub publisher: Arc<Publisher>,
+    /// Control messages (the `replace` policy's cancels), on the connection the operations of
+    /// this instance share.
+    pub broker: Broker,
     /// This instance's id.
     pub instance: String,
     /// Loop timings.
@@ -111,14 +109,29 @@ pub async fn lead(
     };
     let (tx, rx) = mpsc::channel(4096);
     let pace = Arc::new(Pace::default());
-    let dispatcher = Dispatcher {
-        ctx: ctx.clone(),
+    let outbox = Outbox::start(
+        ctx.store.clone(),
+        fence.clone(),
+        ctx.timings.sweep_interval,
+        ctx.timings.lookahead,
+        stop.clone(),
+    );
+    let triggers = Triggers {
+        store: ctx.store.clone(),
         fence: fence.clone(),
-        leadership,
-        stop: stop.clone(),
-        pace: pace.clone(),
+        publisher: ctx.publisher.clone(),
+        broker: ctx.broker.clone(),
     };
-    let dispatch = tokio::spawn(dispatcher.run(rx));
+    let dispatcher = Dispatcher::new(
+        Arc::new(triggers),
+        WallClock,
+        term,
+        ctx.timings.lead,
+        leadership,
+        stop.clone(),
+        pace.clone(),
+    );
+    let dispatch = tokio::spawn(dispatcher.run(rx, outbox));
     let rescuer = tokio::spawn(crate::rescuer::run(
         ctx.store.clone(),
         fence.clone(),
@@ -231,7 +244,7 @@ struct Planner {
 
 impl Planner {
     async fn run(&mut self, stop: &CancellationToken) -> anyhow::Result<()> {
-        let mut changes = listen(&self.ctx.store, JOBS_CHANNEL).await;
+        let mut changes = self.ctx.store.listen(JOBS_CHANNEL).await;
         info!(term = self.fence.term, "planning");
         let mut after: Option<String> = None;
         let mut read = 0usize;
@@ -606,422 +619,4 @@ fn new_fire(
         skip,
         concurrency: planned.concurrency,
     }
-}
-
-/// Holds runs until `lead` before their instant and publishes them.
-///
-/// Its loop only holds runs, starts publishes and collects confirms: the two database writes
-/// it depends on run in tasks of their own, so a slow database never stalls publishing. The
-/// **marker** writes the marks of confirmed runs (`queued`, `published_at`) in batches; the
-/// **sweeper** reads the outbox. A run stays in the dispatcher's `held` set from the moment it
-/// is taken until a sweep that *started after its mark committed* has been handed over (the
-/// marker counts its committed marks, each sweep notes the count before its query), so a sweep
-/// that read the run still `pending` can never hand it over a second time.
-struct Dispatcher {
-    ctx: Arc<LeaderContext>,
-    fence: Fence,
-    leadership: watch::Receiver<Leadership>,
-    stop: CancellationToken,
-    /// The measured publish rate, which sizes each instant's lead.
-    pace: Arc<Pace>,
-}
-
-/// A group of triggers released together, timed from its release to its last confirm to
-/// measure the publish rate ([`Pace::observe`]).
-struct Burst {
-    size: usize,
-    unsettled: usize,
-    released: Instant,
-}
-
-/// Marks of published runs are flushed at least this often.
-const MARK_INTERVAL: Duration = Duration::from_millis(20);
-/// Pending runs read per outbox sweep.
-const SWEEP_LIMIT: i64 = 10_000;
-
-/// Runs whose mark committed as the marker's `seq`-th batch.
-type Marked = (u64, Vec<i64>);
-/// An outbox sweep: the marker's count of committed batches before its query, and what it read.
-type Swept = (u64, Vec<OutboxRun>);
-
-impl Dispatcher {
-    async fn run(self, mut incoming: mpsc::Receiver<OutboxRun>) {
-        let marks_done = Arc::new(AtomicU64::new(0));
-        let (published_tx, published_rx) = mpsc::unbounded_channel::<Published>();
-        let (marked_tx, mut marked_rx) = mpsc::unbounded_channel::<Marked>();
-        let (swept_tx, mut swept_rx) = mpsc::channel::<Swept>(1);
-        let marker = tokio::spawn(mark_loop(
-            self.ctx.clone(),
-            self.fence.clone(),
-            self.stop.clone(),
-            marks_done.clone(),
-            published_rx,
-            marked_tx,
-        ));
-        let sweeper = tokio::spawn(sweep_loop(
-            self.ctx.clone(),
-            self.stop.clone(),
-            marks_done,
-            swept_tx,
-        ));
-        // Held runs by scheduled instant; `instants` counts them per instant, and `release` is
-        // the next moment some instant's lead begins (cached: recomputed after each release).
-        let mut waiting: BinaryHeap<Reverse<(DateTime<Utc>, i64)>> = BinaryHeap::new();
-        let mut instants = Instants::default();
-        let mut release: Option<DateTime<Utc>> = None;
-        let mut bursts: HashMap<u64, Burst> = HashMap::new();
-        let mut burst_seq = 0u64;
-        let mut runs: HashMap<i64, OutboxRun> = HashMap::new();
-        let mut held: HashSet<i64> = HashSet::new();
-        let mut marked: VecDeque<Marked> = VecDeque::new();
-        let mut in_flight = FuturesUnordered::new();
-
-        loop {
-            let next_due = release
-                .map(|at| (at - Utc::now()).to_std().unwrap_or(Duration::ZERO))
-                .unwrap_or(Duration::from_secs(3600));
-            tokio::select! {
-                biased;
-                () = self.stop.cancelled() => break,
-                Some((id, scheduled_at, burst, result)) = in_flight.next(), if !in_flight.is_empty() => {
-                    let result: anyhow::Result<()> = result;
-                    if let Some(b) = bursts.get_mut(&burst) {
-                        b.unsettled -= 1;
-                        if b.unsettled == 0 {
-                            let b = bursts.remove(&burst).expect("present");
-                            if result.is_ok() {
-                                self.pace.observe(b.size, b.released.elapsed());
-                            }
-                        }
-                    }
-                    match result {
-                        Ok(()) => {
-                            // The marker only ends once the leadership ends.
-                            let _ = published_tx.send(Published { id, scheduled_at, confirmed_at: Utc::now() });
-                        }
-                        Err(e) => {
-                            warn!(run_id = id, error = %format!("{e:#}"), "publish failed; the run stays in the outbox");
-                            held.remove(&id);
-                        }
-                    }
-                }
-                () = tokio::time::sleep(next_due), if release.is_some() => {
-                    let Some(term) = self.trusted_term() else { break };
-                    let horizon = instants.horizon(Utc::now(), |n| self.lead(n), MAX_LEAD);
-                    burst_seq += 1;
-                    let mut size = 0;
-                    while let Some(horizon) = horizon
-                        && let Some(Reverse((at, _))) = waiting.peek()
-                        && *at <= horizon
-                    {
-                        let Reverse((at, id)) = waiting.pop().expect("peeked");
-                        instants.remove(at);
-                        let Some(run) = runs.remove(&id) else { continue };
-                        let ctx = self.ctx.clone();
-                        let fence = self.fence.clone();
-                        size += 1;
-                        in_flight.push(async move {
-                            let result = publish(&ctx, &fence, &run, term).await;
-                            (run.id, run.scheduled_at, burst_seq, result)
-                        });
-                    }
-                    if size > 0 {
-                        bursts.insert(burst_seq, Burst { size, unsettled: size, released: Instant::now() });
-                    }
-                    release = instants.next_due(|n| self.lead(n), MAX_LEAD);
-                }
-                Some(run) = incoming.recv() => {
-                    if held.insert(run.id) {
-                        self.hold(run, &mut waiting, &mut instants, &mut release, &mut runs);
-                    }
-                }
-                Some(batch) = marked_rx.recv() => marked.push_back(batch),
-                Some((marks_before, pending)) = swept_rx.recv() => {
-                    // Marks committed before the sweep's query: the sweep saw those runs
-                    // `queued`, so from now on a run of theirs found `pending` is a new
-                    // attempt (rescued, republished) and may be taken again.
-                    while marked.front().is_some_and(|(seq, _)| *seq <= marks_before) {
-                        for id in marked.pop_front().expect("checked").1 {
-                            held.remove(&id);
-                        }
-                    }
-                    for run in pending {
-                        if held.insert(run.id) {
-                            debug!(run_id = run.id, job = %run.job, "outbox run picked up");
-                            self.hold(run, &mut waiting, &mut instants, &mut release, &mut runs);
-                        }
-                    }
-                }
-            }
-        }
-        // Stopping: let publishes already sent get their confirms and record them, so the next
-        // leader does not publish them again.
-        while let Some((id, scheduled_at, _, result)) = in_flight.next().await {
-            if result.is_ok() {
-                let _ = published_tx.send(Published {
-                    id,
-                    scheduled_at,
-                    confirmed_at: Utc::now(),
-                });
-            }
-        }
-        drop(published_tx);
-        for (task, what) in [(marker, "marker"), (sweeper, "outbox sweep")] {
-            if let Err(e) = task.await {
-                error!(term = self.fence.term, task = what, error = %e, "dispatcher task ended abnormally");
-            }
-        }
-    }
-
-    /// The lead of an instant with `n` triggers ([`Pace::lead`]).
-    fn lead(&self, n: usize) -> Duration {
-        self.pace.lead(self.ctx.timings.lead, n)
-    }
-
-    /// Holds a run until its instant's lead begins. The instant now has one more trigger, so its
-    /// lead can only have grown: the next release moves earlier or stays.
-    fn hold(
-        &self,
-        run: OutboxRun,
-        waiting: &mut BinaryHeap<Reverse<(DateTime<Utc>, i64)>>,
-        instants: &mut Instants,
-        release: &mut Option<DateTime<Utc>>,
-        runs: &mut HashMap<i64, OutboxRun>,
-    ) {
-        let n = instants.add(run.scheduled_at);
-        let at = minus(run.scheduled_at, self.lead(n));
-        *release = Some(release.map_or(at, |r| r.min(at)));
-        waiting.push(Reverse((run.scheduled_at, run.id)));
-        runs.insert(run.id, run);
-    }
-
-    fn trusted_term(&self) -> Option<i64> {
-        let term = self.leadership.borrow().term_at(Instant::now());
-        if term != Some(self.fence.term) {
-            warn!(
-                term = self.fence.term,
-                "no longer trusted as leader; dispatcher stops"
-            );
-            self.stop.cancel();
-            return None;
-        }
-        term
-    }
-}
-
-/// The dispatcher's marker: writes the marks of confirmed runs in batches (at most every
-/// [`MARK_INTERVAL`]), counts each committed batch in `marks_done` and reports it to the
-/// dispatcher. Ends when the dispatcher drops its sender (after flushing what it got) or the
-/// fence is lost.
-///
-/// A confirmed run is marked at its instant, not at once: a worker claims a trigger published
-/// ahead as soon as it arrives, and its claim records `published_at` itself, so by the instant
-/// most runs are `running` and the mark leaves them alone (one row version fewer per run, with
-/// an entry in each of `chime_runs`'s indexes: the hot path's largest cost in PostgreSQL). A run
-/// confirmed after its instant is marked within [`MARK_INTERVAL`]; when the leadership ends,
-/// every confirmed run is marked before the marker stops. A new leader after a crash republishes
-/// the runs confirmed but neither marked nor claimed (at most a lead's worth), as it always
-/// could; the claim keeps each from running twice.
-async fn mark_loop(
-    ctx: Arc<LeaderContext>,
-    fence: Fence,
-    stop: CancellationToken,
-    marks_done: Arc<AtomicU64>,
-    mut published: mpsc::UnboundedReceiver<Published>,
-    marked: mpsc::UnboundedSender<Marked>,
-) {
-    // Confirmed runs by the instant they are due to be marked: (due, run id, confirmed at).
-    let mut waiting: BinaryHeap<Reverse<MarkDue>> = BinaryHeap::new();
-    let mut tick = tokio::time::interval(MARK_INTERVAL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut open = true;
-    while open || !waiting.is_empty() {
-        if open {
-            tokio::select! {
-                run = published.recv() => match run {
-                    Some(run) => {
-                        let due = run.scheduled_at.min(plus(run.confirmed_at, MAX_LEAD));
-                        waiting.push(Reverse((due, run.id, run.confirmed_at)));
-                        continue;
-                    }
-                    None => open = false,
-                },
-                _ = tick.tick(), if !waiting.is_empty() => {}
-            }
-        }
-        // While open, the runs due by now; once the leadership ends, all of them.
-        let now = Utc::now();
-        let mut batch: Vec<Confirmed> = Vec::new();
-        while let Some(Reverse((due, id, confirmed_at))) = waiting.peek().copied()
-            && (!open || due <= now)
-        {
-            waiting.pop();
-            batch.push(Confirmed { id, confirmed_at });
-        }
-        if batch.is_empty() {
-            continue;
-        }
-        if !mark(&ctx, &fence, &stop, &batch).await {
-            return;
-        }
-        let seq = marks_done.load(Ordering::SeqCst) + 1;
-        marks_done.store(seq, Ordering::SeqCst);
-        let _ = marked.send((seq, batch.into_iter().map(|r| r.id).collect()));
-    }
-}
-
-/// A confirmed run waiting for its mark: when it is due, the run, when its confirm arrived.
-type MarkDue = (DateTime<Utc>, i64, DateTime<Utc>);
-
-/// A run whose trigger the broker confirmed, on its way from the dispatcher to the marker.
-struct Published {
-    id: i64,
-    scheduled_at: DateTime<Utc>,
-    confirmed_at: DateTime<Utc>,
-}
-
-/// Marks published runs `queued`, retrying while the database fails. Returns false when the
-/// fence no longer holds (the leadership stops) or on a failure while stopping.
-async fn mark(
-    ctx: &LeaderContext,
-    fence: &Fence,
-    stop: &CancellationToken,
-    runs: &[Confirmed],
-) -> bool {
-    let mut delay = Duration::from_millis(50);
-    loop {
-        match ctx.store.mark_published(fence, runs).await {
-            Ok(true) => return true,
-            Ok(false) => {
-                warn!(term = fence.term, "lease lost while marking published runs");
-                stop.cancel();
-                return false;
-            }
-            Err(e) => {
-                warn!(error = %format!("{e:#}"), "marking published runs failed; retrying");
-                if stop.is_cancelled() {
-                    return false;
-                }
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(1));
-            }
-        }
-    }
-}
-
-/// The dispatcher's outbox sweep: every `sweep_interval`, and at once on `NOTIFY chime_outbox`
-/// (notifications that arrive during a sweep are served by one more sweep). Hands over the
-/// pending runs due by the horizon with the marker's count of committed batches taken before
-/// the query.
-async fn sweep_loop(
-    ctx: Arc<LeaderContext>,
-    stop: CancellationToken,
-    marks_done: Arc<AtomicU64>,
-    swept: mpsc::Sender<Swept>,
-) {
-    let mut outbox_wake = listen(&ctx.store, OUTBOX_CHANNEL).await;
-    let mut sweep = tokio::time::interval(ctx.timings.sweep_interval);
-    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            () = stop.cancelled() => return,
-            _ = sweep.tick() => {}
-            Some(_) = outbox_wake.recv() => {
-                while outbox_wake.try_recv().is_ok() {}
-            }
-        }
-        let marks_before = marks_done.load(Ordering::SeqCst);
-        // As far ahead as the planner writes the largest burst: a new leader takes over runs
-        // its predecessor wrote early for their lead.
-        let horizon = plus(Utc::now(), Pace::max_lookahead(ctx.timings.lookahead));
-        let pending = tokio::select! {
-            () = stop.cancelled() => return,
-            pending = ctx.store.outbox(horizon, SWEEP_LIMIT) => pending,
-        };
-        match pending {
-            Ok(pending) => {
-                let handed = tokio::select! {
-                    () = stop.cancelled() => return,
-                    handed = swept.send((marks_before, pending)) => handed,
-                };
-                if handed.is_err() {
-                    return;
-                }
-            }
-            Err(e) => warn!(error = %format!("{e:#}"), "outbox sweep failed"),
-        }
-    }
-}
-
-/// Publishes one run. Attempt 1 of a `replace` job first cancels the job's earlier unfinished
-/// runs (fenced), telling the workers of running ones through a control message.
-async fn publish(
-    ctx: &LeaderContext,
-    fence: &Fence,
-    run: &OutboxRun,
-    term: i64,
-) -> anyhow::Result<()> {
-    if run.concurrency == ConcurrencyPolicy::Replace && run.attempt == 1 {
-        replace(ctx, fence, run).await?;
-    }
-    ctx.publisher.publish(run, term).await?;
-    Ok(())
-}
-
-async fn replace(ctx: &LeaderContext, fence: &Fence, run: &OutboxRun) -> anyhow::Result<()> {
-    let by = format!("replace policy (run {})", run.id);
-    let Some(cancelled) = ctx
-        .store
-        .cancel_superseded(fence, &run.job, run.id, &by)
-        .await?
-    else {
-        anyhow::bail!("lease lost (term {} no longer current)", fence.term);
-    };
-    for (id, before) in cancelled {
-        if before != "running" {
-            info!(run_id = id, job = %run.job, replaced_by = run.id, state = %before,
-                  "run cancelled before it started (concurrency replace)");
-            continue;
-        }
-        match ctx
-            .publisher
-            .publish_control(&ControlMessage::CancelRun { run_id: id })
-            .await
-        {
-            Ok(delivery) => info!(run_id = id, job = %run.job, replaced_by = run.id, ?delivery,
-                                  "asked the worker to cancel the running run (concurrency replace)"),
-            // The cancel request is recorded: if the worker is lost the rescuer finishes it as
-            // cancelled; otherwise the old run may overlap the new one.
-            Err(e) => warn!(run_id = id, job = %run.job, replaced_by = run.id, error = %e,
-                            "could not send the cancel control message (concurrency replace)"),
-        }
-    }
-    Ok(())
-}
-
-/// Notifications on `channel` as a stream of payloads; reconnects on its own.
-async fn listen(store: &Store, channel: &'static str) -> mpsc::Receiver<String> {
-    let (tx, rx) = mpsc::channel(1024);
-    let pool = store.pool().clone();
-    tokio::spawn(async move {
-        loop {
-            match sqlx::postgres::PgListener::connect_with(&pool).await {
-                Ok(mut listener) => {
-                    if listener.listen(channel).await.is_ok() {
-                        while let Ok(n) = listener.recv().await {
-                            if tx.send(n.payload().to_owned()).await.is_err() {
-                                return;
-                            }
-                        }
-                    }
-                }
-                Err(e) => warn!(channel, error = %e, "cannot LISTEN; relying on polling"),
-            }
-            if tx.is_closed() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
-    });
-    rx
 }

@@ -1,34 +1,46 @@
 //! The publish path: trigger messages to the executor group's exchange with publisher confirms
-//! and `mandatory`, on a connection this module owns and re-opens itself.
+//! and `mandatory`, on a connection this module owns and re-opens itself (through the
+//! [`crate::amqp`] adapter).
 //!
-//! A publish is a success only when the broker acks it *and* did not return it: with lapin an
-//! unroutable mandatory message comes back as `Ack(Some(returned))`, which this module reports as
-//! [`PublishError::Unroutable`] (after re-declaring the group's topology, so the next try routes).
-//! Nacks, timeouts and connection errors are errors too; the caller leaves the run in the outbox
-//! and tries again. Nothing is assumed published without a confirm.
-//!
-//! Control messages ([`ControlMessage`], such as "cancel run N") go the same way to the fanout
-//! exchange `P.control` that every worker binds a queue to.
+//! **Invariant:** a trigger counts as published only on a confirm that is an ack without a
+//! returned message. An unroutable trigger (returned, then acked) is
+//! [`PublishError::Unroutable`] (after forgetting the group's declared topology, so the next try
+//! declares it and routes); nacks, confirm timeouts and connection errors are errors too. The
+//! caller leaves the run in the outbox and tries again: nothing is assumed published without a
+//! confirm.
 
 use std::collections::HashSet;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use chime_protocol::Topology;
 use chime_protocol::redact::redact_url;
 use chime_protocol::tls::AmqpTls;
-use chime_protocol::wire::{CONTENT_TYPE, ControlMessage, PROTOCOL_VERSION, Trigger};
-use lapin::Confirmation;
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use chime_protocol::wire::{CONTENT_TYPE, PROTOCOL_VERSION, Trigger};
+use prometheus::{Histogram, HistogramOpts};
 use tokio::sync::Mutex;
 use tracing::{info, warn};
 
+use crate::amqp::{self, Channel, Confirmed, ConnectError, Connection, FieldTable};
 use crate::store::OutboxRun;
+
+/// Publish → confirm latency of triggers (`chime_publish_confirm_seconds`), observed here and
+/// registered by [`crate::metrics`].
+pub static CONFIRM_LATENCY: LazyLock<Histogram> = LazyLock::new(|| {
+    Histogram::with_opts(
+        HistogramOpts::new(
+            "chime_publish_confirm_seconds",
+            "Time from sending a trigger to the broker's confirm (or its failure).",
+        )
+        .buckets(vec![
+            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+        ]),
+    )
+    .expect("valid histogram")
+});
 
 /// How long to wait for a broker confirm before treating the publish as failed.
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long to wait for a connection to open.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Groups declared at once by [`Publisher::declare_groups`].
 pub const DECLARE_CONCURRENCY: usize = 16;
 
@@ -41,7 +53,7 @@ pub enum PublishError {
         /// Broker URL without password.
         url: String,
         /// The cause.
-        source: lapin::Error,
+        source: amqp::Error,
     },
     /// The broker did not complete the connection handshake in time.
     #[error("broker at {url} did not answer within {after:?}")]
@@ -53,7 +65,7 @@ pub enum PublishError {
     },
     /// The channel or connection failed during the publish.
     #[error("publish failed: {0}")]
-    Channel(#[from] lapin::Error),
+    Channel(#[from] amqp::Error),
     /// The exchange had no queue bound for the routing key.
     #[error("broker returned the trigger as unroutable ({code} {text}); topology re-declared")]
     Unroutable {
@@ -73,21 +85,74 @@ pub enum PublishError {
     Unconfirmed(Duration),
 }
 
+impl From<ConnectError> for PublishError {
+    fn from(e: ConnectError) -> PublishError {
+        match e {
+            ConnectError::Failed { url, source } => PublishError::Connect { url, source },
+            ConnectError::TimedOut { url, after } => PublishError::ConnectTimeout { url, after },
+        }
+    }
+}
+
 struct Link {
     connection: Connection,
     channel: Channel,
     declared: HashSet<String>,
-    control_declared: bool,
 }
 
-/// How a control message fared.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ControlDelivery {
-    /// The broker confirmed it into at least one worker's control queue.
-    Delivered,
-    /// No worker is listening (no queue is bound to the control exchange): no worker of this
-    /// prefix is running.
-    NoListener,
+/// A run's trigger as it goes on the wire: the body, its properties and its headers
+/// ([`TriggerMessage::header`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TriggerMessage {
+    body: Vec<u8>,
+    message_id: String,
+    timestamp: u64,
+    headers: FieldTable,
+}
+
+impl TriggerMessage {
+    /// Attempt `run.attempt` of `run`, published under leader `term`. Its `x-chime-not-before`
+    /// is the run's instant: it goes out up to the dispatcher's lead before it
+    /// ([`crate::pace`]), and the worker holds it until then.
+    pub fn new(run: &OutboxRun, term: i64) -> TriggerMessage {
+        let trigger = Trigger {
+            v: PROTOCOL_VERSION,
+            run_id: run.id,
+            job: run.job.clone(),
+            group: run.group.clone(),
+            attempt: run.attempt,
+            scheduled_at: run.scheduled_at,
+            params: run.params.clone(),
+            timeout_ms: run
+                .timeout
+                .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+            retry: run.retry,
+        };
+        TriggerMessage {
+            body: trigger.to_body(),
+            message_id: run.id.to_string(),
+            timestamp: u64::try_from(run.scheduled_at.timestamp()).unwrap_or(0),
+            headers: chime_protocol::headers::trigger_headers(run.attempt, term, run.scheduled_at),
+        }
+    }
+
+    /// An integer header's value.
+    pub fn header(&self, name: &str) -> Option<i64> {
+        chime_protocol::headers::get_integer(Some(&self.headers), name)
+            .ok()
+            .flatten()
+    }
+
+    /// What the adapter sends (the message id and headers move into it, so it is sent once).
+    fn message(&mut self) -> amqp::Message<'_> {
+        amqp::Message {
+            body: &self.body,
+            content_type: CONTENT_TYPE,
+            message_id: Some(std::mem::take(&mut self.message_id)),
+            timestamp: Some(self.timestamp),
+            headers: Some(std::mem::take(&mut self.headers)),
+        }
+    }
 }
 
 /// Publishes triggers; safe to share between tasks.
@@ -183,30 +248,11 @@ impl Publisher {
         Ok(failed)
     }
 
-    /// Publishes attempt `run.attempt` of `run` under leader `term` and waits for the confirm.
+    /// Publishes attempt `run.attempt` of `run` under leader `term` ([`TriggerMessage`]) and
+    /// waits for the confirm.
     pub async fn publish(&self, run: &OutboxRun, term: i64) -> Result<(), PublishError> {
-        let trigger = Trigger {
-            v: PROTOCOL_VERSION,
-            run_id: run.id,
-            job: run.job.clone(),
-            group: run.group.clone(),
-            attempt: run.attempt,
-            scheduled_at: run.scheduled_at,
-            params: run.params.clone(),
-            timeout_ms: run
-                .timeout
-                .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
-            retry: run.retry,
-        };
-        // Published up to the dispatcher's lead before the instant (crate::pace): the worker
-        // holds it until then.
-        let headers = chime_protocol::headers::trigger_headers(run.attempt, term, run.scheduled_at);
-        let properties = BasicProperties::default()
-            .with_content_type(CONTENT_TYPE.into())
-            .with_delivery_mode(2)
-            .with_message_id(run.id.to_string().into())
-            .with_timestamp(u64::try_from(run.scheduled_at.timestamp()).unwrap_or(0))
-            .with_headers(headers);
+        let mut trigger = TriggerMessage::new(run, term);
+        let message = trigger.message().prepare();
         let topology = Topology::new(&self.prefix, &run.group);
 
         // Send under the lock, wait for the confirm outside it so publishes pipeline.
@@ -217,15 +263,10 @@ impl Publisher {
             let sent = async {
                 self.ensure_declared(link, &run.group).await?;
                 link.channel
-                    .basic_publish(
-                        topology.exchange().as_str().into(),
-                        chime_protocol::topology::WORK_KEY.into(),
-                        BasicPublishOptions {
-                            mandatory: true,
-                            ..BasicPublishOptions::default()
-                        },
-                        &trigger.to_body(),
-                        properties,
+                    .publish(
+                        topology.exchange().as_str(),
+                        chime_protocol::topology::WORK_KEY,
+                        message,
                     )
                     .await
                     .map_err(PublishError::from)
@@ -240,7 +281,7 @@ impl Publisher {
             }
         };
         let confirmed = tokio::time::timeout(CONFIRM_TIMEOUT, confirm).await;
-        crate::metrics::observe_confirm(sent_at.elapsed());
+        CONFIRM_LATENCY.observe(sent_at.elapsed().as_secs_f64());
         let confirmation = match confirmed {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => {
@@ -253,91 +294,24 @@ impl Publisher {
             }
         };
         match confirmation {
-            Confirmation::Ack(None) => Ok(()),
-            Confirmation::Ack(Some(returned)) => {
+            Confirmed::Ack => Ok(()),
+            Confirmed::Returned { code, text } => {
                 // Someone deleted the queue or binding: forget what we declared so the next
                 // publish declares it again.
                 if let Some(link) = self.link.lock().await.as_mut() {
                     link.declared.remove(&run.group);
                 }
-                Err(PublishError::Unroutable {
-                    code: returned.reply_code,
-                    text: returned.reply_text.to_string(),
-                })
+                Err(PublishError::Unroutable { code, text })
             }
-            Confirmation::Nack(_) => Err(PublishError::Nacked),
-            Confirmation::NotRequested => unreachable!("the channel is in confirm mode"),
-        }
-    }
-
-    /// Publishes a control message to every worker under this prefix (fanout exchange
-    /// `P.control`, declared here if needed) and waits for the broker's confirm.
-    pub async fn publish_control(
-        &self,
-        message: &ControlMessage,
-    ) -> Result<ControlDelivery, PublishError> {
-        let body = serde_json::to_vec(message).expect("a ControlMessage always serialises");
-        let exchange = chime_protocol::topology::control_exchange(&self.prefix);
-        let properties = BasicProperties::default()
-            .with_content_type(CONTENT_TYPE.into())
-            .with_delivery_mode(2);
-        let confirm = {
-            let mut guard = self.link().await?;
-            let link = guard.as_mut().expect("link() leaves a link in place");
-            let sent = async {
-                if !link.control_declared {
-                    chime_protocol::topology::declare_control(&link.channel, &self.prefix).await?;
-                    link.control_declared = true;
-                }
-                link.channel
-                    .basic_publish(
-                        exchange.as_str().into(),
-                        "".into(),
-                        BasicPublishOptions {
-                            mandatory: true,
-                            ..BasicPublishOptions::default()
-                        },
-                        &body,
-                        properties,
-                    )
-                    .await
-            }
-            .await;
-            match sent {
-                Ok(confirm) => confirm,
-                Err(e) => {
-                    *guard = None;
-                    return Err(e.into());
-                }
-            }
-        };
-        let confirmation = match tokio::time::timeout(CONFIRM_TIMEOUT, confirm).await {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => {
-                self.drop_link().await;
-                return Err(e.into());
-            }
-            Err(_) => {
-                self.drop_link().await;
-                return Err(PublishError::Unconfirmed(CONFIRM_TIMEOUT));
-            }
-        };
-        match confirmation {
-            Confirmation::Ack(None) => Ok(ControlDelivery::Delivered),
-            Confirmation::Ack(Some(_)) => Ok(ControlDelivery::NoListener),
-            Confirmation::Nack(_) => Err(PublishError::Nacked),
-            Confirmation::NotRequested => unreachable!("the channel is in confirm mode"),
+            Confirmed::Nack => Err(PublishError::Nacked),
         }
     }
 
     /// Closes the connection (graceful shutdown).
     pub async fn close(&self) {
         if let Some(link) = self.link.lock().await.take() {
-            let _ = link.channel.close(200, "scheduler stopping".into()).await;
-            let _ = link
-                .connection
-                .close(200, "scheduler stopping".into())
-                .await;
+            link.channel.close("scheduler stopping").await;
+            let _ = link.connection.close("scheduler stopping").await;
         }
     }
 
@@ -350,7 +324,7 @@ impl Publisher {
         let mut guard = self.link.lock().await;
         let healthy = guard
             .as_ref()
-            .is_some_and(|l| l.connection.status().connected() && l.channel.status().connected());
+            .is_some_and(|l| l.connection.is_connected() && l.channel.is_connected());
         if !healthy {
             *guard = None;
             let recently_failed = self
@@ -376,32 +350,13 @@ impl Publisher {
             url: redact_url(&self.url),
             source,
         };
-        let properties = ConnectionProperties::default()
-            .with_connection_name(self.connection_name.as_str().into());
-        let connection = match tokio::time::timeout(
-            CONNECT_TIMEOUT,
-            chime_protocol::tls::connect(&self.url, &self.tls, properties),
-        )
-        .await
-        {
-            Ok(result) => result.map_err(connect_error)?,
-            Err(_) => {
-                return Err(PublishError::ConnectTimeout {
-                    url: redact_url(&self.url),
-                    after: CONNECT_TIMEOUT,
-                });
-            }
-        };
-        let channel = connection.create_channel().await.map_err(connect_error)?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .map_err(connect_error)?;
+        let connection = Connection::open(&self.url, &self.tls, &self.connection_name).await?;
+        let channel = connection.channel().await.map_err(connect_error)?;
+        channel.enable_confirms().await.map_err(connect_error)?;
         Ok(Link {
             connection,
             channel,
             declared: HashSet::new(),
-            control_declared: false,
         })
     }
 
@@ -409,8 +364,8 @@ impl Publisher {
         if link.declared.contains(group) {
             return Ok(());
         }
-        Topology::new(&self.prefix, group)
-            .declare(&link.channel)
+        link.channel
+            .declare_group(&self.prefix, group)
             .await
             .inspect_err(|e| warn!(group, error = %e, "declaring group topology failed"))?;
         link.declared.insert(group.to_owned());
@@ -423,11 +378,60 @@ async fn declare_on_own_channel(
     connection: &Connection,
     prefix: &str,
     group: &str,
-) -> Result<(), lapin::Error> {
-    let channel = connection.create_channel().await?;
-    let declared = Topology::new(prefix, group).declare(&channel).await;
-    if channel.status().connected() {
-        let _ = channel.close(200, "declared".into()).await;
+) -> Result<(), amqp::Error> {
+    let channel = connection.channel().await?;
+    let declared = channel.declare_group(prefix, group).await;
+    if channel.is_connected() {
+        channel.close("declared").await;
     }
     declared
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::{DateTime, Utc};
+
+    use super::*;
+    use crate::amqp::AMQPValue;
+    use crate::job::ConcurrencyPolicy;
+    use chime_protocol::wire::{HEADER_ATTEMPT, HEADER_NOT_BEFORE, HEADER_TERM};
+
+    fn run(id: i64, at: DateTime<Utc>) -> OutboxRun {
+        OutboxRun {
+            id,
+            group: "g".into(),
+            job: "tick".into(),
+            scheduled_at: at,
+            attempt: 2,
+            params: serde_json::json!({"n": 1}),
+            timeout: Some(Duration::from_secs(5)),
+            retry: None,
+            concurrency: ConcurrencyPolicy::Allow,
+        }
+    }
+
+    /// The headers a worker relies on: the attempt, the term that published it, and the
+    /// instant it must not start before; the body is the protocol's trigger.
+    #[test]
+    fn a_trigger_carries_its_attempt_term_and_instant() {
+        let at = DateTime::from_timestamp_millis(1_800_000_000_123).expect("instant");
+        let mut trigger = TriggerMessage::new(&run(42, at), 7);
+        // The wire types of protocol v1: a long-uint attempt, long-long-int term and instant.
+        let raw = |name: &str| trigger.headers.inner().get(name).cloned();
+        assert_eq!(raw(HEADER_ATTEMPT), Some(AMQPValue::LongUInt(2)));
+        assert_eq!(raw(HEADER_TERM), Some(AMQPValue::LongLongInt(7)));
+        assert_eq!(
+            raw(HEADER_NOT_BEFORE),
+            Some(AMQPValue::LongLongInt(1_800_000_000_123))
+        );
+        assert_eq!(trigger.header(HEADER_NOT_BEFORE), Some(1_800_000_000_123));
+        let message = trigger.message();
+        assert_eq!(message.message_id.as_deref(), Some("42"));
+        assert_eq!(message.timestamp, Some(1_800_000_000));
+        assert_eq!(message.content_type, CONTENT_TYPE);
+        let decoded = Trigger::from_body(message.body).expect("a trigger");
+        assert_eq!((decoded.run_id, decoded.attempt), (42, 2));
+        assert_eq!(decoded.scheduled_at, at);
+        assert_eq!(decoded.timeout_ms, Some(5_000));
+    }
 }

@@ -1,5 +1,6 @@
 //! One scheduler instance: migrate, sync config jobs, campaign for leadership, lead while
-//! elected, reload on request, shut down in order.
+//! elected, reload on request, shut down in order. [`run`] is the `chime scheduler` server;
+//! [`run_serving`] and its shorthands run an instance from parts (tests, benchmarks).
 //!
 //! Shutdown order: stop the leader's duties (the dispatcher waits for confirms of publishes
 //! already sent and records them), then resign the lease so a follower takes over at once, then
@@ -10,11 +11,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::config::{AlertSettings, RescuerSettings, RetentionSettings};
+use crate::broker::Broker;
+use crate::config::{AlertSettings, RescuerSettings, RetentionSettings, Settings};
 use crate::job::JobSpec;
 use crate::leader::{Elector, LeaseTimings, while_leading};
 use crate::overdue;
@@ -53,9 +56,58 @@ pub struct DutySettings {
     pub alerts: AlertSettings,
 }
 
-/// Runs an instance until `shutdown`, with default [`DutySettings`]. Each message on `reload`
-/// re-reads the job files and applies the difference (logged).
-pub async fn run(
+/// The `chime scheduler` server: one instance as `settings` say (its job files, the leader's
+/// duties, retention, and the API, health probes and `/metrics` on `bind`) until `shutdown`.
+/// SIGHUP re-reads the job files and applies the difference.
+pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let config = ServiceConfig {
+        database_url: settings.database_url.clone(),
+        amqp_url: settings.amqp_url.clone(),
+        amqp_tls: settings.amqp_tls.clone(),
+        instance_id: settings.resolved_instance_id(),
+        queue_prefix: settings.queue_prefix.clone(),
+        lease: LeaseTimings {
+            ttl: settings.leader.lease_ttl,
+            renew_interval: settings.leader.renew_interval,
+            ..LeaseTimings::default()
+        },
+        planner: PlannerTimings {
+            lookahead: settings.planner.lookahead,
+            ..PlannerTimings::default()
+        },
+    };
+    let duties = DutySettings {
+        rescuer: settings.rescuer,
+        alerts: settings.alerts.clone(),
+    };
+    let operations = OpsSettings {
+        bind: Some(settings.bind),
+        retention: Some(settings.retention),
+        management_url: settings.management_url.clone(),
+    };
+    let loader: JobLoader =
+        Arc::new(move || settings.load_jobs().map_err(|e| anyhow::anyhow!("{e}")));
+
+    let (reload_tx, reload_rx) = mpsc::channel(4);
+    let mut hangup = signal(SignalKind::hangup())?;
+    let hangups_stop = shutdown.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = hangups_stop.cancelled() => break,
+                _ = hangup.recv() => {
+                    info!("SIGHUP: reloading job files");
+                    let _ = reload_tx.send(()).await;
+                }
+            }
+        }
+    });
+    run_serving(config, duties, operations, loader, reload_rx, shutdown).await
+}
+
+/// Runs an instance until `shutdown`, with default [`DutySettings`] and no operations side.
+/// Each message on `reload` re-reads the job files and applies the difference (logged).
+pub async fn run_instance(
     config: ServiceConfig,
     loader: JobLoader,
     reload: mpsc::Receiver<()>,
@@ -64,7 +116,7 @@ pub async fn run(
     run_with(config, DutySettings::default(), loader, reload, shutdown).await
 }
 
-/// [`run`] with the given settings of the leader's failure-handling duties.
+/// [`run_instance`] with the given settings of the leader's failure-handling duties.
 pub async fn run_with(
     config: ServiceConfig,
     duties: DutySettings,
@@ -114,14 +166,19 @@ pub async fn run_serving(
     // waiting for them) never delays a renewal.
     let lease_store = Store::connect(&config.database_url, LEASE_CONNECTIONS).await?;
     let (elector, leadership) = Elector::new(lease_store, config.instance_id.clone(), config.lease);
+    // One shared connection for the operations and the leader's control messages, opened on
+    // first use.
+    let broker = Broker::new(&config.amqp_url, &config.queue_prefix)
+        .with_amqp_tls(config.amqp_tls.clone())
+        .with_management_url(operations.management_url.as_deref());
     // Bind first: an instance that may not serve (exposure rule, address taken) changes nothing.
     let http = match operations.bind {
         Some(bind) => Some(
             crate::api::Server::bind(
                 bind,
                 &store,
-                &config,
-                operations.management_url.as_deref(),
+                &config.instance_id,
+                broker.clone(),
                 leadership.clone(),
             )
             .await?,
@@ -152,6 +209,7 @@ pub async fn run_serving(
     let ctx = Arc::new(LeaderContext {
         store: store.clone(),
         publisher: publisher.clone(),
+        broker: broker.clone(),
         instance: config.instance_id.clone(),
         timings: config.planner,
         rescuer: duties.rescuer,
@@ -257,6 +315,7 @@ pub async fn run_serving(
         let _ = server.await;
     }
     publisher.close().await;
+    broker.close().await;
     store.pool().close().await;
     info!(instance = %config.instance_id, "scheduler stopped");
     Ok(())

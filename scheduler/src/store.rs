@@ -394,6 +394,37 @@ impl Store {
         &self.pool
     }
 
+    /// Notifications on `channel` (`LISTEN`) as a stream of payloads, on a connection of their
+    /// own that is reopened a second after it fails (callers poll meanwhile). Stops when the
+    /// receiver is dropped.
+    pub async fn listen(&self, channel: &'static str) -> tokio::sync::mpsc::Receiver<String> {
+        let (tx, rx) = tokio::sync::mpsc::channel(1024);
+        let pool = self.pool.clone();
+        tokio::spawn(async move {
+            loop {
+                match sqlx::postgres::PgListener::connect_with(&pool).await {
+                    Ok(mut listener) => {
+                        if listener.listen(channel).await.is_ok() {
+                            while let Ok(n) = listener.recv().await {
+                                if tx.send(n.payload().to_owned()).await.is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(channel, error = %e, "cannot LISTEN; relying on polling");
+                    }
+                }
+                if tx.is_closed() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
+        rx
+    }
+
     /// Creates the database `url` names if it does not exist yet (several instances may race
     /// here; losing the race is fine); whether this call created it.
     pub async fn create_database_if_missing(url: &str) -> anyhow::Result<bool> {

@@ -277,9 +277,13 @@ async fn reads_leave_every_parked_message_as_it_was_and_a_redelivery_is_listed_o
         term,
     };
     let stop = CancellationToken::new();
+    // The drain's own connection, through the scheduler's AMQP adapter.
+    let drainer = chime_scheduler::amqp::Connection::open(AMQP_URL, &Default::default(), "drainer")
+        .await
+        .expect("connect to RabbitMQ");
     let mut missing = chime_scheduler::parking::MissingQueues::default();
     let drained =
-        chime_scheduler::parking::drain(&store, &fence, &connection, &prefix, &mut missing, &stop)
+        chime_scheduler::parking::drain(&store, &fence, &drainer, &prefix, &mut missing, &stop)
             .await
             .expect("drain");
     assert_eq!(drained, Some(3));
@@ -314,7 +318,7 @@ async fn reads_leave_every_parked_message_as_it_was_and_a_redelivery_is_listed_o
     // The first message again, as the broker redelivers it: listed once.
     park_fixed(&connection, &prefix, group, ids[0], true).await;
     let drained =
-        chime_scheduler::parking::drain(&store, &fence, &connection, &prefix, &mut missing, &stop)
+        chime_scheduler::parking::drain(&store, &fence, &drainer, &prefix, &mut missing, &stop)
             .await
             .expect("drain");
     assert_eq!(drained, Some(0), "the copy was not stored again");
@@ -330,7 +334,7 @@ async fn reads_leave_every_parked_message_as_it_was_and_a_redelivery_is_listed_o
         term: term - 1,
     };
     let drained =
-        chime_scheduler::parking::drain(&store, &stale, &connection, &prefix, &mut missing, &stop)
+        chime_scheduler::parking::drain(&store, &stale, &drainer, &prefix, &mut missing, &stop)
             .await
             .expect("drain");
     assert_eq!(drained, None, "the stale leader stopped");
@@ -342,7 +346,7 @@ async fn reads_leave_every_parked_message_as_it_was_and_a_redelivery_is_listed_o
     .await;
     assert_eq!(listed(&ops, group).await, expected);
     let drained =
-        chime_scheduler::parking::drain(&store, &fence, &connection, &prefix, &mut missing, &stop)
+        chime_scheduler::parking::drain(&store, &fence, &drainer, &prefix, &mut missing, &stop)
             .await
             .expect("drain");
     assert_eq!(drained, Some(1));
@@ -356,6 +360,7 @@ async fn reads_leave_every_parked_message_as_it_was_and_a_redelivery_is_listed_o
     assert_eq!(listed(&ops, group).await, expected[1..]);
 
     ops.close().await;
+    let _ = drainer.close("done").await;
     let _ = connection.close(200, "done".into()).await;
     topology.delete().await;
 }

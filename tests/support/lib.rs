@@ -114,7 +114,7 @@ impl Scheduler {
                 .worker_threads(2)
                 .enable_all()
                 .build()?;
-            let handle = runtime.spawn(service::run(config, loader, reload_rx, token));
+            let handle = runtime.spawn(service::run_instance(config, loader, reload_rx, token));
             // Either the service ends (graceful stop) or the test kills the runtime.
             let (done_tx, done_rx) = std::sync::mpsc::channel();
             runtime.spawn(async move {

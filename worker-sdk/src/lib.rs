@@ -53,27 +53,42 @@
 //! (for workers in other languages) is the `chime-protocol` crate, described in
 //! `docs/protocol.md`; runnable examples are
 //! `examples/quickstart.rs` (the README's worker) and `examples/example_worker.rs`.
+//!
+//! # Layers
+//!
+//! Each module imports only modules below it, never one above (no import cycles; checked by
+//! `tests/layering.rs`):
+//!
+//! 1. `runtime` — the [`Worker`] and its builder; one worker's life: register, consume until
+//!    shutdown, heartbeat, drain, stop. It hands the link's deliveries to the delivery path.
+//! 2. `delivery` — one delivery's life, in order: `claim` (check the trigger, hold an early
+//!    one, claim its attempt or take over a lost worker's run), `execute` (the handler under its
+//!    timeout, cancel and shutdown), `settle` (record the outcome, then retry, park or ack);
+//!    `unhandled` sends back a trigger of a job this worker has no handler for.
+//! 3. `link` — RabbitMQ, and the only module that uses lapin: the connection and its channels,
+//!    the supervised consumer, acks, and the confirmed publishes of retries and parked copies.
+//! 4. Leaves, acyclic among themselves: `claims` and `recording` (batched claims and outcome
+//!    writes) over `store` (the only module that speaks SQL); `verify` (pure checks of a
+//!    trigger); [`testing`] and `handler` over `context` and `outcome` (`JobError` and the
+//!    decision after an attempt).
 
 mod claims;
-mod consumer;
 mod context;
-mod delay;
 mod delivery;
 mod handler;
+mod link;
 mod outcome;
-mod parking;
-mod publish;
 mod recording;
+mod runtime;
 mod store;
 pub mod testing;
 mod verify;
-mod worker;
 
 pub use chime_protocol::tls::AmqpTls;
 pub use context::{JobContext, JobLogger, Level};
 pub use handler::Handler;
 pub use outcome::JobError;
-pub use worker::{
+pub use runtime::{
     BuildError, DEFAULT_ACK_AFTER, DEFAULT_AMQP_URL, DEFAULT_CANCEL_GRACE, DEFAULT_CAPACITY,
     DEFAULT_DATABASE_URL, DEFAULT_DB_RETRY_BUDGET, DEFAULT_DRAIN_TIMEOUT,
     DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HOLD, DEFAULT_UNHANDLED_WAIT, ENV_AMQP_URL,

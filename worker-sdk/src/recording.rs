@@ -1,4 +1,5 @@
-//! Batched outcome writes: attempts that finish together (the burst of runs of one instant, or
+//! An attempt's outcome on its way to PostgreSQL ([`Unrecorded`] until it is written), and
+//! batched outcome writes: attempts that finish together (the burst of runs of one instant, or
 //! a steady high rate) are recorded in one statement instead of one transaction each.
 //!
 //! One task sends the statements, one at a time: outcomes that finish while a statement runs
@@ -12,11 +13,57 @@
 //! does not hold back the others and is found out.
 
 use std::collections::HashSet;
+use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::store::{OutcomeRow, Recorded, Store};
-use crate::worker::Unrecorded;
+use crate::context::LogLine;
+use crate::outcome::Outcome;
+use crate::store::{AttemptRecord, OutcomeRow, Recorded, Store};
+
+/// An attempt's outcome that could not be written yet.
+#[derive(Clone)]
+pub(crate) struct Unrecorded {
+    pub attempt: u32,
+    pub outcome: Outcome,
+    /// When the retry is due, if the run is to be retried.
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    pub duration: Duration,
+    pub lines: Vec<LogLine>,
+    /// When the handler started (database clock), kept so a late write records the same start.
+    pub started_at: Option<DateTime<Utc>>,
+}
+
+impl Unrecorded {
+    /// The outcome as the store writes it.
+    pub(crate) fn record(&self) -> AttemptRecord<'_> {
+        AttemptRecord {
+            outcome: &self.outcome,
+            next_attempt_at: self.next_attempt_at,
+            duration: self.duration,
+            lines: &self.lines,
+            started_at: self.started_at,
+        }
+    }
+}
+
+/// Logs what the store did with `outcome` when it did not record it in full.
+pub(crate) fn log_recorded(recorded: Recorded, outcome: &Outcome) {
+    match recorded {
+        Recorded::Both(_) => {}
+        Recorded::AttemptOnly => tracing::warn!(
+            attempt_state = outcome.attempt.as_str(),
+            "attempt recorded, but the run had moved on meanwhile (cancelled or rescued); run left as it is"
+        ),
+        Recorded::Nothing => tracing::warn!(
+            attempt_state = outcome.attempt.as_str(),
+            "late outcome discarded: the attempt is no longer running on this worker in the \
+             database (already recorded, or recorded lost and taken over while this worker \
+             was judged lost)"
+        ),
+    }
+}
 
 /// Outcomes per statement at most.
 const MAX_BATCH: usize = 512;

@@ -336,7 +336,7 @@ async fn a_readyz_flood_costs_one_broker_connection_per_period(pool: PgPool) {
         assert_eq!(body["broker"]["ok"], false, "{body}");
     }
     let connections = accepted.load(Ordering::SeqCst);
-    // lapin may retry its handshake once; 50 probes must not mean 50 connections.
+    // The AMQP client may retry its handshake once; 50 probes must not mean 50 connections.
     assert!(
         (1..=2).contains(&connections),
         "{connections} broker connections for 50 probes"

@@ -1018,8 +1018,7 @@ fn url_setting(
                         .err()
                         .map(|e| e.to_string())
                 }),
-            "amqp_url" => text
-                .parse::<lapin::uri::AMQPUri>()
+            "amqp_url" => crate::amqp::parse_url(&text)
                 .err()
                 .map(|e| format!("not a valid AMQP URL ({e}); write it like {example:?}")),
             _ => None,

@@ -1,5 +1,5 @@
-//! The AMQP side of a worker: the connection, and a supervisor that keeps a consumer on the
-//! group's work queue until shutdown.
+//! The consume loop: a supervisor that keeps a consumer on the group's work queue until
+//! shutdown, and hands each delivery and control message up through [`Dispatch`].
 //!
 //! lapin's auto-recovery (enabled here) survives a lost *connection*: it reconnects and replays
 //! topology, QoS and consumers, and the consumer stream resumes after
@@ -8,208 +8,28 @@
 //! recovery itself gives up after its retries. The supervisor covers those: on any such end it
 //! reopens channels (and the connection if it is dead), re-declares the topology, re-applies the
 //! prefetch and re-consumes, with capped backoff, until shutdown.
-//!
-//! Each opening is a [`Link`]: a consumer channel and a confirm-mode channel for parking
-//! messages and publishing retries. The consumer channel also consumes the worker's control
-//! queue: an exclusive, auto-deleted queue bound to the fanout exchange `P.control`, which
-//! carries operators' cancels ([`ControlMessage`]) to every worker. Deliveries keep the `Link` they arrived on, because an ack must go out on the
-//! delivery's own channel; acks of a dead channel return `Ok(false)` and the broker redelivers
-//! those messages, which the claim then recognises as duplicates.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chime_protocol::backoff;
-use chime_protocol::tls::AmqpTls;
-use chime_protocol::topology;
 use chime_protocol::wire::ControlMessage;
 use futures::StreamExt;
-use lapin::options::{
-    BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
-    ConfirmSelectOptions,
-};
-use lapin::types::FieldTable;
-use lapin::{Channel, Connection, ConnectionProperties, Consumer};
+use lapin::options::{BasicCancelOptions, BasicNackOptions};
+use lapin::{Channel, Consumer};
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
-use crate::delivery;
-use crate::worker::Shared;
+use super::broker::{Broker, Link, Opened};
+use super::inbound::Inbound;
 
-/// One opening of the group's queue: the channels a delivery needs until it is acked.
-pub(crate) struct Link {
-    /// The channel the consumer (and so every ack) lives on.
-    pub consume: Channel,
-    /// A confirm-mode channel for publishing to the parking lot.
-    pub publish: Channel,
-    /// Fired by a delivery task when the publish channel died, so the supervisor reopens.
-    pub broken: CancellationToken,
-    consumer_tag: String,
-}
-
-/// A link and its two consumers: the work queue's and the control queue's.
-pub(crate) struct Opened {
-    link: Arc<Link>,
-    work: Consumer,
-    control: Consumer,
-}
-
-/// The worker's connection and the links it opened.
-pub(crate) struct Broker {
-    url: String,
-    tls: AmqpTls,
-    connection_name: String,
-    connection: Option<Connection>,
-    generation: u64,
-    links: Vec<Arc<Link>>,
-}
-
-impl Broker {
-    pub(crate) fn new(url: String, tls: AmqpTls, worker_id: &str) -> Self {
-        Broker {
-            url,
-            tls,
-            connection_name: format!("chime-worker-{worker_id}"),
-            connection: None,
-            generation: 0,
-            links: Vec::new(),
-        }
-    }
-
-    /// The connection, opened (again) if there is none or the old one is beyond recovery.
-    async fn connection(&mut self) -> Result<&Connection, lapin::Error> {
-        let usable = self
-            .connection
-            .as_ref()
-            .is_some_and(|c| c.status().connected() || c.status().reconnecting());
-        if !usable {
-            let properties = ConnectionProperties::default()
-                .enable_auto_recover()
-                .with_connection_name(self.connection_name.as_str().into());
-            let connection = chime_protocol::tls::connect(&self.url, &self.tls, properties).await?;
-            tracing::info!(connection = %self.connection_name, "connected to RabbitMQ");
-            self.connection = Some(connection);
-        }
-        Ok(self.connection.as_ref().expect("set above"))
-    }
-
-    /// Opens channels, declares the topology, sets the prefetch and starts consuming.
-    pub(crate) async fn open(
-        &mut self,
-        shared: &Shared,
-        capacity: u16,
-    ) -> Result<Opened, lapin::Error> {
-        self.generation += 1;
-        let consumer_tag = format!("{}-{}", self.connection_name, self.generation);
-        let prefix = shared.topology.prefix();
-        let control_queue = format!("{prefix}.control.{}.{}", shared.id, self.generation);
-        let connection = self.connection().await?;
-        let consume = connection.create_channel().await?;
-        let publish = match connection.create_channel().await {
-            Ok(publish) => publish,
-            Err(error) => {
-                close_channel(&consume).await;
-                return Err(error);
-            }
-        };
-        let setup = async {
-            shared.topology.declare(&consume).await?;
-            // Per-consumer prefetch (global=false): global QoS is a channel error on quorum
-            // queues.
-            consume
-                .basic_qos(capacity, BasicQosOptions { global: false })
-                .await?;
-            publish
-                .confirm_select(ConfirmSelectOptions::default())
-                .await?;
-            topology::declare_control_queue(&consume, prefix, &control_queue).await?;
-            // Control messages are hints (a missed cancel leaves the run to finish or time out),
-            // so they need no acks.
-            let control = consume
-                .basic_consume(
-                    control_queue.as_str().into(),
-                    format!("{consumer_tag}-control").as_str().into(),
-                    BasicConsumeOptions {
-                        no_ack: true,
-                        exclusive: true,
-                        ..BasicConsumeOptions::default()
-                    },
-                    FieldTable::default(),
-                )
-                .await?;
-            let work = consume
-                .basic_consume(
-                    shared.topology.work_queue().as_str().into(),
-                    consumer_tag.as_str().into(),
-                    BasicConsumeOptions::default(),
-                    FieldTable::default(),
-                )
-                .await?;
-            Ok::<_, lapin::Error>((work, control))
-        };
-        let (work, control) = match setup.await {
-            Ok(consumers) => consumers,
-            Err(error) => {
-                // Do not leak a channel per failed attempt.
-                close_channel(&consume).await;
-                close_channel(&publish).await;
-                return Err(error);
-            }
-        };
-        let link = Arc::new(Link {
-            consume,
-            publish,
-            broken: CancellationToken::new(),
-            consumer_tag,
-        });
-        // Links no delivery holds any more can go; close their channels.
-        let (keep, done): (Vec<_>, Vec<_>) = std::mem::take(&mut self.links)
-            .into_iter()
-            .partition(|l| Arc::strong_count(l) > 1);
-        self.links = keep;
-        for old in done {
-            close_link(&old).await;
-        }
-        self.links.push(link.clone());
-        tracing::info!(
-            queue = %shared.topology.work_queue(),
-            control_queue = %control_queue,
-            consumer = %link.consumer_tag,
-            prefetch = capacity,
-            "consuming"
-        );
-        Ok(Opened {
-            link,
-            work,
-            control,
-        })
-    }
-
-    /// Closes every channel and the connection.
-    pub(crate) async fn close(&mut self) {
-        for link in std::mem::take(&mut self.links) {
-            close_link(&link).await;
-        }
-        if let Some(connection) = self.connection.take()
-            && connection.status().connected()
-            && let Err(error) = connection.close(200, "worker stopped".into()).await
-        {
-            tracing::debug!(%error, "closing the AMQP connection");
-        }
-    }
-}
-
-async fn close_link(link: &Link) {
-    close_channel(&link.consume).await;
-    close_channel(&link.publish).await;
-}
-
-async fn close_channel(channel: &Channel) {
-    if channel.status().connected()
-        && let Err(error) = channel.close(200, "OK".into()).await
-    {
-        tracing::debug!(%error, "closing an AMQP channel");
-    }
+/// Where the consume loop hands what it receives. The runtime implements it with the delivery
+/// path, so this layer never imports a layer above it.
+pub(crate) trait Dispatch {
+    /// Starts handling a work-queue delivery that arrived on `link`, in a task of its own.
+    fn delivery(&self, link: Arc<Link>, delivery: Inbound);
+    /// An operator's cancel of run `run_id`: fires its handler's token if this worker holds the
+    /// run. Returns whether it did.
+    fn cancel_run(&self, run_id: i64) -> bool;
 }
 
 /// How long a channel whose consumer could not be cancelled is watched for lapin's recovery
@@ -221,7 +41,7 @@ const ORPHAN_WATCH: Duration = Duration::from_secs(300);
 /// as lapin's recovery has reopened it. Without this a recovery would replay the consumer on a
 /// channel whose stream nobody reads, and the broker would push up to the prefetch of triggers
 /// to it that stay unacked (and unrun) until the worker restarts.
-pub(crate) fn close_orphaned(channel: Channel) -> tokio::task::JoinHandle<bool> {
+fn close_orphaned(channel: Channel) -> tokio::task::JoinHandle<bool> {
     tokio::spawn(async move {
         let deadline = Instant::now() + ORPHAN_WATCH;
         loop {
@@ -260,21 +80,21 @@ enum LinkEnd {
 }
 
 /// Consumes until shutdown, reopening the link whenever it is lost. `first` is the link opened
-/// at start-up. Returns once consuming has stopped; in-flight deliveries are in `tracker`.
+/// at start-up. Returns once consuming has stopped; the deliveries handed to `dispatch` may
+/// still be in flight.
 pub(crate) async fn supervise(
-    shared: Arc<Shared>,
     broker: &mut Broker,
     capacity: u16,
     first: Opened,
     shutdown: &CancellationToken,
-    tracker: &TaskTracker,
+    dispatch: &impl Dispatch,
 ) {
     let mut current = Some(first);
     let mut failures: u32 = 0;
     loop {
         let opened = match current.take() {
             Some(opened) => opened,
-            None => match broker.open(&shared, capacity).await {
+            None => match broker.open(capacity).await {
                 Ok(opened) => opened,
                 Err(error) => {
                     let wait = reopen_delay(failures);
@@ -288,7 +108,7 @@ pub(crate) async fn supervise(
             },
         };
         let opened_at = Instant::now();
-        match consume(&shared, opened, shutdown, tracker).await {
+        match consume(opened, shutdown, dispatch).await {
             LinkEnd::Shutdown => return,
             LinkEnd::Lost(why) => {
                 if opened_at.elapsed() > Duration::from_secs(60) {
@@ -322,10 +142,9 @@ async fn pause(wait: Duration, shutdown: &CancellationToken) -> bool {
 }
 
 async fn consume(
-    shared: &Arc<Shared>,
     opened: Opened,
     shutdown: &CancellationToken,
-    tracker: &TaskTracker,
+    dispatch: &impl Dispatch,
 ) -> LinkEnd {
     let Opened {
         link,
@@ -347,7 +166,7 @@ async fn consume(
             }
             message = control.next() => match message {
                 Some(Ok(message)) => {
-                    on_control(shared, &message.data);
+                    on_control(dispatch, &message.data);
                     continue;
                 }
                 // The channel or connection failed: the work consumer sees it too.
@@ -361,7 +180,7 @@ async fn consume(
         };
         match next {
             Some(Ok(d)) => {
-                tracker.spawn(delivery::handle(shared.clone(), link.clone(), d));
+                dispatch.delivery(link.clone(), Inbound::new(d));
             }
             Some(Err(error)) => {
                 tracing::warn!(%error, "work queue consumer failed; waiting for recovery");
@@ -384,10 +203,10 @@ async fn consume(
 }
 
 /// Acts on one control message.
-fn on_control(shared: &Shared, body: &[u8]) {
+fn on_control(dispatch: &impl Dispatch, body: &[u8]) {
     match serde_json::from_slice::<ControlMessage>(body) {
         Ok(ControlMessage::CancelRun { run_id }) => {
-            if shared.cancel_run(run_id) {
+            if dispatch.cancel_run(run_id) {
                 tracing::info!(
                     run_id,
                     "cancel requested by an operator: fired the run's cancellation token"
@@ -442,7 +261,9 @@ async fn stop_consuming(link: &Link, mut consumer: Consumer) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
+    use lapin::options::{BasicConsumeOptions, QueueDeclareOptions, QueueDeleteOptions};
+    use lapin::types::FieldTable;
+    use lapin::{Connection, ConnectionProperties};
     use tokio::net::{TcpListener, TcpStream};
     use tokio::task::JoinHandle;
 

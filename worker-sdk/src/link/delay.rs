@@ -1,5 +1,5 @@
 //! Delayed messages: publishing a retry (or the rest of an early arrival's wait) through the
-//! group's delay tiers, and reading the headers that say when a message is due.
+//! group's delay tiers. [`super::Inbound`] reads the headers that say when a message is due.
 //!
 //! A delayed message carries [`HEADER_NOT_BEFORE`] (Unix ms). It goes to the largest tier not
 //! longer than what remains ([`retry::plan_wait`]), comes back through the work queue when the
@@ -7,9 +7,7 @@
 //! the last few hundred milliseconds, or sends it through another tier. The instant is absolute,
 //! so hops never add up errors; workers compare it with their wall clock.
 
-use chime_protocol::headers::{
-    NotAnInteger, attempt_value, get_instant, get_integer, instant_value,
-};
+use chime_protocol::headers::{attempt_value, instant_value};
 use chime_protocol::retry::{self, Wait};
 use chime_protocol::topology::{RetryTier, Topology, WORK_KEY};
 use chime_protocol::wire::{
@@ -17,11 +15,10 @@ use chime_protocol::wire::{
     HEADER_NOT_BEFORE, HEADER_PARKED_AT,
 };
 use chrono::{DateTime, Utc};
-use lapin::message::Delivery;
 use lapin::{BasicProperties, Channel};
 
-use crate::parking;
-use crate::publish::{self, PublishError};
+use super::parking;
+use super::publish::{self, PublishError};
 
 /// Headers that describe an earlier life of a message (set by the broker on redelivery and
 /// dead-lettering, or by a worker that parked it) and that a republished copy must not inherit:
@@ -40,27 +37,6 @@ const STALE_HEADERS: [&str; 12] = [
     HEADER_PARKED_AT,
     HEADER_ERROR,
 ];
-
-/// Header `name` of `delivery` as an integer ([`get_integer`]): `Ok(None)` when absent,
-/// an error when present but not an integer (so a forged value can be told from a missing one).
-pub(crate) fn header_integer(delivery: &Delivery, name: &str) -> Result<Option<i64>, NotAnInteger> {
-    get_integer(delivery.properties.headers().as_ref(), name)
-}
-
-/// When `delivery` may start, from its [`HEADER_NOT_BEFORE`] header.
-pub(crate) fn not_before(delivery: &Delivery) -> Option<DateTime<Utc>> {
-    get_instant(delivery.properties.headers().as_ref(), HEADER_NOT_BEFORE)
-}
-
-/// How many times the work queue delivered this message before (`x-delivery-count`, set by
-/// quorum queues on redelivery; absent on the first delivery).
-pub(crate) fn delivery_count(delivery: &Delivery) -> u32 {
-    header_integer(delivery, HEADER_DELIVERY_COUNT)
-        .ok()
-        .flatten()
-        .and_then(|n| u32::try_from(n).ok())
-        .unwrap_or(0)
-}
 
 /// The routing key for a message due at `not_before`, seen at `now`: the tier that fits what
 /// remains, or the work queue itself when it is (almost) due.

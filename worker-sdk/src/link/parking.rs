@@ -17,7 +17,7 @@ use lapin::Channel;
 use lapin::message::Delivery;
 use lapin::types::{AMQPValue, FieldTable};
 
-use crate::publish::{self, PublishError};
+use super::publish::{self, PublishError};
 
 /// Why a message is parked, and what else its parked copy says.
 #[derive(Debug, Clone, Copy)]

@@ -1,41 +1,24 @@
-//! The [`Worker`]: built with [`WorkerBuilder`], it registers in PostgreSQL, consumes its
-//! group's queue with bounded concurrency, and drains gracefully on shutdown.
-//!
-//! Shutdown, in order (tokio's graceful-shutdown shape):
-//! 1. stop consuming (`basic.cancel`), so the broker sends this worker nothing more;
-//! 2. let in-flight handlers finish, up to the drain timeout;
-//! 3. fire the handlers' cancellation tokens and give them the cancel grace to return;
-//! 4. abandon (drop) handlers that still run; every attempt is recorded, whatever happened;
-//! 5. close the AMQP channels and connection, mark the worker stopped, close an owned pool.
+//! The [`Worker`] and its [`WorkerBuilder`]: the SDK's public face. The builder checks the
+//! configuration (no IO); [`Worker::run`] hands it to the runtime's `run`.
 
-use std::collections::HashMap;
-use std::collections::hash_map::Entry;
 use std::fmt;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use chime_protocol::limits::MAX_UNHANDLED_WAIT;
 use chime_protocol::redact::redact_url;
 use chime_protocol::tls::{AmqpTls, TlsError};
 use chime_protocol::topology::{DEFAULT_PREFIX, Topology};
-use chrono::{DateTime, Utc};
 use serde::de::DeserializeOwned;
 use sqlx::PgPool;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use tokio::sync::{Notify, Semaphore};
+use sqlx::postgres::PgConnectOptions;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
-use crate::claims::ClaimBatcher;
-use crate::consumer::{self, Broker};
-use crate::context::{JobContext, LogLine};
-use crate::delivery;
+use crate::context::JobContext;
 use crate::handler::{self, Handlers};
-use crate::outcome::{JobError, Outcome};
-use crate::recording::OutcomeBatcher;
-use crate::store::{AttemptRecord, Store, WorkerRow};
+use crate::outcome::JobError;
+
+use super::run::{self, Config, Database, WorkerError};
 
 /// PostgreSQL URL used when neither the builder nor `CHIME_DATABASE_URL` gives one: the
 /// development machine's database, as the `chime` CLI's default.
@@ -68,8 +51,6 @@ pub const DEFAULT_ACK_AFTER: Duration = Duration::from_secs(10 * 60);
 /// How long a run of a job that no online worker of the group has a handler for waits for one
 /// (counted from its scheduled instant) before a worker parks it as an unknown job.
 pub const DEFAULT_UNHANDLED_WAIT: Duration = Duration::from_secs(5 * 60);
-/// How often outcomes that could not be written are tried again.
-const UNRECORDED_RETRY: Duration = Duration::from_secs(5);
 /// How long a database write keeps retrying through connection errors.
 pub const DEFAULT_DB_RETRY_BUDGET: Duration = Duration::from_secs(30);
 
@@ -118,38 +99,6 @@ pub enum BuildError {
     /// database URL (`sslrootcert`, `sslcert`, `sslkey`) is missing or invalid.
     #[error("{0}")]
     Tls(#[from] TlsError),
-}
-
-/// Why [`Worker::run`] could not start. Once running, a worker survives broker and database
-/// outages (it retries) and only returns after a shutdown.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum WorkerError {
-    /// The registry row could not be written.
-    #[error("cannot register worker `{worker_id}` in PostgreSQL: {source}")]
-    Register {
-        /// The worker's id.
-        worker_id: String,
-        /// The database error.
-        #[source]
-        source: sqlx::Error,
-    },
-    /// Connecting, declaring the topology or consuming failed at start.
-    #[error("cannot consume group `{group}` from RabbitMQ at {url}: {source}")]
-    Amqp {
-        /// The executor group.
-        group: String,
-        /// The broker URL, password redacted.
-        url: String,
-        /// The AMQP error.
-        #[source]
-        source: lapin::Error,
-    },
-}
-
-enum Database {
-    Pool(PgPool),
-    Url(Box<PgConnectOptions>),
 }
 
 /// Configures a [`Worker`]; start with [`Worker::builder`].
@@ -374,22 +323,24 @@ impl WorkerBuilder {
             .worker_id
             .unwrap_or_else(|| default_worker_id(&hostname));
         Ok(Worker {
-            id,
-            hostname,
-            topology: Topology::new(self.prefix, self.group)
-                .with_delivery_limit(self.delivery_limit),
-            database,
-            amqp_url: self.amqp_url,
-            amqp_tls: self.amqp_tls,
-            capacity: self.capacity,
-            hold: self.hold,
-            drain_timeout: self.drain_timeout,
-            cancel_grace: self.cancel_grace,
-            heartbeat_interval: self.heartbeat_interval,
-            db_retry_budget: self.db_retry_budget,
-            ack_after: self.ack_after,
-            unhandled_wait: self.unhandled_wait,
-            handlers: self.handlers,
+            config: Config {
+                id,
+                hostname,
+                topology: Topology::new(self.prefix, self.group)
+                    .with_delivery_limit(self.delivery_limit),
+                database,
+                amqp_url: self.amqp_url,
+                amqp_tls: self.amqp_tls,
+                capacity: self.capacity,
+                hold: self.hold,
+                drain_timeout: self.drain_timeout,
+                cancel_grace: self.cancel_grace,
+                heartbeat_interval: self.heartbeat_interval,
+                db_retry_budget: self.db_retry_budget,
+                ack_after: self.ack_after,
+                unhandled_wait: self.unhandled_wait,
+                handlers: self.handlers,
+            },
         })
     }
 }
@@ -404,33 +355,19 @@ fn default_worker_id(hostname: &str) -> String {
 
 /// A worker of one executor group. See the crate docs for a tour.
 pub struct Worker {
-    id: String,
-    hostname: String,
-    topology: Topology,
-    database: Database,
-    amqp_url: String,
-    amqp_tls: AmqpTls,
-    capacity: u16,
-    hold: u16,
-    drain_timeout: Duration,
-    cancel_grace: Duration,
-    heartbeat_interval: Duration,
-    db_retry_budget: Duration,
-    ack_after: Duration,
-    unhandled_wait: Duration,
-    handlers: Handlers,
+    config: Config,
 }
 
 impl fmt::Debug for Worker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Worker")
-            .field("id", &self.id)
-            .field("group", &self.topology.group())
-            .field("queue", &self.topology.work_queue())
-            .field("amqp_url", &redact_url(&self.amqp_url))
-            .field("amqp_tls", &self.amqp_tls)
-            .field("capacity", &self.capacity)
-            .field("jobs", &self.handlers.jobs())
+            .field("id", &self.config.id)
+            .field("group", &self.config.topology.group())
+            .field("queue", &self.config.topology.work_queue())
+            .field("amqp_url", &redact_url(&self.config.amqp_url))
+            .field("amqp_tls", &self.config.amqp_tls)
+            .field("capacity", &self.config.capacity)
+            .field("jobs", &self.config.handlers.jobs())
             .finish_non_exhaustive()
     }
 }
@@ -481,140 +418,22 @@ impl Worker {
 
     /// This worker's id.
     pub fn id(&self) -> &str {
-        &self.id
+        &self.config.id
     }
 
     /// The group's queue topology this worker consumes.
     #[cfg(test)]
     pub(crate) fn topology(&self) -> &Topology {
-        &self.topology
+        &self.config.topology
     }
 
-    /// Runs until `shutdown` fires, then drains (see the module docs) and returns.
+    /// Runs until `shutdown` fires, then drains (stops consuming, lets in-flight handlers
+    /// finish up to the drain timeout, cancels the rest, records every attempt) and returns.
     ///
     /// Fails only at start (registry row, first connection and consumer). After that, broker
     /// and database outages are retried and logged, never returned.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), WorkerError> {
-        let (pool, owned_pool) = match self.database {
-            Database::Pool(pool) => (pool, false),
-            Database::Url(options) => (
-                PgPoolOptions::new()
-                    .max_connections(u32::from(self.capacity) + 2)
-                    .connect_lazy_with(*options),
-                true,
-            ),
-        };
-        let jobs = self.handlers.jobs();
-        let claims = ClaimBatcher::start(
-            Store::new(pool.clone(), self.db_retry_budget),
-            self.id.clone(),
-            self.topology.group().to_owned(),
-        );
-        let outcomes = OutcomeBatcher::start(
-            Store::new(pool.clone(), self.db_retry_budget),
-            self.id.clone(),
-        );
-        let shared = Arc::new(Shared {
-            id: self.id,
-            topology: self.topology,
-            handlers: self.handlers,
-            store: Store::new(pool, self.db_retry_budget),
-            stop_handlers: CancellationToken::new(),
-            abandon: CancellationToken::new(),
-            cancel_grace: self.cancel_grace,
-            ack_after: self.ack_after,
-            unhandled_wait: self.unhandled_wait,
-            handler_slots: Semaphore::new(usize::from(self.capacity)),
-            claims,
-            outcomes,
-            in_flight: Mutex::default(),
-            released: Notify::new(),
-            unrecorded: Mutex::default(),
-        });
-        let row = WorkerRow {
-            id: &shared.id,
-            group: shared.topology.group(),
-            hostname: &self.hostname,
-            capacity: self.capacity,
-            jobs: &jobs,
-            heartbeat_interval: self.heartbeat_interval,
-        };
-        if let Err(source) = shared.store.register_worker(&row).await {
-            return Err(WorkerError::Register {
-                worker_id: shared.id.clone(),
-                source,
-            });
-        }
-
-        let mut broker = Broker::new(self.amqp_url.clone(), self.amqp_tls.clone(), &shared.id);
-        // Held deliveries are unacked too: the prefetch makes room for them next to the running
-        // handlers, whose number the `handler_slots` semaphore bounds.
-        let prefetch = self.capacity.saturating_add(self.hold);
-        let first = match broker.open(&shared, prefetch).await {
-            Ok(first) => first,
-            Err(source) => {
-                broker.close().await;
-                shared.mark_stopped().await;
-                if owned_pool {
-                    shared.store.pool().close().await;
-                }
-                return Err(WorkerError::Amqp {
-                    group: shared.topology.group().to_owned(),
-                    url: redact_url(&self.amqp_url),
-                    source,
-                });
-            }
-        };
-        tracing::info!(
-            worker_id = %shared.id,
-            group = shared.topology.group(),
-            jobs = ?jobs,
-            capacity = self.capacity,
-            prefetch,
-            "worker started"
-        );
-
-        let stop_heartbeat = CancellationToken::new();
-        let heartbeat = tokio::spawn(heartbeat_loop(
-            shared.clone(),
-            self.heartbeat_interval,
-            stop_heartbeat.clone(),
-        ));
-        let unrecorded = tokio::spawn(unrecorded_loop(shared.clone(), stop_heartbeat.clone()));
-        let tracker = TaskTracker::new();
-        consumer::supervise(
-            shared.clone(),
-            &mut broker,
-            prefetch,
-            first,
-            &shutdown,
-            &tracker,
-        )
-        .await;
-
-        drain(&shared, &tracker, self.drain_timeout).await;
-        broker.close().await;
-        stop_heartbeat.cancel();
-        for (task, what) in [(heartbeat, "heartbeat"), (unrecorded, "outcome retry")] {
-            if let Err(error) = task.await {
-                tracing::error!(%error, "{what} task failed");
-            }
-        }
-        shared.retry_unrecorded().await;
-        let lost = shared.unrecorded().len();
-        if lost > 0 {
-            tracing::error!(
-                runs = lost,
-                "EXITING WITH UNRECORDED OUTCOMES: these runs stay `running` until the rescuer \
-                 takes them over"
-            );
-        }
-        shared.mark_stopped().await;
-        if owned_pool {
-            shared.store.pool().close().await;
-        }
-        tracing::info!(worker_id = %shared.id, "worker stopped");
-        Ok(())
+        run::run(self.config, shutdown).await
     }
 
     /// Runs until SIGTERM or SIGINT (Ctrl-C), then drains and returns.
@@ -657,301 +476,10 @@ async fn wait_for_signal() {
     }
 }
 
-/// Waits for in-flight deliveries: drain timeout, then cancellation, then abandonment.
-async fn drain(shared: &Shared, tracker: &TaskTracker, drain_timeout: Duration) {
-    tracker.close();
-    if tracker.is_empty() {
-        return;
-    }
-    tracing::info!(in_flight = tracker.len(), timeout = ?drain_timeout, "draining in-flight runs");
-    if tokio::time::timeout(drain_timeout, tracker.wait())
-        .await
-        .is_ok()
-    {
-        return;
-    }
-    tracing::warn!(
-        in_flight = tracker.len(),
-        grace = ?shared.cancel_grace,
-        "drain timeout passed; cancelling the remaining handlers"
-    );
-    shared.stop_handlers.cancel();
-    if tokio::time::timeout(shared.cancel_grace, tracker.wait())
-        .await
-        .is_ok()
-    {
-        return;
-    }
-    shared.abandon.cancel();
-    // Abandoned handlers are recorded now; the store's own retry budget bounds that.
-    let budget = shared
-        .store_retry_budget()
-        .saturating_add(Duration::from_secs(5));
-    if tokio::time::timeout(budget, tracker.wait()).await.is_err() {
-        tracing::error!(
-            in_flight = tracker.len(),
-            "runs still unrecorded at exit; the broker redelivers their messages"
-        );
-    }
-}
-
-async fn heartbeat_loop(shared: Arc<Shared>, every: Duration, stop: CancellationToken) {
-    let mut ticks = tokio::time::interval(every);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ticks.tick().await; // the first tick is immediate; registration just happened
-    let mut connection = None;
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => break,
-            _ = ticks.tick() => {}
-        }
-        // Past three intervals the beat is too late to matter; give up and reconnect.
-        let limit = every.saturating_mul(3).max(Duration::from_secs(1));
-        if let Err(error) = shared
-            .store
-            .heartbeat(&mut connection, &shared.id, limit)
-            .await
-        {
-            tracing::warn!(%error, "heartbeat failed; others judge this worker lost after three missed beats");
-        }
-    }
-    if let Some(connection) = connection
-        && let Err(error) = sqlx::Connection::close(connection).await
-    {
-        tracing::debug!(%error, "closing the heartbeat connection");
-    }
-}
-
-/// Retries outcomes that could not be written, every few seconds, apart from the heartbeat (a
-/// write may wait out the store's whole retry budget).
-async fn unrecorded_loop(shared: Arc<Shared>, stop: CancellationToken) {
-    let mut ticks = tokio::time::interval(UNRECORDED_RETRY);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ticks.tick().await;
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = ticks.tick() => {}
-        }
-        shared.retry_unrecorded().await;
-    }
-}
-
-/// State shared by the worker's tasks.
-pub(crate) struct Shared {
-    pub(crate) id: String,
-    pub(crate) topology: Topology,
-    pub(crate) handlers: Handlers,
-    pub(crate) store: Store,
-    /// Parent of every handler's cancellation token; fired when the drain timeout passes.
-    pub(crate) stop_handlers: CancellationToken,
-    /// Fired after the cancel grace of a shutdown: drop handlers that still run.
-    pub(crate) abandon: CancellationToken,
-    pub(crate) cancel_grace: Duration,
-    /// A handler running this long has its delivery acked early.
-    pub(crate) ack_after: Duration,
-    /// How long a run of a job no online worker handles may wait, from its scheduled instant.
-    pub(crate) unhandled_wait: Duration,
-    /// One permit per handler that may run at once (`capacity`).
-    pub(crate) handler_slots: Semaphore,
-    /// Claims of deliveries arriving together, in one statement.
-    pub(crate) claims: ClaimBatcher,
-    /// Outcomes of attempts finishing together, in one statement.
-    pub(crate) outcomes: OutcomeBatcher,
-    in_flight: Mutex<HashMap<i64, RunSlot>>,
-    /// Notified whenever a run leaves `in_flight`.
-    released: Notify,
-    unrecorded: Mutex<HashMap<i64, Unrecorded>>,
-}
-
-/// How long a delivery of a later attempt waits for this worker to be done with an earlier one.
-const SLOT_WAIT: Duration = Duration::from_secs(10);
-
-/// What the worker keeps about a run it is handling: the attempt, and for control messages its
-/// handler's token.
-struct RunSlot {
-    attempt: u32,
-    token: CancellationToken,
-    cancel_requested: Arc<AtomicBool>,
-}
-
-/// An attempt's outcome that could not be written yet.
-#[derive(Clone)]
-pub(crate) struct Unrecorded {
-    pub attempt: u32,
-    pub outcome: Outcome,
-    /// When the retry is due, if the run is to be retried.
-    pub next_attempt_at: Option<DateTime<Utc>>,
-    pub duration: Duration,
-    pub lines: Vec<LogLine>,
-    /// When the handler started (database clock), kept so a late write records the same start.
-    pub started_at: Option<DateTime<Utc>>,
-}
-
-impl Unrecorded {
-    /// The outcome as the store writes it.
-    pub(crate) fn record(&self) -> AttemptRecord<'_> {
-        AttemptRecord {
-            outcome: &self.outcome,
-            next_attempt_at: self.next_attempt_at,
-            duration: self.duration,
-            lines: &self.lines,
-            started_at: self.started_at,
-        }
-    }
-}
-
-/// Whether a delivery may go on with its run.
-pub(crate) enum Entered<'a> {
-    /// It may; the guard leaves the run when dropped.
-    Yes(InFlight<'a>),
-    /// This worker is handling the same (or a later) attempt of the run.
-    Duplicate,
-    /// This worker is still handling an earlier attempt after [`SLOT_WAIT`].
-    Busy,
-}
-
-/// Marks a run as being handled by this worker until dropped, with the handler's cancellation
-/// token (fired by the timeout, the shutdown, or an operator's cancel).
-pub(crate) struct InFlight<'a> {
-    shared: &'a Shared,
-    run_id: i64,
-    /// The handler's token; a child of the worker's `stop_handlers`.
-    pub token: CancellationToken,
-    /// Set when an operator's cancel fired the token.
-    pub cancel_requested: Arc<AtomicBool>,
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        lock(&self.shared.in_flight).remove(&self.run_id);
-        self.shared.released.notify_waiters();
-    }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // The guarded maps stay consistent even if a holder panicked.
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-impl Shared {
-    /// Enters run `run_id` for attempt `attempt`, unless this worker is already handling a
-    /// delivery of it: of the same or an earlier attempt, that is a duplicate; of an earlier
-    /// one, the caller waits (up to [`SLOT_WAIT`]) for it to be done, as a retry comes back
-    /// within milliseconds when its delay is short.
-    pub(crate) async fn enter(&self, run_id: i64, attempt: u32) -> Entered<'_> {
-        let deadline = tokio::time::Instant::now() + SLOT_WAIT;
-        loop {
-            let released = self.released.notified();
-            tokio::pin!(released);
-            // Registers for the next release before looking, so none is missed.
-            released.as_mut().enable();
-            let held = {
-                let mut in_flight = lock(&self.in_flight);
-                match in_flight.entry(run_id) {
-                    Entry::Occupied(slot) => Some(slot.get().attempt),
-                    Entry::Vacant(vacant) => {
-                        let token = self.stop_handlers.child_token();
-                        let cancel_requested = Arc::new(AtomicBool::new(false));
-                        vacant.insert(RunSlot {
-                            attempt,
-                            token: token.clone(),
-                            cancel_requested: cancel_requested.clone(),
-                        });
-                        // Build the guard after the lock is released: dropping it locks again.
-                        drop(in_flight);
-                        return Entered::Yes(InFlight {
-                            shared: self,
-                            run_id,
-                            token,
-                            cancel_requested,
-                        });
-                    }
-                }
-            };
-            if held.is_some_and(|held| held >= attempt) {
-                return Entered::Duplicate;
-            }
-            if tokio::time::timeout_at(deadline, released).await.is_err() {
-                return Entered::Busy;
-            }
-        }
-    }
-
-    /// An operator's cancel of run `run_id`: fires its handler's token if this worker holds the
-    /// run. Returns whether it did.
-    pub(crate) fn cancel_run(&self, run_id: i64) -> bool {
-        let in_flight = lock(&self.in_flight);
-        let Some(slot) = in_flight.get(&run_id) else {
-            return false;
-        };
-        slot.cancel_requested.store(true, Ordering::SeqCst);
-        slot.token.cancel();
-        true
-    }
-
-    fn unrecorded(&self) -> MutexGuard<'_, HashMap<i64, Unrecorded>> {
-        lock(&self.unrecorded)
-    }
-
-    pub(crate) fn keep_unrecorded(&self, run_id: i64, pending: Unrecorded) {
-        self.unrecorded().insert(run_id, pending);
-    }
-
-    /// The kept outcome of run `run_id` for a redelivery of attempt `attempt`: the attempt that
-    /// ran may be later than the message's (a take-over runs the next attempt on the same
-    /// message), never earlier.
-    pub(crate) fn take_unrecorded(&self, run_id: i64, attempt: u32) -> Option<Unrecorded> {
-        let mut unrecorded = self.unrecorded();
-        if unrecorded.get(&run_id)?.attempt >= attempt {
-            unrecorded.remove(&run_id)
-        } else {
-            None
-        }
-    }
-
-    /// One more try for every outcome that could not be written (each try has the store's
-    /// retry budget).
-    async fn retry_unrecorded(&self) {
-        let run_ids: Vec<i64> = self.unrecorded().keys().copied().collect();
-        for run_id in run_ids {
-            let Some(pending) = self.unrecorded().remove(&run_id) else {
-                continue; // a redelivery is recording it
-            };
-            // An earlier try may have committed with its reply lost.
-            match self
-                .store
-                .record_outcome(run_id, pending.attempt, &self.id, &pending.record(), true)
-                .await
-            {
-                Ok(recorded) => {
-                    // A retry or a parked copy is published when the requeued delivery comes
-                    // back and finds the run `retrying` or `dead` at this attempt.
-                    tracing::info!(run_id, "recorded a delayed outcome");
-                    delivery::log_recorded(recorded, &pending.outcome);
-                }
-                Err(error) => {
-                    tracing::warn!(%error, run_id, "outcome still cannot be recorded");
-                    self.keep_unrecorded(run_id, pending);
-                }
-            }
-        }
-    }
-
-    fn store_retry_budget(&self) -> Duration {
-        self.store.retry_budget()
-    }
-
-    async fn mark_stopped(&self) {
-        if let Err(error) = self.store.mark_stopped(&self.id).await {
-            tracing::warn!(%error, "cannot mark the worker stopped in chime_workers");
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sqlx::postgres::PgPoolOptions;
 
     async fn noop(_: JobContext, _: serde_json::Value) -> Result<(), JobError> {
         Ok(())
@@ -998,7 +526,7 @@ mod tests {
             Some("postgres://env@db.internal/chime")
         );
         let w = from_env.handle("a", noop).build().expect("builds");
-        assert_eq!(w.amqp_url, "amqp://env:pw@mq.internal:5672/%2f");
+        assert_eq!(w.config.amqp_url, "amqp://env:pw@mq.internal:5672/%2f");
         assert_eq!(w.topology().work_queue(), "envp.g.work");
 
         let explicit = Worker::builder_with_env("g".into(), env)
@@ -1010,14 +538,14 @@ mod tests {
             Some("postgres://mine@h/db")
         );
         let w = explicit.handle("a", noop).build().expect("builds");
-        assert_eq!(w.amqp_url, "amqp://mine@h:5672/%2f");
+        assert_eq!(w.config.amqp_url, "amqp://mine@h:5672/%2f");
         assert_eq!(w.topology().work_queue(), "mine.g.work");
 
         let unset = |name: &str| (name == ENV_QUEUE_PREFIX).then(String::new);
         let defaults = Worker::builder_with_env("g".into(), unset);
         assert_eq!(defaults.database_url.as_deref(), Some(DEFAULT_DATABASE_URL));
         let w = defaults.handle("a", noop).build().expect("builds");
-        assert_eq!(w.amqp_url, DEFAULT_AMQP_URL);
+        assert_eq!(w.config.amqp_url, DEFAULT_AMQP_URL);
         assert_eq!(w.topology().work_queue(), "chime.g.work");
     }
 
@@ -1049,7 +577,7 @@ mod tests {
             .handle("a", noop)
             .build()
             .unwrap();
-        assert_eq!(w.capacity, DEFAULT_CAPACITY);
+        assert_eq!(w.config.capacity, DEFAULT_CAPACITY);
         assert_eq!(w.topology().work_queue(), "chime.orders.work");
         let pid = std::process::id().to_string();
         assert!(w.id().contains(&format!("-{pid}-")), "{}", w.id());
@@ -1059,8 +587,8 @@ mod tests {
             .capacity(0)
             .build();
         assert!(matches!(zero, Err(BuildError::ZeroCapacity)));
-        assert_eq!(w.heartbeat_interval, Duration::from_millis(500));
-        assert_eq!(w.ack_after, DEFAULT_ACK_AFTER);
+        assert_eq!(w.config.heartbeat_interval, Duration::from_millis(500));
+        assert_eq!(w.config.ack_after, DEFAULT_ACK_AFTER);
         assert_eq!(w.topology().delivery_limit(), 5);
         let no_beat = Worker::builder("g")
             .pool(lazy_pool())
@@ -1068,7 +596,7 @@ mod tests {
             .heartbeat_interval(Duration::ZERO)
             .build();
         assert!(matches!(no_beat, Err(BuildError::ZeroHeartbeat)));
-        assert_eq!(w.unhandled_wait, DEFAULT_UNHANDLED_WAIT);
+        assert_eq!(w.config.unhandled_wait, DEFAULT_UNHANDLED_WAIT);
         let forever = Worker::builder("g")
             .pool(lazy_pool())
             .handle("a", noop)
