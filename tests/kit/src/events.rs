@@ -58,9 +58,16 @@ impl<T> Events<T> {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Appends `event`.
-    pub fn record(&self, event: T) {
-        self.list().push(event);
+    /// Appends `event`; returns its index, for [`Events::update`].
+    pub fn record(&self, event: T) -> usize {
+        let mut list = self.list();
+        list.push(event);
+        list.len() - 1
+    }
+
+    /// Changes the event at `index` (a handler recording when it ended, say).
+    pub fn update(&self, index: usize, change: impl FnOnce(&mut T)) {
+        change(&mut self.list()[index]);
     }
 
     /// How many events so far.
