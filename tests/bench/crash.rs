@@ -13,11 +13,11 @@ use serde::Serialize;
 use tokio::process::Command;
 
 use crate::jobs::{JobDef, specs};
-use crate::process::Process;
 use crate::report::{Report, Row, summary};
 use crate::sandbox::{Sandbox, Services, bounded, now_us, poll, within};
 use crate::stats::Summary;
 use crate::worker::Event;
+use chime_e2e::process::Process;
 
 /// Parameters of the crash scenario.
 #[derive(Debug, Clone, Serialize)]
@@ -83,7 +83,7 @@ fn worker(sandbox: &Sandbox, id: &str, group: &str, jobs: &[String]) -> anyhow::
     Process::spawn(
         &format!("worker {id}"),
         command,
-        sandbox.path(&format!("{id}.log")),
+        &sandbox.path(&format!("{id}.log")),
     )
 }
 
@@ -114,12 +114,12 @@ async fn measure(sandbox: &Sandbox, params: &Params) -> anyhow::Result<Report> {
     let defs: Vec<JobDef> = names.iter().map(|n| JobDef::new(n, &group)).collect();
     let scheduler = Scheduler::start(sandbox.service_config("bench-crash"), specs(&defs)?);
     poll(
-        "the scheduler to lead",
         Duration::from_secs(120),
+        "the scheduler to lead",
         || async { Ok(sandbox.leader().await?.map(|_| ())) },
     )
     .await?;
-    poll("the jobs to be stored", Duration::from_secs(60), || async {
+    poll(Duration::from_secs(60), "the jobs to be stored", || async {
         Ok(sandbox
             .store
             .job(&names[names.len() - 1])
@@ -140,8 +140,8 @@ async fn measure(sandbox: &Sandbox, params: &Params) -> anyhow::Result<Report> {
         run_ids.push(id);
     }
     poll(
-        "every run to start on worker a",
         Duration::from_secs(60),
+        "every run to start on worker a",
         || {
             let started = events(&a)
                 .iter()
@@ -167,8 +167,8 @@ async fn measure(sandbox: &Sandbox, params: &Params) -> anyhow::Result<Report> {
         run_ids.len()
     );
     let rerun = poll(
-        "every run to start again on worker b",
         Duration::from_secs(120),
+        "every run to start again on worker b",
         || {
             let restarted = restarts(&events(&b));
             let all = run_ids.iter().all(|id| restarted.contains_key(id));
@@ -184,7 +184,7 @@ async fn measure(sandbox: &Sandbox, params: &Params) -> anyhow::Result<Report> {
         eprintln!("[crash] {e:#}");
     }
     // Even when the rerun never came, wait for outcomes and report what happened.
-    let _ = poll("every run to finish", Duration::from_secs(30), || async {
+    let _ = poll(Duration::from_secs(30), "every run to finish", || async {
         for id in &run_ids {
             let run = sandbox.store.run(*id).await?;
             if run.is_none_or(|r| r.run.state != "succeeded") {

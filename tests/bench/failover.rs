@@ -11,7 +11,6 @@ use anyhow::{Context as _, ensure};
 use serde::Serialize;
 
 use crate::jobs::{JobDef, toml};
-use crate::process::Process;
 use crate::recorder::Workers;
 use crate::report::{Report, Row, ms, share, summary};
 use crate::sandbox::{Sandbox, Services, now_us, poll, sleep_until_us, within, write_file};
@@ -92,17 +91,17 @@ async fn measure(
         .wait_for_consumers(&group, params.workers as u32)
         .await?;
 
-    let mut a = Process::scheduler(chime, sandbox, "bench-failover-a", &path)?;
-    poll("instance a to lead", Duration::from_secs(120), || async {
+    let mut a = sandbox.scheduler(chime, "bench-failover-a", &path)?;
+    poll(Duration::from_secs(120), "instance a to lead", || async {
         Ok((sandbox.leader().await?.as_deref() == Some("bench-failover-a")).then_some(()))
     })
     .await?;
-    let first = poll("the first fire", Duration::from_secs(60), || async {
+    let first = poll(Duration::from_secs(60), "the first fire", || async {
         Ok(workers.earliest())
     })
     .await?;
     let t0 = first.scheduled_us.div_euclid(SECOND) * SECOND;
-    let mut b = Process::scheduler(chime, sandbox, "bench-failover-b", &path)?;
+    let mut b = sandbox.scheduler(chime, "bench-failover-b", &path)?;
     b.wait_for_log("scheduler started", Duration::from_secs(120))
         .await?;
     a.ensure_running()?;
@@ -120,8 +119,8 @@ async fn measure(
     a.kill().await.context("killing instance a")?;
     eprintln!("[failover] SIGKILLed the leader (pid {})", a.pid());
     poll(
-        "instance b to take over",
         Duration::from_secs(60),
+        "instance b to take over",
         || async {
             Ok((sandbox.leader().await?.as_deref() == Some("bench-failover-b")).then_some(()))
         },

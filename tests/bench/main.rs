@@ -13,7 +13,6 @@ mod crash;
 mod failover;
 mod jobs;
 mod precision;
-mod process;
 mod raw;
 mod recorder;
 mod report;

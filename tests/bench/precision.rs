@@ -114,7 +114,7 @@ async fn measure(sandbox: &Sandbox, params: &Params) -> anyhow::Result<Report> {
         specs(&defs)?,
     );
 
-    let first = poll("the first fire", Duration::from_secs(120), || async {
+    let first = poll(Duration::from_secs(120), "the first fire", || async {
         Ok(workers.earliest())
     })
     .await?;

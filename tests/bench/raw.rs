@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use chime_e2e::{passive_declare, try_wait_for};
 use futures::StreamExt as _;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
@@ -14,7 +15,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use serde::Serialize;
 
-use crate::sandbox::{Sandbox, passive_declare};
+use crate::sandbox::Sandbox;
 
 /// Publishes awaiting their confirm at once, as the dispatcher keeps many in flight.
 const IN_FLIGHT: usize = 1_000;
@@ -109,14 +110,19 @@ pub async fn measure(sandbox: &Sandbox, seconds: u64) -> anyhow::Result<RawRate>
     while let Some(confirmed) = confirms.next().await {
         confirmed.context("a raw measurement publish was not confirmed")?;
     }
-    // Every message confirmed; wait for the consumer to ack them all.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let ready = passive_declare(&consume, &queue).await?.message_count();
-        if ready == 0 || Instant::now() >= deadline {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    // Every message confirmed; wait (at most a minute) for the consumer to ack them all.
+    let drained =
+        try_wait_for(
+            Duration::from_secs(60),
+            "every message acked",
+            async || match passive_declare(&consume, &queue).await {
+                Ok(declared) => (declared.message_count() == 0).then_some(Ok(())),
+                Err(e) => Some(Err(e)),
+            },
+        )
+        .await;
+    if let Ok(Err(e)) = drained {
+        return Err(e.into());
     }
     let elapsed = start.elapsed();
     publish

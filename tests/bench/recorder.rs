@@ -2,10 +2,10 @@
 //! precision, throughput and failover scenarios. Each handler returns at once, so what is
 //! measured is Chime's path (claim, start, outcome record, ack), not the handler.
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context as _;
+use chime_e2e::Events;
 use chime_worker::{CancellationToken, JobContext, JobError, Worker, WorkerError};
 use tokio::task::JoinHandle;
 
@@ -14,7 +14,7 @@ use crate::stats::Execution;
 
 /// `count` workers of one group, sharing one record of executions.
 pub struct Workers {
-    executions: Arc<Mutex<Vec<Execution>>>,
+    executions: Events<Execution>,
     stop: CancellationToken,
     tasks: Vec<JoinHandle<Result<(), WorkerError>>>,
 }
@@ -31,7 +31,7 @@ impl Workers {
         capacity: u16,
         hold: u16,
     ) -> anyhow::Result<Workers> {
-        let executions: Arc<Mutex<Vec<Execution>>> = Arc::default();
+        let executions = Events::new();
         let stop = CancellationToken::new();
         let mut tasks = Vec::new();
         for n in 0..count {
@@ -53,7 +53,7 @@ impl Workers {
                         let seen = seen.clone();
                         async move {
                             let scheduled_us = ctx.scheduled_at().timestamp_micros();
-                            seen.lock().expect("not poisoned").push(Execution {
+                            seen.record(Execution {
                                 job,
                                 run_id: ctx.run_id(),
                                 attempt: ctx.attempt(),
@@ -77,22 +77,18 @@ impl Workers {
 
     /// Every execution so far.
     pub fn executions(&self) -> Vec<Execution> {
-        self.executions.lock().expect("not poisoned").clone()
+        self.executions.all()
     }
 
     /// How many executions so far.
     pub fn len(&self) -> usize {
-        self.executions.lock().expect("not poisoned").len()
+        self.executions.len()
     }
 
     /// The execution scheduled earliest so far, if any.
     pub fn earliest(&self) -> Option<Execution> {
         self.executions
-            .lock()
-            .expect("not poisoned")
-            .iter()
-            .min_by_key(|e| e.scheduled_us)
-            .copied()
+            .with(|all| all.iter().min_by_key(|e| e.scheduled_us).copied())
     }
 
     /// Waits until `done` holds for the executions so far, or until nothing new has arrived for
@@ -107,7 +103,7 @@ impl Workers {
         let mut last_len = self.len();
         let mut last_change = tokio::time::Instant::now();
         loop {
-            if done(&self.executions.lock().expect("not poisoned")) {
+            if self.executions.with(&done) {
                 return true;
             }
             let now = tokio::time::Instant::now();
@@ -140,8 +136,7 @@ impl Workers {
             },
         )
         .await?;
-        let executions = self.executions.lock().expect("not poisoned").clone();
-        Ok(executions)
+        Ok(self.executions.all())
     }
 }
 

@@ -3,22 +3,20 @@
 //! the end, and a temporary directory for job files and process logs (kept when the scenario
 //! failed, so its logs can be read).
 
-use std::collections::BTreeSet;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, anyhow, bail};
+use chime_e2e::process::{Process, SchedulerEnv, sibling_binary};
+use chime_e2e::{TopologyGuard, passive_declare, try_wait_for};
 use chime_protocol::Topology;
 use chime_scheduler::leader::LeaseTimings;
 use chime_scheduler::planner::PlannerTimings;
 use chime_scheduler::service::ServiceConfig;
 use chime_scheduler::store::Store;
 use futures::FutureExt as _;
-use lapin::options::QueueDeclareOptions;
-use lapin::types::FieldTable;
 use sqlx::migrate::MigrateDatabase as _;
 
 use crate::report::Report;
@@ -48,28 +46,9 @@ impl Services {
             }
             bail!("--chime {} is not a file", path.display());
         }
-        let exe = std::env::current_exe().context("locating chime-bench's own executable")?;
-        let dir = exe
-            .parent()
-            .context("chime-bench's executable has no directory")?;
-        let mut candidates = vec![dir.join("chime")];
-        if dir.file_name().is_some_and(|name| name == "deps")
-            && let Some(profile) = dir.parent()
-        {
-            candidates.push(profile.join("chime"));
-        }
-        if let Some(found) = candidates.iter().find(|path| path.is_file()) {
-            return Ok(found.clone());
-        }
-        bail!(
-            "the `chime` binary is not next to chime-bench (looked for {}); build the whole \
-             workspace first (`cargo build --release --workspace`, then run \
+        sibling_binary("chime").context(
+            "build the whole workspace first (`cargo build --release --workspace`, then run \
              target/release/chime-bench), or pass --chime PATH",
-            candidates
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
         )
     }
 }
@@ -89,7 +68,8 @@ pub struct Sandbox {
     /// Job files and process logs.
     pub dir: tempfile::TempDir,
     keep: bool,
-    groups: Mutex<BTreeSet<String>>,
+    /// Deletes the exchanges and queues of every group named through [`Sandbox::group`].
+    topology: TopologyGuard,
 }
 
 impl Sandbox {
@@ -125,30 +105,41 @@ impl Sandbox {
             "[{scenario}] database {name}, temporary files in {}",
             dir.path().display()
         );
+        let prefix = chime_e2e::unique("bench");
         Ok(Sandbox {
             scenario,
             database_url,
-            prefix: chime_e2e::unique("bench"),
+            topology: TopologyGuard::new(&services.amqp_url, &prefix, &[]),
+            prefix,
             amqp_url: services.amqp_url.clone(),
             store,
             dir,
             keep: services.keep,
-            groups: Mutex::default(),
         })
     }
 
     /// Names an executor group and remembers it, so its queues are deleted at the end.
     pub fn group(&self, name: &str) -> String {
-        self.groups
-            .lock()
-            .expect("not poisoned")
-            .insert(name.to_owned());
+        self.topology.add_group(name);
         name.to_owned()
     }
 
     /// A path in the temporary directory.
     pub fn path(&self, file: &str) -> PathBuf {
         self.dir.path().join(file)
+    }
+
+    /// Starts `chime scheduler --jobs JOBS` on the sandbox as instance `instance`, logging
+    /// JSON lines (so that [`Process::logged`] sees its messages) to the temporary directory.
+    pub fn scheduler(&self, chime: &Path, instance: &str, jobs: &Path) -> anyhow::Result<Process> {
+        let env = SchedulerEnv {
+            database_url: &self.database_url,
+            amqp_url: &self.amqp_url,
+            prefix: &self.prefix,
+            jobs,
+            json_logs: true,
+        };
+        Process::scheduler(chime, instance, &env, self.dir.path())
     }
 
     /// Settings for an in-process scheduler instance: the `chime` binary's defaults (lease TTL
@@ -199,8 +190,8 @@ impl Sandbox {
     /// Waits until a group's work queue has at least `n` consumers.
     pub async fn wait_for_consumers(&self, group: &str, n: u32) -> anyhow::Result<()> {
         poll(
-            &format!("{n} consumer(s) on group {group}'s work queue"),
             Duration::from_secs(60),
+            &format!("{n} consumer(s) on group {group}'s work queue"),
             || async { Ok((self.consumers(group).await? >= n).then_some(())) },
         )
         .await
@@ -223,7 +214,8 @@ impl Sandbox {
     /// temporary directory (kept when `succeeded` is false or `--keep` was given).
     pub async fn finish(self, succeeded: bool) {
         let scenario = self.scenario;
-        if let Err(e) = broker_call(self.delete_topology()).await {
+        let topology = self.topology;
+        if let Err(e) = broker_call(async move { Ok(topology.try_delete().await?) }).await {
             eprintln!(
                 "[{scenario}] warning: could not delete queues under {}: {e:#}",
                 self.prefix
@@ -242,40 +234,6 @@ impl Sandbox {
             let dir = self.dir.keep();
             eprintln!("[{scenario}] kept logs and job files in {}", dir.display());
         }
-    }
-
-    async fn delete_topology(&self) -> anyhow::Result<()> {
-        let connection =
-            lapin::Connection::connect(&self.amqp_url, lapin::ConnectionProperties::default())
-                .await
-                .context("connecting to RabbitMQ")?;
-        let groups: Vec<String> = self
-            .groups
-            .lock()
-            .expect("not poisoned")
-            .iter()
-            .cloned()
-            .collect();
-        for group in groups {
-            // A channel per group: an error closes the channel it happened on.
-            let channel = connection.create_channel().await?;
-            Topology::new(self.prefix.clone(), group.as_str())
-                .delete(&channel)
-                .await
-                .with_context(|| format!("deleting group {group}"))?;
-        }
-        let channel = connection.create_channel().await?;
-        channel
-            .exchange_delete(
-                chime_protocol::topology::control_exchange(&self.prefix)
-                    .as_str()
-                    .into(),
-                lapin::options::ExchangeDeleteOptions::default(),
-            )
-            .await
-            .context("deleting the control exchange")?;
-        let _ = connection.close(200, "benchmark done".into()).await;
-        Ok(())
     }
 }
 
@@ -329,22 +287,14 @@ pub async fn bounded<T>(
         .map_err(|_| anyhow!("{what} did not finish within {limit:?}"))?
 }
 
-/// Calls `check` every 25 ms until it returns `Some`, or fails after `timeout` naming `what`.
-pub async fn poll<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = anyhow::Result<Option<T>>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(value) = check().await? {
-            return Ok(value);
-        }
-        if tokio::time::Instant::now() >= deadline {
-            bail!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+/// The test kit's wait ([`chime_e2e::try_wait_for`]) for a probe that can fail: calls `check`
+/// until it returns `Some`, fails at once with its error, or after `timeout` naming `what`.
+pub async fn poll<T>(
+    timeout: Duration,
+    what: &str,
+    mut check: impl AsyncFnMut() -> anyhow::Result<Option<T>>,
+) -> anyhow::Result<T> {
+    try_wait_for(timeout, what, async || check().await.transpose()).await?
 }
 
 /// Now, in Unix microseconds (wall clock, comparable with scheduled instants).
@@ -366,22 +316,4 @@ pub async fn sleep_until_us(at_us: i64) {
 /// Writes `text` to `path`.
 pub fn write_file(path: &Path, text: &str) -> anyhow::Result<()> {
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
-}
-
-/// A passive declare of `queue`: its ready messages and consumers, or the broker's error (404
-/// when nobody declared it).
-pub async fn passive_declare(
-    channel: &lapin::Channel,
-    queue: &str,
-) -> Result<lapin::Queue, lapin::Error> {
-    channel
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await
 }

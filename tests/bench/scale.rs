@@ -11,9 +11,9 @@ use anyhow::{Context as _, ensure};
 use serde::Serialize;
 
 use crate::jobs::{scale_job, toml};
-use crate::process::Process;
 use crate::report::{Report, Row};
-use crate::sandbox::{Sandbox, Services, now_us, within, write_file};
+use crate::sandbox::{Sandbox, Services, now_us, poll, within, write_file};
+use chime_e2e::process::Process;
 
 /// Log lines of the scheduler's start-up, in order.
 const PHASES: [&str; 6] = [
@@ -103,7 +103,7 @@ async fn measure(
 
     let instance = "bench-scale";
     let started = tokio::time::Instant::now();
-    let mut process = Process::scheduler(chime, sandbox, instance, &path)?;
+    let mut process = sandbox.scheduler(chime, instance, &path)?;
     let outcome = observe(sandbox, &mut process, started, instance, params).await;
     let stopped = process.stop(Duration::from_secs(30)).await;
     let mut results = outcome?;
@@ -123,23 +123,21 @@ async fn observe(
 ) -> anyhow::Result<Results> {
     let limit = Duration::from_secs(300);
     let mut leader_at = None;
-    let first_run_at = loop {
-        process.ensure_running()?;
-        if leader_at.is_none() && sandbox.leader().await?.as_deref() == Some(instance) {
-            leader_at = Some(started.elapsed());
-        }
-        let any: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM chime_runs)")
-            .fetch_one(sandbox.store.pool())
-            .await?;
-        if any {
-            break started.elapsed();
-        }
-        ensure!(
-            started.elapsed() < limit,
-            "no run persisted {limit:?} after starting the scheduler"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let first_run_at = poll(
+        limit,
+        "a run persisted after starting the scheduler",
+        async || {
+            process.ensure_running()?;
+            if leader_at.is_none() && sandbox.leader().await?.as_deref() == Some(instance) {
+                leader_at = Some(started.elapsed());
+            }
+            let any: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM chime_runs)")
+                .fetch_one(sandbox.store.pool())
+                .await?;
+            Ok(any.then(|| started.elapsed()))
+        },
+    )
+    .await?;
     let leader_at = leader_at.unwrap_or(first_run_at);
     eprintln!(
         "[scale] leading after {leader_at:?}, first run persisted after {first_run_at:?}; \

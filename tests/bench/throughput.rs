@@ -158,7 +158,7 @@ async fn measure(sandbox: &Sandbox, params: &Params) -> anyhow::Result<Report> {
         sandbox.service_config("bench-throughput"),
         specs(&defs[..jobs_for(first_rate)])?,
     );
-    poll("the first fire", Duration::from_secs(120), || async {
+    poll(Duration::from_secs(120), "the first fire", || async {
         Ok(workers.earliest())
     })
     .await?;

@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chime_e2e::services::{PrivateRabbit, free_port};
-use chime_e2e::{AMQP_URL, database_url, init_tracing, service_config, unique, wait_for};
+use chime_e2e::{AMQP_URL, Setup, database_url, init_tracing, service_config, unique, wait_for};
 use chime_scheduler::service::{self, DutySettings, OpsSettings};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::common::{RecordingWorker, ServingInstance, TopologyGuard, job};
+use crate::common::{RecordingWorker, ServingInstance, job};
 use crate::ops::{dead_run, park};
 
 struct Http {
@@ -56,11 +56,9 @@ impl Http {
 
 #[sqlx::test(migrations = "../migrations")]
 async fn the_api_triggers_shows_and_measures_a_run_end_to_end(pool: PgPool) {
-    init_tracing();
-    let db = database_url(&pool);
-    let prefix = unique("api");
     let group = "apig";
-    let topology = TopologyGuard::new(&prefix, &[group]);
+    let t = Setup::new(&pool).with_groups(&[group]);
+    let (db, prefix) = (t.database_url.clone(), t.prefix.clone());
     let instance = ServingInstance::start(&pool, &prefix, group).await;
     let (operator, viewer) = (instance.operator.clone(), instance.viewer.clone());
     let http = Http {
@@ -68,7 +66,7 @@ async fn the_api_triggers_shows_and_measures_a_run_end_to_end(pool: PgPool) {
         base: instance.base.clone(),
     };
     // Only the leader observes runs; its first scrape starts the observer at the newest run.
-    wait_for("the instance to lead", Duration::from_secs(10), || async {
+    wait_for(Duration::from_secs(10), "the instance to lead", || async {
         let text = http.metrics().await;
         text.lines().any(|l| l == "chime_is_leader 1").then_some(())
     })
@@ -103,7 +101,7 @@ async fn the_api_triggers_shows_and_measures_a_run_end_to_end(pool: PgPool) {
     assert_eq!(status, 201, "{body}");
     let run_id = body["run_id"].as_i64().expect("run id");
 
-    let run = wait_for("the run to succeed", Duration::from_secs(20), || async {
+    let run = wait_for(Duration::from_secs(20), "the run to succeed", || async {
         let (_, run) = http
             .get(&format!("/api/runs/{run_id}"), Some(&viewer))
             .await;
@@ -125,7 +123,7 @@ async fn the_api_triggers_shows_and_measures_a_run_end_to_end(pool: PgPool) {
     let (_, workers) = http.get("/api/workers", Some(&viewer)).await;
     assert_eq!(workers["workers"][0]["online"], true, "{workers}");
     assert_eq!(workers["workers"][0]["capacity"], 16);
-    let leader = wait_for("this instance to lead", Duration::from_secs(10), || async {
+    let leader = wait_for(Duration::from_secs(10), "this instance to lead", || async {
         let (_, leader) = http.get("/api/leader", Some(&viewer)).await;
         (leader["this_instance_leads"] == true).then_some(leader)
     })
@@ -168,7 +166,7 @@ async fn the_api_triggers_shows_and_measures_a_run_end_to_end(pool: PgPool) {
 
     worker.stop().await;
     instance.stop().await;
-    topology.delete().await;
+    t.finish().await;
 }
 
 #[sqlx::test(migrations = "../migrations")]
@@ -222,10 +220,9 @@ async fn an_instance_bound_beyond_loopback_without_tokens_refuses_to_start(pool:
 /// leader drained it, read as often as asked without changing the list or its order.
 #[sqlx::test(migrations = "../migrations")]
 async fn a_parked_message_is_shown_in_full_and_the_parking_lot_keeps_its_order(pool: PgPool) {
-    init_tracing();
-    let prefix = unique("apidl");
     let group = "apidl";
-    let topology = TopologyGuard::new(&prefix, &[group]);
+    let t = Setup::new(&pool).with_groups(&[group]);
+    let prefix = t.prefix.clone();
     let instance = ServingInstance::start(&pool, &prefix, group).await;
     let http = Http {
         client: reqwest::Client::new(),
@@ -309,7 +306,7 @@ async fn a_parked_message_is_shown_in_full_and_the_parking_lot_keeps_its_order(p
     assert_eq!(listed().await, ids, "nothing was lost");
 
     instance.stop().await;
-    topology.delete().await;
+    t.finish().await;
 }
 
 /// Queue figures from the management HTTP API of a private RabbitMQ node with the plugin
@@ -384,8 +381,8 @@ async fn queue_figures_come_from_the_management_api_else_from_passive_declares(p
         Some(Broker::new(rabbit.url(), &prefix).with_management_url(Some(management.as_str()))),
     );
     let figures = wait_for(
-        "the management API's statistics to show the held message",
         Duration::from_secs(30),
+        "the management API's statistics to show the held message",
         || async {
             let figures = with_management.queues(&viewer).await.expect("queues");
             let queue = &figures.queues[0];
@@ -468,8 +465,8 @@ async fn queue_figures_come_from_the_management_api_else_from_passive_declares(p
             .expect("JSON")
     };
     let listed = wait_for(
-        "the broker to list the operations' connection",
         Duration::from_secs(30),
+        "the broker to list the operations' connection",
         || async { Some(ours(&connections().await)).filter(|o| !o.is_empty()) },
     )
     .await;
@@ -488,8 +485,8 @@ async fn queue_figures_come_from_the_management_api_else_from_passive_declares(p
         .expect("DELETE the connection");
     assert!(closed.status().is_success(), "{}", closed.status());
     let figures = wait_for(
-        "the operations to reconnect",
         Duration::from_secs(30),
+        "the operations to reconnect",
         || async {
             let figures = ops.queues(&viewer).await.ok()?;
             (broker.connections_opened() == 2).then_some(figures)

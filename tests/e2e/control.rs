@@ -4,15 +4,13 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use chime_e2e::{
-    AMQP_URL, Scheduler, database_url, init_tracing, service_config, unique, wait_for,
-};
+use chime_e2e::{AMQP_URL, Scheduler, Setup, service_config, wait_for};
 use chime_scheduler::cli::{Command, JobsCommand, Output, RunsCommand, control};
 use chime_scheduler::store::Store;
 use serde_json::json;
 use sqlx::PgPool;
 
-use crate::common::{RecordingWorker, TopologyGuard, job, runs};
+use crate::common::{RecordingWorker, job, runs};
 
 async fn run_cli(store: &Store, output: Output, command: Command) -> (ExitCode, String) {
     let mut out = Vec::new();
@@ -24,10 +22,8 @@ async fn run_cli(store: &Store, output: Output, command: Command) -> (ExitCode, 
 
 #[sqlx::test(migrations = "../migrations")]
 async fn trigger_pause_resume_and_inspect_runs_through_the_cli(pool: PgPool) {
-    init_tracing();
-    let db = database_url(&pool);
-    let prefix = unique("t");
-    let topology = TopologyGuard::new(&prefix, &["ops"]);
+    let t = Setup::new(&pool).with_groups(&["ops"]);
+    let (db, prefix) = (t.database_url.clone(), t.prefix.clone());
     let store = Store::from_pool(pool.clone());
     let worker = RecordingWorker::start(&db, AMQP_URL, &prefix, "ops", &["report", "beat"]);
     let scheduler = Scheduler::start(
@@ -37,7 +33,7 @@ async fn trigger_pause_resume_and_inspect_runs_through_the_cli(pool: PgPool) {
             job(json!({"name": "beat", "group": "ops", "every": "1s"})),
         ],
     );
-    wait_for("beat to fire", Duration::from_secs(10), || async {
+    wait_for(Duration::from_secs(10), "beat to fire", || async {
         (!runs(&pool, "beat").await.is_empty()).then_some(())
     })
     .await;
@@ -75,8 +71,8 @@ async fn trigger_pause_resume_and_inspect_runs_through_the_cli(pool: PgPool) {
         .as_i64()
         .expect("run id");
     wait_for(
-        "the manual run to succeed",
         Duration::from_secs(10),
+        "the manual run to succeed",
         || async {
             runs(&pool, "report")
                 .await
@@ -121,7 +117,7 @@ async fn trigger_pause_resume_and_inspect_runs_through_the_cli(pool: PgPool) {
     let paused_at = chrono::Utc::now();
     let (_, listed) = run_cli(&store, Output::Json, Command::Jobs(JobsCommand::List)).await;
     assert!(listed.contains(r#""paused": true"#), "{listed}");
-    wait_for("3 s of pause", Duration::from_secs(5), || async {
+    wait_for(Duration::from_secs(5), "3 s of pause", || async {
         (chrono::Utc::now() > paused_at + chrono::Duration::seconds(3)).then_some(())
     })
     .await;
@@ -143,8 +139,8 @@ async fn trigger_pause_resume_and_inspect_runs_through_the_cli(pool: PgPool) {
     .await;
     let resumed = during.len();
     wait_for(
-        "beat to fire again after resume",
         Duration::from_secs(5),
+        "beat to fire again after resume",
         || async { (runs(&pool, "beat").await.len() > resumed).then_some(()) },
     )
     .await;
@@ -187,15 +183,13 @@ async fn trigger_pause_resume_and_inspect_runs_through_the_cli(pool: PgPool) {
 
     scheduler.stop().await.expect("graceful stop");
     worker.stop().await;
-    topology.delete().await;
+    t.finish().await;
 }
 
 #[sqlx::test(migrations = "../migrations")]
 async fn reload_applies_added_changed_and_removed_jobs(pool: PgPool) {
-    init_tracing();
-    let db = database_url(&pool);
-    let prefix = unique("t");
-    let topology = TopologyGuard::new(&prefix, &["reload"]);
+    let t = Setup::new(&pool).with_groups(&["reload"]);
+    let (db, prefix) = (t.database_url.clone(), t.prefix.clone());
     let scheduler = Scheduler::start(
         service_config(&db, AMQP_URL, "solo", &prefix),
         vec![
@@ -203,7 +197,7 @@ async fn reload_applies_added_changed_and_removed_jobs(pool: PgPool) {
             job(json!({"name": "drop", "group": "reload", "every": "1s"})),
         ],
     );
-    wait_for("both jobs to fire", Duration::from_secs(10), || async {
+    wait_for(Duration::from_secs(10), "both jobs to fire", || async {
         (!runs(&pool, "keep").await.is_empty() && !runs(&pool, "drop").await.is_empty())
             .then_some(())
     })
@@ -215,12 +209,12 @@ async fn reload_applies_added_changed_and_removed_jobs(pool: PgPool) {
             job(json!({"name": "new", "group": "reload", "every": "1s"})),
         ])
         .await;
-    wait_for("the added job to fire", Duration::from_secs(10), || async {
+    wait_for(Duration::from_secs(10), "the added job to fire", || async {
         (!runs(&pool, "new").await.is_empty()).then_some(())
     })
     .await;
     let reloaded = chrono::Utc::now() + chrono::Duration::seconds(1);
-    wait_for("three more seconds", Duration::from_secs(10), || async {
+    wait_for(Duration::from_secs(10), "three more seconds", || async {
         (chrono::Utc::now() > reloaded + chrono::Duration::seconds(4)).then_some(())
     })
     .await;
@@ -250,5 +244,5 @@ async fn reload_applies_added_changed_and_removed_jobs(pool: PgPool) {
             chrono::Duration::seconds(2)
         );
     }
-    topology.delete().await;
+    t.finish().await;
 }

@@ -19,14 +19,14 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use chime_e2e::services::free_port;
-use chime_e2e::{AMQP_URL, database_url, init_tracing, unique, wait_for};
+use chime_e2e::{AMQP_URL, Setup, wait_for};
 use chime_scheduler::auth::{Caller, Role};
 use chime_scheduler::ops::Operations;
 use chime_scheduler::store::Store;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
-use crate::common::{RecordingWorker, ServingInstance, TopologyGuard};
+use crate::common::{RecordingWorker, ServingInstance};
 
 /// Generous: a slow, shared two-core machine renders and polls slowly, but every wait ends as
 /// soon as its condition holds.
@@ -57,7 +57,7 @@ impl Browser {
             driver,
         };
         let status = format!("{}/status", browser.session);
-        wait_for("chromedriver to listen", PATIENCE, || async {
+        wait_for(PATIENCE, "chromedriver to listen", || async {
             let response = browser.http.get(&status).send().await.ok()?;
             let body: Value = response.json().await.ok()?;
             (body["value"]["ready"] == true).then_some(())
@@ -119,7 +119,7 @@ impl Browser {
         let script =
             "const e = document.querySelector(arguments[0]); return e ? e.textContent : null;";
         let what = format!("the text of {css}");
-        wait_for(&what, PATIENCE, || async {
+        wait_for(PATIENCE, &what, || async {
             let text = self
                 .try_command("/execute/sync", json!({"script": script, "args": [css]}))
                 .await?;
@@ -167,7 +167,7 @@ impl Browser {
     /// Clicks `css` once it exists; a page that re-rendered between finding and clicking (the
     /// runs page refreshes itself) is retried, not failed.
     async fn click(&self, css: &str) {
-        wait_for(&format!("a click on {css}"), PATIENCE, || async {
+        wait_for(PATIENCE, &format!("a click on {css}"), || async {
             let element = self.element(css).await?;
             self.try_command(&format!("/element/{element}/click"), json!({}))
                 .await
@@ -178,7 +178,7 @@ impl Browser {
 
     /// Waits until `script` returns a value `good` accepts; returns it.
     async fn wait_eval(&self, what: &str, script: &str, good: impl Fn(&Value) -> bool) -> Value {
-        wait_for(what, PATIENCE, || async {
+        wait_for(PATIENCE, what, || async {
             let value = self
                 .try_command("/execute/sync", json!({"script": script, "args": []}))
                 .await?;
@@ -188,7 +188,7 @@ impl Browser {
     }
 
     async fn type_into(&self, css: &str, text: &str) {
-        wait_for(&format!("typing into {css}"), PATIENCE, || async {
+        wait_for(PATIENCE, &format!("typing into {css}"), || async {
             let element = self.element(css).await?;
             self.try_command(
                 &format!("/element/{element}/value"),
@@ -294,11 +294,9 @@ async fn run_count(pool: &PgPool) -> i64 {
 
 #[sqlx::test(migrations = "../migrations")]
 async fn an_operator_triggers_a_job_and_watches_its_run_finish_and_a_viewer_cannot(pool: PgPool) {
-    init_tracing();
-    let db = database_url(&pool);
-    let prefix = unique("dash");
     let group = "dashg";
-    let topology = TopologyGuard::new(&prefix, &[group]);
+    let t = Setup::new(&pool).with_groups(&[group]);
+    let (db, prefix) = (t.database_url.clone(), t.prefix.clone());
     let instance = ServingInstance::start(&pool, &prefix, group).await;
     let (base, operator, viewer) = (
         instance.base.clone(),
@@ -619,7 +617,7 @@ async fn an_operator_triggers_a_job_and_watches_its_run_finish_and_a_viewer_cann
     drop(browser);
     worker.stop().await;
     instance.stop().await;
-    topology.delete().await;
+    t.finish().await;
 }
 
 /// Logs in with `token` and waits until the page names `whoami`.
@@ -636,12 +634,10 @@ async fn login(browser: &Browser, base: &str, token: &str, whoami: &str) {
 /// did those.
 #[sqlx::test(migrations = "../migrations")]
 async fn an_operator_pages_runs_replays_a_dead_letter_and_cancels_a_run(pool: PgPool) {
-    init_tracing();
-    let db = database_url(&pool);
-    let prefix = unique("dash2");
     // `idle` has a job but no worker: its runs wait in the queue.
     let (group, idle) = ("dash2g", "dash2idle");
-    let topology = TopologyGuard::new(&prefix, &[group, idle]);
+    let t = Setup::new(&pool).with_groups(&[group, idle]);
+    let (db, prefix) = (t.database_url.clone(), t.prefix.clone());
     let instance = ServingInstance::start(&pool, &prefix, group).await;
     let (base, operator) = (instance.base.clone(), instance.operator.clone());
     let http = reqwest::Client::new();
@@ -692,7 +688,7 @@ async fn an_operator_pages_runs_replays_a_dead_letter_and_cancels_a_run(pool: Pg
         pings.push(trigger("ping").await);
     }
     for id in &pings {
-        wait_for("the run to succeed", PATIENCE, || async {
+        wait_for(PATIENCE, "the run to succeed", || async {
             (state(*id).await == "succeeded").then_some(())
         })
         .await;
@@ -823,7 +819,7 @@ async fn an_operator_pages_runs_replays_a_dead_letter_and_cancels_a_run(pool: Pg
 
     // A run of `hold` waits in its queue; the operator cancels it from its page.
     let held = trigger("hold").await;
-    wait_for("the run to be queued", PATIENCE, || async {
+    wait_for(PATIENCE, "the run to be queued", || async {
         (state(held).await == "queued").then_some(())
     })
     .await;
@@ -867,7 +863,7 @@ async fn an_operator_pages_runs_replays_a_dead_letter_and_cancels_a_run(pool: Pg
     drop(browser);
     worker.stop().await;
     instance.stop().await;
-    topology.delete().await;
+    t.finish().await;
 }
 
 /// The overview refreshes itself (a run triggered through the API shows up in its chart without
@@ -876,11 +872,9 @@ async fn an_operator_pages_runs_replays_a_dead_letter_and_cancels_a_run(pool: Pg
 /// parking lot, which leaves the list empty and the runs in the database.
 #[sqlx::test(migrations = "../migrations")]
 async fn the_overview_refreshes_and_dead_letters_are_replayed_in_bulk_and_purged(pool: PgPool) {
-    init_tracing();
-    let db = database_url(&pool);
-    let prefix = unique("dash3");
     let group = "dash3g";
-    let topology = TopologyGuard::new(&prefix, &[group]);
+    let t = Setup::new(&pool).with_groups(&[group]);
+    let (db, prefix) = (t.database_url.clone(), t.prefix.clone());
     let instance = ServingInstance::start(&pool, &prefix, group).await;
     let (base, operator) = (instance.base.clone(), instance.operator.clone());
     let http = reqwest::Client::new();
@@ -1016,7 +1010,7 @@ async fn the_overview_refreshes_and_dead_letters_are_replayed_in_bulk_and_purged
         )
     );
     for id in &replayed {
-        wait_for("the replayed run to succeed", PATIENCE, || async {
+        wait_for(PATIENCE, "the replayed run to succeed", || async {
             (state(*id).await == "succeeded").then_some(())
         })
         .await;
@@ -1069,7 +1063,7 @@ async fn the_overview_refreshes_and_dead_letters_are_replayed_in_bulk_and_purged
     drop(browser);
     worker.stop().await;
     instance.stop().await;
-    topology.delete().await;
+    t.finish().await;
 }
 
 /// Issue 12: the run page's "Log (live)" box showed a slow handler's lines only once it
@@ -1077,11 +1071,9 @@ async fn the_overview_refreshes_and_dead_letters_are_replayed_in_bulk_and_purged
 /// run is still running, and the box follows the newest line.
 #[sqlx::test(migrations = "../migrations")]
 async fn the_live_log_shows_each_line_of_a_running_handler_as_it_is_logged(pool: PgPool) {
-    init_tracing();
-    let db = database_url(&pool);
-    let prefix = unique("dashlog");
     let group = "dashlogg";
-    let topology = TopologyGuard::new(&prefix, &[group]);
+    let t = Setup::new(&pool).with_groups(&[group]);
+    let (db, prefix) = (t.database_url.clone(), t.prefix.clone());
     let instance = ServingInstance::start(&pool, &prefix, group).await;
     let (base, operator) = (instance.base.clone(), instance.operator.clone());
     const LINES: usize = 4;
@@ -1200,7 +1192,7 @@ async fn the_live_log_shows_each_line_of_a_running_handler_as_it_is_logged(pool:
         .expect("worker task")
         .expect("worker ran cleanly");
     instance.stop().await;
-    topology.delete().await;
+    t.finish().await;
 }
 
 /// Sets the value of the form field `id` (replacing what it holds) and tells the page.
@@ -1229,11 +1221,9 @@ const BAR_COUNTS: &str = "const n = {}; \
 async fn an_admin_manages_a_shanghai_job_triggers_it_with_params_and_reads_its_report(
     pool: PgPool,
 ) {
-    init_tracing();
-    let db = database_url(&pool);
-    let prefix = unique("dash4");
     let group = "dash4g";
-    let topology = TopologyGuard::new(&prefix, &[group]);
+    let t = Setup::new(&pool).with_groups(&[group]);
+    let (db, prefix) = (t.database_url.clone(), t.prefix.clone());
     let instance = ServingInstance::start(&pool, &prefix, group).await;
     let base = instance.base.clone();
     let worker = RecordingWorker::start(&db, AMQP_URL, &prefix, group, &["ping", "shanghai"]);
@@ -1385,7 +1375,7 @@ async fn an_admin_manages_a_shanghai_job_triggers_it_with_params_and_reads_its_r
         .expect("params");
     assert_eq!(params, json!({"region": "eu", "day": 3}));
     assert_eq!(run_count(&pool).await, 1);
-    wait_for("the triggered run to succeed", PATIENCE, || async {
+    wait_for(PATIENCE, "the triggered run to succeed", || async {
         let state: String = sqlx::query_scalar("SELECT state FROM chime_runs WHERE id = $1")
             .bind(run_id)
             .fetch_one(&pool)
@@ -1565,5 +1555,5 @@ async fn an_admin_manages_a_shanghai_job_triggers_it_with_params_and_reads_its_r
     drop(browser);
     worker.stop().await;
     instance.stop().await;
-    topology.delete().await;
+    t.finish().await;
 }

@@ -5,43 +5,27 @@
 
 use std::time::Duration;
 
-use chime_e2e::{AMQP_URL, init_tracing, unique, wait_for};
+use chime_e2e::{AMQP_URL, init_tracing, passive_declare, unique, wait_for};
 use chime_protocol::Topology;
 use chime_protocol::wire::{HEADER_ATTEMPT, HEADER_DEAD_REASON};
 use chime_scheduler::auth::Caller;
 use chime_scheduler::ops::{Broker, Operations};
 use chime_scheduler::store::{Fence, Store};
-use lapin::options::{ConfirmSelectOptions, ExchangeDeclareOptions, QueueDeclareOptions};
+use lapin::options::{ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Connection, ConnectionProperties, ExchangeKind};
+use lapin::{Connection, ExchangeKind};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::common::{ServingInstance, TopologyGuard};
+use crate::common::{ServingInstance, TopologyGuard, broker};
 use crate::ops::dead_run;
-
-async fn broker() -> Connection {
-    Connection::connect(AMQP_URL, ConnectionProperties::default())
-        .await
-        .expect("connect to RabbitMQ")
-}
 
 /// A passive declare of `queue` (which creates nothing): its figures, or `None` if it does not
 /// exist.
 async fn declared(connection: &Connection, queue: &str) -> Option<lapin::Queue> {
     let channel = connection.create_channel().await.expect("channel");
-    let declared = channel
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await;
-    match declared {
+    match passive_declare(&channel, queue).await {
         Ok(queue) => {
             let _ = channel.close(200, "done".into()).await;
             Some(queue)
@@ -148,7 +132,7 @@ async fn a_viewer_reading_an_unknown_group_creates_nothing_and_pages_are_capped(
     init_tracing();
     let prefix = unique("dlread");
     let group = "dlread";
-    let topology = TopologyGuard::new(&prefix, &[group, "nonexistent"]);
+    let topology = TopologyGuard::new(AMQP_URL, &prefix, &[group, "nonexistent"]);
     let instance = ServingInstance::start(&pool, &prefix, group).await;
     let http = reqwest::Client::new();
     let get = |path: String| {
@@ -228,7 +212,7 @@ async fn reads_leave_every_parked_message_as_it_was_and_a_redelivery_is_listed_o
     init_tracing();
     let prefix = unique("dlcount");
     let group = "dlcount";
-    let topology = TopologyGuard::new(&prefix, &[group]);
+    let topology = TopologyGuard::new(AMQP_URL, &prefix, &[group]);
     let store = Store::from_pool(pool.clone());
     store
         .sync_config_jobs(&[crate::common::job(json!({"name": "fixed", "group": group}))])
@@ -248,8 +232,8 @@ async fn reads_leave_every_parked_message_as_it_was_and_a_redelivery_is_listed_o
         park_fixed(&connection, &prefix, group, id, false).await;
     }
     wait_for(
-        "the three parked messages",
         Duration::from_secs(10),
+        "the three parked messages",
         || async { (depth(&connection, &parking).await == 3).then_some(()) },
     )
     .await;
@@ -339,8 +323,8 @@ async fn reads_leave_every_parked_message_as_it_was_and_a_redelivery_is_listed_o
             .expect("drain");
     assert_eq!(drained, None, "the stale leader stopped");
     wait_for(
-        "the message back in the queue",
         Duration::from_secs(10),
+        "the message back in the queue",
         || async { (depth(&connection, &parking).await == 1).then_some(()) },
     )
     .await;

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
 use chime_e2e::{
-    AMQP_URL, Scheduler, database_url, init_tracing, service_config, unique, wait_for,
+    AMQP_URL, Scheduler, Setup, capture_logs, done_if, service_config, unique, wait_for,
 };
 use chime_protocol::Topology;
 use chime_protocol::wire::HEADER_DEAD_REASON;
@@ -54,10 +54,8 @@ async fn stop(
 
 #[sqlx::test(migrations = "../migrations")]
 async fn a_job_failing_twice_is_retried_after_one_then_two_seconds_and_succeeds(pool: PgPool) {
-    init_tracing();
-    let db = database_url(&pool);
-    let names = support::Names::new();
-    let (prefix, group) = (names.prefix.clone(), names.group.clone());
+    let t = Setup::new(&pool);
+    let (db, prefix, group) = (t.database_url.clone(), t.prefix.clone(), t.group.clone());
     let scheduler = Scheduler::start(
         service_config(&db, AMQP_URL, "solo", &prefix),
         vec![job(json!({
@@ -106,10 +104,8 @@ async fn a_job_failing_twice_is_retried_after_one_then_two_seconds_and_succeeds(
 
 #[sqlx::test(migrations = "../migrations")]
 async fn a_worker_killed_mid_run_is_taken_over_by_another_worker(pool: PgPool) {
-    init_tracing();
-    let db = database_url(&pool);
-    let names = support::Names::new();
-    let (prefix, group) = (names.prefix.clone(), names.group.clone());
+    let t = Setup::new(&pool);
+    let (db, prefix, group) = (t.database_url.clone(), t.prefix.clone(), t.group.clone());
     let scheduler = Scheduler::start(
         service_config(&db, AMQP_URL, "solo", &prefix),
         vec![job(json!({"name": "sleep", "group": group}))],
@@ -141,7 +137,7 @@ async fn a_worker_killed_mid_run_is_taken_over_by_another_worker(pool: PgPool) {
             }),
     );
     // Let the survivor's consumer start before the kill (its registry row comes first).
-    wait_for("the survivor to register", WAIT, || async {
+    wait_for(WAIT, "the survivor to register", || async {
         let n: i64 =
             sqlx::query_scalar("SELECT count(*) FROM chime_workers WHERE id LIKE 'survivor%'")
                 .fetch_one(&pool)
@@ -190,10 +186,8 @@ async fn a_worker_killed_mid_run_is_taken_over_by_another_worker(pool: PgPool) {
 async fn a_message_that_crashes_every_worker_ends_dead_with_the_delivery_limit_reason(
     pool: PgPool,
 ) {
-    init_tracing();
-    let db = database_url(&pool);
-    let names = support::Names::new();
-    let (prefix, group) = (names.prefix.clone(), names.group.clone());
+    let t = Setup::new(&pool);
+    let (db, prefix, group) = (t.database_url.clone(), t.prefix.clone(), t.group.clone());
     let scheduler = Scheduler::start(
         service_config(&db, AMQP_URL, "solo", &prefix),
         // Enough attempts that the delivery limit (5), not the retry policy, ends the poison.
@@ -213,21 +207,16 @@ async fn a_message_that_crashes_every_worker_ends_dead_with_the_delivery_limit_r
     let terminal = ["succeeded", "dead", "failed", "cancelled"];
     let mut started = 0;
     let mut worker: Option<WorkerProcess> = None;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
-    loop {
-        let mut all = vec![poison];
-        all.extend(&innocents);
-        let mut ended = true;
+    let mut all = vec![poison];
+    all.extend(&innocents);
+    wait_for(Duration::from_secs(90), "every run to end", async || {
+        let mut states = Vec::new();
         for id in &all {
-            ended &= terminal.contains(&run(&pool, *id).await.state.as_str());
+            states.push(run(&pool, *id).await.state);
         }
-        if ended {
-            break;
+        if states.iter().all(|s| terminal.contains(&s.as_str())) {
+            return Ok(());
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "runs still going after 90 s"
-        );
         if worker.as_mut().is_none_or(WorkerProcess::exited) {
             started += 1;
             worker = Some(WorkerProcess::spawn(
@@ -239,8 +228,9 @@ async fn a_message_that_crashes_every_worker_ends_dead_with_the_delivery_limit_r
                 2,
             ));
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        Err(states)
+    })
+    .await;
     if let Some(worker) = worker {
         worker.kill().await;
     }
@@ -291,8 +281,7 @@ async fn a_message_that_crashes_every_worker_ends_dead_with_the_delivery_limit_r
         .unwrap();
     let channel = connection.create_channel().await.unwrap();
     let mut from_queue = Vec::new();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let reasons = loop {
+    let reasons = wait_for(WAIT, "the parked messages", async || {
         while let Some(m) = channel
             .basic_get(
                 parking.as_str().into(),
@@ -318,15 +307,12 @@ async fn a_message_that_crashes_every_worker_ends_dead_with_the_delivery_limit_r
         let mut reasons = from_queue.clone();
         reasons.extend(drained);
         if reasons.len() > parked_innocents {
-            break reasons;
+            Ok(reasons)
+        } else {
+            Err(format!("{reasons:?}, want {}", 1 + parked_innocents))
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "parked messages seen: {reasons:?}, want {}",
-            1 + parked_innocents
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    })
+    .await;
     assert_eq!(reasons.len(), 1 + parked_innocents, "{reasons:?}");
     assert!(reasons.contains(&reason), "{reasons:?}");
     let _ = connection.close(200, "done".into()).await;
@@ -335,13 +321,11 @@ async fn a_message_that_crashes_every_worker_ends_dead_with_the_delivery_limit_r
 
 #[sqlx::test(migrations = "../migrations")]
 async fn a_job_longer_than_the_consumer_timeout_finishes_exactly_once(pool: PgPool) {
-    init_tracing();
+    let t = Setup::new(&pool);
+    let (db, prefix, group) = (t.database_url.clone(), t.prefix.clone(), t.group.clone());
     // Before the worker opens its channels: they read the timeout when they open.
     let _timeout = support::ConsumerTimeout::set(60_000).await;
-    let (_capturing, mut events) = support::capture_events();
-    let db = database_url(&pool);
-    let names = support::Names::new();
-    let (prefix, group) = (names.prefix.clone(), names.group.clone());
+    let (_capturing, mut events) = capture_logs("chime_worker");
     let scheduler = Scheduler::start(
         service_config(&db, AMQP_URL, "solo", &prefix),
         vec![job(json!({"name": "long", "group": group}))],
@@ -364,12 +348,9 @@ async fn a_job_longer_than_the_consumer_timeout_finishes_exactly_once(pool: PgPo
     );
     let run_id = trigger(&pool, "long", json!(null)).await;
     let done = wait_for(
-        "the 90 s run to finish",
         Duration::from_secs(150),
-        || async {
-            let r = run(&pool, run_id).await;
-            (r.state == "succeeded").then_some(r)
-        },
+        "the 90 s run to finish",
+        || async { done_if(run(&pool, run_id).await, |r| r.state == "succeeded") },
     )
     .await;
     assert_eq!(done.attempt, 1);
@@ -380,7 +361,7 @@ async fn a_job_longer_than_the_consumer_timeout_finishes_exactly_once(pool: PgPo
     stop(worker).await;
     scheduler.stop().await.expect("graceful stop");
 
-    let seen = support::drain(&mut events);
+    let seen = events.take_new();
     assert!(
         seen.iter()
             .any(|m| m.starts_with("handler still running: acked its delivery early")),

@@ -1,11 +1,11 @@
 //! Helpers of the failure-handling scenarios: worker child processes, manual triggers through
-//! the scheduler's store, attempt rows, captured worker log events, and the broker's global
-//! `consumer_timeout` (restored by a guard).
+//! the scheduler's store, attempt rows, and the broker's global `consumer_timeout` (restored by
+//! a guard). Names, waits and captured events come from the test kit.
 
 use std::process::Stdio;
 use std::time::Duration;
 
-use chime_e2e::{AMQP_URL, wait_for};
+use chime_e2e::{AMQP_URL, done_if, wait_for};
 use chime_scheduler::store::Store;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
@@ -75,7 +75,7 @@ impl WorkerProcess {
 /// does), once the scheduler has synced its jobs; returns the run id.
 pub async fn trigger(pool: &PgPool, job: &str, params: serde_json::Value) -> i64 {
     let store = Store::from_pool(pool.clone());
-    wait_for(&format!("job {job} to be known"), WAIT, || {
+    wait_for(WAIT, &format!("job {job} to be known"), || {
         let (store, params) = (&store, params.clone());
         async move {
             store
@@ -112,9 +112,8 @@ pub async fn run_until(
     what: &str,
     done: impl Fn(&RunRow) -> bool,
 ) -> RunRow {
-    wait_for(&format!("run {id} {what}"), WAIT, || async {
-        let row = run(pool, id).await;
-        done(&row).then_some(row)
+    wait_for(WAIT, &format!("run {id} {what}"), || async {
+        done_if(run(pool, id).await, &done)
     })
     .await
 }
@@ -140,61 +139,6 @@ pub async fn attempts(pool: &PgPool, id: i64) -> Vec<AttemptRow> {
     .fetch_all(pool)
     .await
     .expect("read attempts")
-}
-
-/// A test's prefix and group; their exchanges and queues are deleted when it is dropped, also
-/// when the test fails (fifteen quorum queues per group are not something to leave behind).
-pub struct Names {
-    pub prefix: String,
-    pub group: String,
-}
-
-impl Names {
-    /// A fresh prefix and group.
-    pub fn new() -> Names {
-        Names {
-            prefix: chime_e2e::unique("t"),
-            group: chime_e2e::unique("g"),
-        }
-    }
-}
-
-impl Drop for Names {
-    fn drop(&mut self) {
-        let (prefix, group) = (self.prefix.clone(), self.group.clone());
-        // Its own thread and runtime: the test's runtime may be unwinding or gone.
-        let deleted = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime");
-            runtime.block_on(async {
-                let connection =
-                    lapin::Connection::connect(AMQP_URL, lapin::ConnectionProperties::default())
-                        .await?;
-                let channel = connection.create_channel().await?;
-                chime_protocol::Topology::new(prefix.as_str(), group.as_str())
-                    .delete(&channel)
-                    .await?;
-                channel
-                    .exchange_delete(
-                        chime_protocol::topology::control_exchange(&prefix)
-                            .as_str()
-                            .into(),
-                        lapin::options::ExchangeDeleteOptions::default(),
-                    )
-                    .await?;
-                connection.close(200, "test done".into()).await
-            })
-        })
-        .join();
-        if !matches!(deleted, Ok(Ok(()))) {
-            eprintln!(
-                "could not delete the queues of {}.{}: {deleted:?}",
-                self.prefix, self.group
-            );
-        }
-    }
 }
 
 /// Runs `rabbitmqctl` (RabbitMQ runs on this machine) and returns its output.
@@ -254,50 +198,6 @@ impl Drop for ConsumerTimeout {
             ),
         }
     }
-}
-
-/// Worker log messages, captured on this thread (a `#[sqlx::test]` runtime is current-thread,
-/// so the in-process worker's tasks log here). Keep the guard alive while capturing.
-pub fn capture_events() -> (
-    tracing::subscriber::DefaultGuard,
-    tokio::sync::mpsc::UnboundedReceiver<String>,
-) {
-    use tracing_subscriber::layer::SubscriberExt;
-
-    struct Capture(tokio::sync::mpsc::UnboundedSender<String>);
-    struct Message(String);
-    impl tracing::field::Visit for Message {
-        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-            if field.name() == "message" {
-                self.0 = format!("{value:?}");
-            }
-        }
-    }
-    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Capture {
-        fn on_event(
-            &self,
-            event: &tracing::Event<'_>,
-            _: tracing_subscriber::layer::Context<'_, S>,
-        ) {
-            if event.metadata().target().starts_with("chime_worker") {
-                let mut message = Message(String::new());
-                event.record(&mut message);
-                let _ = self.0.send(message.0);
-            }
-        }
-    }
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let subscriber = tracing_subscriber::registry().with(Capture(tx));
-    (tracing::subscriber::set_default(subscriber), rx)
-}
-
-/// Every captured message so far.
-pub fn drain(events: &mut tokio::sync::mpsc::UnboundedReceiver<String>) -> Vec<String> {
-    let mut seen = Vec::new();
-    while let Ok(m) = events.try_recv() {
-        seen.push(m);
-    }
-    seen
 }
 
 #[cfg(test)]

@@ -2,21 +2,20 @@
 //! writes and publishes nothing under its old term: `chime scheduler` processes, with the test
 //! reading every trigger's term header straight off the work queue.
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chime_e2e::process::{Process, SchedulerEnv, sibling_binary};
-use chime_e2e::{AMQP_URL, database_url, init_tracing, unique, wait_for};
+use chime_e2e::{AMQP_URL, Events, Setup, passive_declare, wait_for};
 use chime_protocol::Topology;
 use chime_protocol::wire::{HEADER_TERM, Trigger};
 use chrono::{DateTime, Utc};
 use futures::StreamExt as _;
-use lapin::options::{BasicConsumeOptions, QueueDeclareOptions};
+use lapin::options::BasicConsumeOptions;
 use lapin::types::{AMQPValue, FieldTable};
 use nix::sys::signal::Signal;
 use sqlx::PgPool;
 
-use crate::common::{TopologyGuard, assert_consecutive, leader, runs};
+use crate::common::{assert_consecutive, leader, runs};
 
 /// A trigger as it arrived on the work queue.
 #[derive(Debug, Clone)]
@@ -27,10 +26,7 @@ struct Arrival {
 }
 
 /// Consumes the group's work queue with automatic acks and records every trigger's term.
-async fn record_triggers(
-    prefix: &str,
-    group: &str,
-) -> (Arc<Mutex<Vec<Arrival>>>, lapin::Connection) {
+async fn record_triggers(prefix: &str, group: &str) -> (Events<Arrival>, lapin::Connection) {
     let connection = lapin::Connection::connect(AMQP_URL, lapin::ConnectionProperties::default())
         .await
         .expect("connect to RabbitMQ");
@@ -38,15 +34,7 @@ async fn record_triggers(
     let topology = Topology::new(prefix, group);
     topology.declare(&channel).await.expect("declare topology");
     let queue = topology.work_queue();
-    channel
-        .queue_declare(
-            queue.as_str().into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
+    passive_declare(&channel, &queue)
         .await
         .expect("work queue exists");
     let mut consumer = channel
@@ -61,7 +49,7 @@ async fn record_triggers(
         )
         .await
         .expect("consume");
-    let arrivals: Arc<Mutex<Vec<Arrival>>> = Arc::default();
+    let arrivals = Events::new();
     let seen = arrivals.clone();
     tokio::spawn(async move {
         while let Some(Ok(delivery)) = consumer.next().await {
@@ -77,7 +65,7 @@ async fn record_triggers(
                 })
                 .expect("every trigger carries its term");
             let trigger = Trigger::from_body(&delivery.data).expect("a trigger");
-            seen.lock().expect("not poisoned").push(Arrival {
+            seen.record(Arrival {
                 run_id: trigger.run_id,
                 term,
                 at,
@@ -95,10 +83,8 @@ fn log_contains(process: &Process, text: &str) -> bool {
 async fn a_leader_frozen_past_its_lease_writes_and_publishes_nothing_under_its_old_term(
     pool: PgPool,
 ) {
-    init_tracing();
-    let db = database_url(&pool);
-    let prefix = unique("t");
-    let topology = TopologyGuard::new(&prefix, &["fence"]);
+    let t = Setup::new(&pool).with_groups(&["fence"]);
+    let (db, prefix) = (t.database_url.clone(), t.prefix.clone());
     let dir = tempfile::tempdir().expect("temporary directory");
     let jobs = dir.path().join("jobs.toml");
     let mut text = String::new();
@@ -115,45 +101,36 @@ async fn a_leader_frozen_past_its_lease_writes_and_publishes_nothing_under_its_o
         amqp_url: AMQP_URL,
         prefix: &prefix,
         jobs: &jobs,
+        json_logs: false,
     };
     let mut a = Process::scheduler(&chime, "a", &env, dir.path()).expect("start a");
-    let (_, a_term) = wait_for("a to lead", Duration::from_secs(30), || async {
+    let (_, a_term) = wait_for(Duration::from_secs(30), "a to lead", || async {
         leader(&pool).await.filter(|(h, _)| h == "a")
     })
     .await;
     let mut b = Process::scheduler(&chime, "b", &env, dir.path()).expect("start b");
     wait_for(
-        "triggers under a's term",
         Duration::from_secs(10),
+        "triggers under a's term",
         || async {
-            let n = arrivals
-                .lock()
-                .expect("not poisoned")
-                .iter()
-                .filter(|t| t.term == a_term)
-                .count();
+            let n = arrivals.with(|all| all.iter().filter(|t| t.term == a_term).count());
             (n >= 20).then_some(())
         },
     )
     .await;
 
     a.signal(Signal::SIGSTOP).expect("freeze a");
-    let (_, b_term) = wait_for("b to take over", Duration::from_secs(15), || async {
+    let (_, b_term) = wait_for(Duration::from_secs(15), "b to take over", || async {
         leader(&pool).await.filter(|(h, _)| h == "b")
     })
     .await;
     let took_over = Utc::now();
     assert!(b_term > a_term);
     wait_for(
-        "triggers under b's term",
         Duration::from_secs(10),
+        "triggers under b's term",
         || async {
-            let n = arrivals
-                .lock()
-                .expect("not poisoned")
-                .iter()
-                .filter(|t| t.term == b_term)
-                .count();
+            let n = arrivals.with(|all| all.iter().filter(|t| t.term == b_term).count());
             (n >= 20).then_some(())
         },
     )
@@ -162,8 +139,8 @@ async fn a_leader_frozen_past_its_lease_writes_and_publishes_nothing_under_its_o
     let thawed = Utc::now();
     a.signal(Signal::SIGCONT).expect("thaw a");
     wait_for(
-        "a to notice it no longer leads",
         Duration::from_secs(10),
+        "a to notice it no longer leads",
         || async {
             (log_contains(&a, "lost the lease to another instance")
                 || log_contains(&a, "stopping leader duties"))
@@ -172,11 +149,11 @@ async fn a_leader_frozen_past_its_lease_writes_and_publishes_nothing_under_its_o
     )
     .await;
     // Give a's thawed planner and dispatcher every chance: three more seconds of b's fires.
-    let after_thaw = arrivals.lock().expect("not poisoned").len() + 30;
+    let after_thaw = arrivals.len() + 30;
     wait_for(
-        "more triggers after the thaw",
         Duration::from_secs(10),
-        || async { (arrivals.lock().expect("not poisoned").len() >= after_thaw).then_some(()) },
+        "more triggers after the thaw",
+        || async { (arrivals.len() >= after_thaw).then_some(()) },
     )
     .await;
     a.ensure_running().expect("a survived the freeze");
@@ -187,11 +164,9 @@ async fn a_leader_frozen_past_its_lease_writes_and_publishes_nothing_under_its_o
     );
 
     let stale: Vec<Arrival> = arrivals
-        .lock()
-        .expect("not poisoned")
-        .iter()
+        .all()
+        .into_iter()
         .filter(|t| t.term == a_term && t.at > thawed)
-        .cloned()
         .collect();
     assert!(
         stale.is_empty(),
@@ -219,7 +194,7 @@ async fn a_leader_frozen_past_its_lease_writes_and_publishes_nothing_under_its_o
         assert!(all.iter().all(|r| r.state != "skipped"), "{all:?}");
         assert!(all.iter().any(|r| r.term == Some(b_term)));
         // Every run the broker confirmed reached the queue.
-        let arrived = arrivals.lock().expect("not poisoned").clone();
+        let arrived = arrivals.all();
         for run in all.iter().filter(|r| r.published_at.is_some()) {
             assert!(
                 arrived.iter().any(|t| t.run_id == run.id),
@@ -228,5 +203,5 @@ async fn a_leader_frozen_past_its_lease_writes_and_publishes_nothing_under_its_o
             );
         }
     }
-    topology.delete().await;
+    t.finish().await;
 }

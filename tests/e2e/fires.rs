@@ -3,38 +3,29 @@
 
 use std::time::Duration;
 
-use chime_e2e::{
-    AMQP_URL, Scheduler, database_url, init_tracing, percentile, service_config, unique, wait_for,
-};
+use chime_e2e::{Scheduler, Setup, WAIT, done_if, percentile, wait_for};
 use serde_json::json;
 use sqlx::PgPool;
 
-use crate::common::{RecordingWorker, TopologyGuard, assert_consecutive, attempts, job, runs};
+use crate::common::{RecordingWorker, assert_consecutive, attempts, job, runs, succeeded};
 
 #[sqlx::test(migrations = "../migrations")]
 async fn every_second_job_fires_ten_times_in_ten_seconds_each_once(pool: PgPool) {
-    init_tracing();
-    let db = database_url(&pool);
-    let prefix = unique("t");
-    let topology = TopologyGuard::new(&prefix, &["ticks"]);
-    let worker = RecordingWorker::start(&db, AMQP_URL, &prefix, "ticks", &["tick"]);
-    let scheduler = Scheduler::start(
-        service_config(&db, AMQP_URL, "solo", &prefix),
-        vec![job(
-            json!({"name": "tick", "group": "ticks", "every": "1s"}),
-        )],
-    );
+    let t = Setup::new(&pool);
+    let worker = RecordingWorker::on(&t, &["tick"]);
+    let every_second = job(json!({"name": "tick", "group": t.group, "every": "1s"}));
+    let scheduler = Scheduler::on(&t, "solo", vec![every_second]);
 
     // Measure a 10 s window starting at the first whole second after the scheduler leads.
-    wait_for("the first run", Duration::from_secs(15), || async {
+    wait_for(Duration::from_secs(15), "the first run", || async {
         (!runs(&pool, "tick").await.is_empty()).then_some(())
     })
     .await;
     let window_start = runs(&pool, "tick").await[0].scheduled_at + chrono::Duration::seconds(1);
     let window_end = window_start + chrono::Duration::seconds(10);
     wait_for(
-        "the 10 s window to pass",
         Duration::from_secs(20),
+        "the 10 s window to pass",
         || async {
             (chrono::Utc::now() > window_end + chrono::Duration::milliseconds(200)).then_some(())
         },
@@ -45,8 +36,8 @@ async fn every_second_job_fires_ten_times_in_ten_seconds_each_once(pool: PgPool)
     let in_window =
         |r: &crate::common::Run| r.scheduled_at >= window_start && r.scheduled_at < window_end;
     let finished = wait_for(
-        "every run in the window to finish",
         Duration::from_secs(15),
+        "every run in the window to finish",
         || async {
             let all = runs(&pool, "tick").await;
             let window: Vec<_> = all.into_iter().filter(in_window).collect();
@@ -132,7 +123,7 @@ async fn every_second_job_fires_ten_times_in_ten_seconds_each_once(pool: PgPool)
         percentile(&lateness, 50.0) < 1000.0,
         "a second late is XXL-Job's resolution, not ours: {lateness:?}"
     );
-    topology.delete().await;
+    t.finish().await;
 }
 
 /// The scheduler publishes each trigger `lead` (200 ms) before its instant; the worker claims
@@ -140,29 +131,17 @@ async fn every_second_job_fires_ten_times_in_ten_seconds_each_once(pool: PgPool)
 /// milliseconds after it (asserted with a wide margin, the machine is shared).
 #[sqlx::test(migrations = "../migrations")]
 async fn trigger_published_ahead_of_its_instant_starts_at_the_instant_not_before(pool: PgPool) {
-    init_tracing();
-    let db = database_url(&pool);
-    let prefix = unique("t");
-    let topology = TopologyGuard::new(&prefix, &["early"]);
-    let worker = RecordingWorker::start(&db, AMQP_URL, &prefix, "early", &["early-tick"]);
-    let scheduler = Scheduler::start(
-        service_config(&db, AMQP_URL, "solo", &prefix),
-        vec![job(
-            json!({"name": "early-tick", "group": "early", "every": "1s"}),
-        )],
-    );
+    let t = Setup::new(&pool);
+    let worker = RecordingWorker::on(&t, &["early-tick"]);
+    let every_second = job(json!({"name": "early-tick", "group": t.group, "every": "1s"}));
+    let scheduler = Scheduler::on(&t, "solo", vec![every_second]);
 
-    let finished = wait_for("five finished runs", Duration::from_secs(30), || async {
-        let done: Vec<_> = runs(&pool, "early-tick")
-            .await
-            .into_iter()
-            .filter(|r| r.state == "succeeded")
-            .collect();
-        (done.len() >= 5).then_some(done)
+    let finished = wait_for(WAIT, "five finished runs", || async {
+        done_if(succeeded(&pool, "early-tick").await, |done| done.len() >= 5)
     })
     .await;
     scheduler.stop().await.expect("graceful stop");
-    let invocations = worker.invocations.lock().expect("not poisoned").clone();
+    let invocations = worker.invocations.all();
     let lateness = worker.lateness_ms();
     worker.stop().await;
 
@@ -206,5 +185,5 @@ async fn trigger_published_ahead_of_its_instant_starts_at_the_instant_not_before
         p50 < 50.0,
         "a held trigger starts within a few ms of its instant, got {lateness:?}"
     );
-    topology.delete().await;
+    t.finish().await;
 }

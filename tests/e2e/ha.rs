@@ -4,20 +4,16 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use chime_e2e::{
-    AMQP_URL, Scheduler, database_url, init_tracing, service_config, unique, wait_for,
-};
+use chime_e2e::{AMQP_URL, Scheduler, Setup, service_config, wait_for};
 use serde_json::json;
 use sqlx::PgPool;
 
-use crate::common::{RecordingWorker, TopologyGuard, assert_consecutive, job, leader, runs};
+use crate::common::{RecordingWorker, assert_consecutive, job, leader, runs};
 
 #[sqlx::test(migrations = "../migrations")]
 async fn three_instances_fire_each_instant_once_under_one_leader(pool: PgPool) {
-    init_tracing();
-    let db = database_url(&pool);
-    let prefix = unique("t");
-    let topology = TopologyGuard::new(&prefix, &["ha"]);
+    let t = Setup::new(&pool).with_groups(&["ha"]);
+    let (db, prefix) = (t.database_url.clone(), t.prefix.clone());
     let jobs = vec![
         job(json!({"name": "a", "group": "ha", "every": "1s"})),
         job(json!({"name": "b", "group": "ha", "every": "1s"})),
@@ -76,7 +72,7 @@ async fn three_instances_fire_each_instant_once_under_one_leader(pool: PgPool) {
         ids
     };
     assert!(all_runs.len() >= total * 13);
-    let counts = wait_for("every run executed", Duration::from_secs(15), || {
+    let counts = wait_for(Duration::from_secs(15), "every run executed", || {
         let counts = worker.counts();
         let ids = all_runs.clone();
         async move {
@@ -91,15 +87,13 @@ async fn three_instances_fire_each_instant_once_under_one_leader(pool: PgPool) {
         "some run executed twice: {counts:?}"
     );
     worker.stop().await;
-    topology.delete().await;
+    t.finish().await;
 }
 
 #[sqlx::test(migrations = "../migrations")]
 async fn graceful_stop_hands_over_within_a_second(pool: PgPool) {
-    init_tracing();
-    let db = database_url(&pool);
-    let prefix = unique("t");
-    let topology = TopologyGuard::new(&prefix, &["handover"]);
+    let t = Setup::new(&pool).with_groups(&["handover"]);
+    let (db, prefix) = (t.database_url.clone(), t.prefix.clone());
     let jobs = vec![job(
         json!({"name": "beat", "group": "handover", "every": "1s"}),
     )];
@@ -107,7 +101,7 @@ async fn graceful_stop_hands_over_within_a_second(pool: PgPool) {
         service_config(&db, AMQP_URL, "a", &prefix),
         jobs.clone(),
     ));
-    let (first, _) = wait_for("a leader", Duration::from_secs(10), || async {
+    let (first, _) = wait_for(Duration::from_secs(10), "a leader", || async {
         leader(&pool).await
     })
     .await;
@@ -118,15 +112,15 @@ async fn graceful_stop_hands_over_within_a_second(pool: PgPool) {
     assert_eq!(first, "a", "the first instance up leads");
     // Let b settle as a follower.
     wait_for(
-        "b to be registered as follower (a run under a's lease)",
         Duration::from_secs(10),
+        "b to be registered as follower (a run under a's lease)",
         || async { (runs(&pool, "beat").await.len() >= 2).then_some(()) },
     )
     .await;
 
     a.take().expect("a").stop().await.expect("graceful stop");
     let stopped = Instant::now();
-    let (holder, _) = wait_for("b to take over", Duration::from_secs(5), || async {
+    let (holder, _) = wait_for(Duration::from_secs(5), "b to take over", || async {
         leader(&pool).await.filter(|(h, _)| h == "b")
     })
     .await;
@@ -140,7 +134,7 @@ async fn graceful_stop_hands_over_within_a_second(pool: PgPool) {
 
     // And b keeps firing: the next instants get runs with b's term.
     let (_, b_term) = leader(&pool).await.expect("b leads");
-    wait_for("a run under b's term", Duration::from_secs(5), || async {
+    wait_for(Duration::from_secs(5), "a run under b's term", || async {
         runs(&pool, "beat")
             .await
             .iter()
@@ -150,17 +144,15 @@ async fn graceful_stop_hands_over_within_a_second(pool: PgPool) {
     .await;
     b.take().expect("b").stop().await.expect("graceful stop");
     assert_consecutive(&runs(&pool, "beat").await, Duration::from_secs(1));
-    topology.delete().await;
+    t.finish().await;
 }
 
 #[sqlx::test(migrations = "../migrations")]
 async fn killed_leader_is_replaced_after_the_lease_and_missed_fires_follow_the_misfire_policy(
     pool: PgPool,
 ) {
-    init_tracing();
-    let db = database_url(&pool);
-    let prefix = unique("t");
-    let topology = TopologyGuard::new(&prefix, &["kill"]);
+    let t = Setup::new(&pool).with_groups(&["kill"]);
+    let (db, prefix) = (t.database_url.clone(), t.prefix.clone());
     let jobs = vec![
         job(
             json!({"name": "all", "group": "kill", "every": "1s", "misfire": "fire_all", "misfire_grace": "500ms"}),
@@ -173,7 +165,7 @@ async fn killed_leader_is_replaced_after_the_lease_and_missed_fires_follow_the_m
         ),
     ];
     let a = Scheduler::start(service_config(&db, AMQP_URL, "a", &prefix), jobs.clone());
-    wait_for("a to lead and fire", Duration::from_secs(10), || async {
+    wait_for(Duration::from_secs(10), "a to lead and fire", || async {
         (runs(&pool, "all").await.len() >= 2).then_some(())
     })
     .await;
@@ -183,13 +175,13 @@ async fn killed_leader_is_replaced_after_the_lease_and_missed_fires_follow_the_m
     a.kill().await;
     let killed = Instant::now();
     let (_, b_term) = wait_for(
-        "b to take over after the lease",
         Duration::from_secs(10),
+        "b to take over after the lease",
         || async { leader(&pool).await.filter(|(h, _)| h == "b") },
     )
     .await;
     let takeover = killed.elapsed();
-    let next_fire = wait_for("a run under b's term", Duration::from_secs(10), || async {
+    let next_fire = wait_for(Duration::from_secs(10), "a run under b's term", || async {
         runs(&pool, "all")
             .await
             .iter()
@@ -207,7 +199,7 @@ async fn killed_leader_is_replaced_after_the_lease_and_missed_fires_follow_the_m
     );
     // Let a couple of on-time fires land under b, then stop.
     let settled = runs(&pool, "all").await.len() + 2;
-    wait_for("two more fires", Duration::from_secs(10), || async {
+    wait_for(Duration::from_secs(10), "two more fires", || async {
         (runs(&pool, "all").await.len() >= settled).then_some(())
     })
     .await;
@@ -241,5 +233,5 @@ async fn killed_leader_is_replaced_after_the_lease_and_missed_fires_follow_the_m
         1,
         "{once:?}"
     );
-    topology.delete().await;
+    t.finish().await;
 }

@@ -2,12 +2,11 @@
 //! webhooks (generic and Slack bodies, rate limit, a failing webhook).
 
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use chime_e2e::{AMQP_URL, database_url, init_tracing, unique, wait_for};
+use chime_e2e::{AMQP_URL, Events, Setup, done_if, wait_for};
 use chime_protocol::topology::{PARKING_KEY, control_exchange, declare_control};
 use chime_protocol::wire::{ControlMessage, HEADER_ATTEMPT, HEADER_DEAD_BY, HEADER_DEAD_REASON};
 use chime_protocol::{Topology, Trigger};
@@ -18,16 +17,16 @@ use chime_scheduler::config::{AlertSettings, GroupAlertSettings};
 use chime_scheduler::service::DutySettings;
 use chime_scheduler::store::Store;
 use futures::StreamExt as _;
+use lapin::BasicProperties;
 use lapin::options::{
-    BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeleteOptions,
-    QueueBindOptions, QueueDeclareOptions,
+    BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, QueueBindOptions,
+    QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Connection, ConnectionProperties};
 use serde_json::{Value, json};
 use sqlx::{PgPool, Row as _};
 
-use crate::common::{TopologyGuard, job};
+use crate::common::{broker, job};
 use crate::policies::{Leader, Spans, TestWorker};
 
 async fn cli(store: &Store, prefix: &str, output: Output, command: Command) -> (ExitCode, String) {
@@ -48,7 +47,7 @@ async fn state(pool: &PgPool, id: i64) -> String {
 }
 
 async fn trigger(store: &Store, prefix: &str, name: &str) -> i64 {
-    wait_for("the job to be stored", Duration::from_secs(10), || async {
+    wait_for(Duration::from_secs(10), "the job to be stored", || async {
         store.job(name).await.expect("job").map(|_| ())
     })
     .await;
@@ -68,19 +67,13 @@ async fn trigger(store: &Store, prefix: &str, name: &str) -> i64 {
         .expect("run id")
 }
 
-async fn broker() -> Connection {
-    Connection::connect(AMQP_URL, ConnectionProperties::default())
-        .await
-        .expect("connect to RabbitMQ")
-}
-
 /// Waits until `queue` holds `expected` ready messages (the broker applies acks, nacks and
 /// purges asynchronously).
 async fn wait_depth(queue: &str, expected: u32) {
     wait_for(
-        &format!("{queue} to hold {expected} messages"),
         Duration::from_secs(10),
-        || async { (depth(queue).await == expected).then_some(()) },
+        &format!("{queue} to hold {expected} messages"),
+        || async { done_if(depth(queue).await, |depth| *depth == expected) },
     )
     .await;
 }
@@ -93,24 +86,10 @@ async fn depth(queue: &str) -> u32 {
     ready
 }
 
-async fn delete_control_exchange(prefix: &str) {
-    let connection = broker().await;
-    let channel = connection.create_channel().await.expect("channel");
-    let _ = channel
-        .exchange_delete(
-            control_exchange(prefix).as_str().into(),
-            ExchangeDeleteOptions::default(),
-        )
-        .await;
-    let _ = connection.close(200, "done".into()).await;
-}
-
 #[sqlx::test(migrations = "../migrations")]
 async fn cancelling_a_queued_run_means_it_never_executes(pool: PgPool) {
-    init_tracing();
-    let db = database_url(&pool);
-    let prefix = unique("t");
-    let topology = TopologyGuard::new(&prefix, &["cq"]);
+    let t = Setup::new(&pool).with_groups(&["cq"]);
+    let (db, prefix) = (t.database_url.clone(), t.prefix.clone());
     let store = Store::from_pool(pool.clone());
     let leader = Leader::start(
         &db,
@@ -120,7 +99,7 @@ async fn cancelling_a_queued_run_means_it_never_executes(pool: PgPool) {
     );
     // No worker yet: the run waits in the queue.
     let id = trigger(&store, &prefix, "later").await;
-    wait_for("the run to be queued", Duration::from_secs(10), || async {
+    wait_for(Duration::from_secs(10), "the run to be queued", || async {
         (state(&pool, id).await == "queued").then_some(())
     })
     .await;
@@ -157,8 +136,8 @@ async fn cancelling_a_queued_run_means_it_never_executes(pool: PgPool) {
     });
     let next = trigger(&store, &prefix, "later").await;
     wait_for(
-        "the next run to succeed",
         Duration::from_secs(10),
+        "the next run to succeed",
         || async { (state(&pool, next).await == "succeeded").then_some(()) },
     )
     .await;
@@ -192,16 +171,13 @@ async fn cancelling_a_queued_run_means_it_never_executes(pool: PgPool) {
     assert_eq!(state(&pool, next).await, "succeeded");
     leader.stop().await;
     worker.stop().await;
-    topology.delete().await;
-    delete_control_exchange(&prefix).await;
+    t.finish().await;
 }
 
 #[sqlx::test(migrations = "../migrations")]
 async fn cancelling_a_running_run_sends_a_control_message(pool: PgPool) {
-    init_tracing();
-    let db = database_url(&pool);
-    let prefix = unique("t");
-    let topology = TopologyGuard::new(&prefix, &["cr"]);
+    let t = Setup::new(&pool).with_groups(&["cr"]);
+    let (db, prefix) = (t.database_url.clone(), t.prefix.clone());
     let store = Store::from_pool(pool.clone());
 
     // Listen on the control exchange like a worker does.
@@ -254,7 +230,7 @@ async fn cancelling_a_running_run_sends_a_control_message(pool: PgPool) {
         DutySettings::default(),
     );
     let id = trigger(&store, &prefix, "long").await;
-    wait_for("the run to be running", Duration::from_secs(10), || async {
+    wait_for(Duration::from_secs(10), "the run to be running", || async {
         (state(&pool, id).await == "running").then_some(())
     })
     .await;
@@ -287,8 +263,8 @@ async fn cancelling_a_running_run_sends_a_control_message(pool: PgPool) {
 
     // The worker holding it fires the run's token; the attempt ends cancelled.
     wait_for(
-        "the run to be cancelled",
         Duration::from_secs(15),
+        "the run to be cancelled",
         || async { (state(&pool, id).await == "cancelled").then_some(()) },
     )
     .await;
@@ -296,8 +272,7 @@ async fn cancelling_a_running_run_sends_a_control_message(pool: PgPool) {
     leader.stop().await;
     worker.stop().await;
     let _ = connection.close(200, "done".into()).await;
-    topology.delete().await;
-    delete_control_exchange(&prefix).await;
+    t.finish().await;
 }
 
 /// Publishes a message to `group`'s parking lot as a worker would park it.
@@ -379,8 +354,8 @@ pub(crate) async fn publish_parked(
 pub(crate) async fn wait_drained(pool: &PgPool, group: &str, count: usize) {
     let ops = chime_scheduler::ops::Operations::new(Store::from_pool(pool.clone()), None);
     wait_for(
-        &format!("{count} dead letters of {group} drained"),
         Duration::from_secs(10),
+        &format!("{count} dead letters of {group} drained"),
         || async {
             let page = ops
                 .dead_letters(
@@ -422,10 +397,8 @@ pub(crate) async fn dead_run(
 
 #[sqlx::test(migrations = "../migrations")]
 async fn dlq_lists_replays_and_purges_parked_runs(pool: PgPool) {
-    init_tracing();
-    let db = database_url(&pool);
-    let prefix = unique("t");
-    let topology = TopologyGuard::new(&prefix, &["dl"]);
+    let t = Setup::new(&pool).with_groups(&["dl"]);
+    let (db, prefix) = (t.database_url.clone(), t.prefix.clone());
     let store = Store::from_pool(pool.clone());
     let leader = Leader::start(
         &db,
@@ -433,7 +406,7 @@ async fn dlq_lists_replays_and_purges_parked_runs(pool: PgPool) {
         vec![job(json!({"name": "fragile", "group": "dl"}))],
         DutySettings::default(),
     );
-    wait_for("the job to be stored", Duration::from_secs(10), || async {
+    wait_for(Duration::from_secs(10), "the job to be stored", || async {
         store.job("fragile").await.expect("job").map(|_| ())
     })
     .await;
@@ -510,8 +483,8 @@ async fn dlq_lists_replays_and_purges_parked_runs(pool: PgPool) {
         format!("replayed run {replayed} of fragile as attempt 4; removed 1 parked message(s)\n")
     );
     wait_for(
-        "the replayed run to succeed",
         Duration::from_secs(10),
+        "the replayed run to succeed",
         || async { (state(&pool, replayed).await == "succeeded").then_some(()) },
     )
     .await;
@@ -578,15 +551,13 @@ async fn dlq_lists_replays_and_purges_parked_runs(pool: PgPool) {
 
     leader.stop().await;
     worker.stop().await;
-    topology.delete().await;
+    t.finish().await;
 }
 
 #[sqlx::test(migrations = "../migrations")]
 async fn dlq_replay_all_replays_every_parked_run_of_the_group(pool: PgPool) {
-    init_tracing();
-    let db = database_url(&pool);
-    let prefix = unique("t");
-    let topology = TopologyGuard::new(&prefix, &["dla"]);
+    let t = Setup::new(&pool).with_groups(&["dla"]);
+    let (db, prefix) = (t.database_url.clone(), t.prefix.clone());
     let store = Store::from_pool(pool.clone());
     let leader = Leader::start(
         &db,
@@ -626,22 +597,22 @@ async fn dlq_replay_all_replays_every_parked_run_of_the_group(pool: PgPool) {
     ids.sort_unstable();
     assert_eq!(ids, [a, b]);
     assert_eq!(out["kept"][0]["run_id"], 999_999);
-    wait_for("both runs to succeed", Duration::from_secs(10), || async {
+    wait_for(Duration::from_secs(10), "both runs to succeed", || async {
         (state(&pool, a).await == "succeeded" && state(&pool, b).await == "succeeded").then_some(())
     })
     .await;
     wait_drained(&pool, "dla", 1).await;
     leader.stop().await;
     worker.stop().await;
-    topology.delete().await;
+    t.finish().await;
 }
 
 /// Webhook bodies received, by path.
-type Received = Arc<Mutex<Vec<(String, Value)>>>;
+type Received = Events<(String, Value)>;
 
 /// A local webhook receiver: `/ok/*` answers 200, `/fail/*` answers 500.
 async fn webhook_server() -> (String, Received) {
-    let received: Received = Arc::default();
+    let received = Received::new();
     let app = axum::Router::new()
         .route(
             "/{kind}/{name}",
@@ -649,10 +620,7 @@ async fn webhook_server() -> (String, Received) {
                 |State(received): State<Received>,
                  Path((kind, name)): Path<(String, String)>,
                  axum::Json(body): axum::Json<Value>| async move {
-                    received
-                        .lock()
-                        .expect("not poisoned")
-                        .push((format!("/{kind}/{name}"), body));
+                    received.record((format!("/{kind}/{name}"), body));
                     if kind == "ok" {
                         StatusCode::OK
                     } else {
@@ -694,10 +662,8 @@ async fn alert_rows(pool: &PgPool, job: &str) -> Vec<(String, bool, bool, Option
 
 #[sqlx::test(migrations = "../migrations")]
 async fn alerts_post_generic_and_slack_webhooks_once_per_interval(pool: PgPool) {
-    init_tracing();
-    let db = database_url(&pool);
-    let prefix = unique("t");
-    let topology = TopologyGuard::new(&prefix, &["reports", "chat"]);
+    let t = Setup::new(&pool).with_groups(&["reports", "chat"]);
+    let (db, prefix) = (t.database_url.clone(), t.prefix.clone());
     let (base, received) = webhook_server().await;
     let mut alerts = AlertSettings {
         webhook: Some(format!("{base}/ok/generic")),
@@ -725,12 +691,12 @@ async fn alerts_post_generic_and_slack_webhooks_once_per_interval(pool: PgPool) 
         },
     );
     let dead = dead_run(&pool, "nightly", "reports", 3, "disk full").await;
-    wait_for("the generic alert", Duration::from_secs(10), || async {
-        let got = received.lock().expect("not poisoned").clone();
+    wait_for(Duration::from_secs(10), "the generic alert", || async {
+        let got = received.all();
         got.into_iter().find(|(path, _)| path == "/ok/generic")
     })
     .await;
-    let body = received.lock().expect("not poisoned")[0].1.clone();
+    let body = received.all()[0].1.clone();
     assert_eq!(body["kind"], "dead");
     assert_eq!(body["job"], "nightly");
     assert_eq!(body["group"], "reports");
@@ -751,8 +717,8 @@ async fn alerts_post_generic_and_slack_webhooks_once_per_interval(pool: PgPool) 
     // A second dead run of the job within min_interval is recorded as suppressed, not sent.
     let again = dead_run(&pool, "nightly", "reports", 3, "disk still full").await;
     wait_for(
-        "the second alert to be recorded",
         Duration::from_secs(10),
+        "the second alert to be recorded",
         || async { (alert_rows(&pool, "nightly").await.len() == 2).then_some(()) },
     )
     .await;
@@ -790,8 +756,8 @@ async fn alerts_post_generic_and_slack_webhooks_once_per_interval(pool: PgPool) 
         .await
         .expect("insert failed run");
     }
-    let slack = wait_for("the Slack alert", Duration::from_secs(10), || async {
-        let got = received.lock().expect("not poisoned").clone();
+    let slack = wait_for(Duration::from_secs(10), "the Slack alert", || async {
+        let got = received.all();
         got.into_iter().find(|(path, _)| path == "/ok/slack")
     })
     .await;
@@ -802,18 +768,16 @@ async fn alerts_post_generic_and_slack_webhooks_once_per_interval(pool: PgPool) 
         "{text}"
     );
     assert!(text.ends_with(": timeout again"), "{text}");
-    let posts = received.lock().expect("not poisoned").len();
+    let posts = received.len();
     assert_eq!(posts, 2, "one generic and one Slack post, nothing more");
     leader.stop().await;
-    topology.delete().await;
+    t.finish().await;
 }
 
 #[sqlx::test(migrations = "../migrations")]
 async fn a_failing_webhook_is_recorded_and_does_not_stop_the_leader(pool: PgPool) {
-    init_tracing();
-    let db = database_url(&pool);
-    let prefix = unique("t");
-    let topology = TopologyGuard::new(&prefix, &["hooks"]);
+    let t = Setup::new(&pool).with_groups(&["hooks"]);
+    let (db, prefix) = (t.database_url.clone(), t.prefix.clone());
     let (base, received) = webhook_server().await;
     // A port nobody listens on (bound, then closed).
     let closed = {
@@ -836,8 +800,8 @@ async fn a_failing_webhook_is_recorded_and_does_not_stop_the_leader(pool: PgPool
     dead_run(&pool, "erroring", "hooks", 1, "y").await;
     for job in ["refused", "erroring"] {
         wait_for(
-            "the failed delivery to be recorded",
             Duration::from_secs(15),
+            "the failed delivery to be recorded",
             || async {
                 alert_rows(&pool, job)
                     .await
@@ -865,14 +829,14 @@ async fn a_failing_webhook_is_recorded_and_does_not_stop_the_leader(pool: PgPool
             .is_some_and(|e| e.starts_with("webhook answered 500")),
         "{erroring:?}"
     );
-    assert_eq!(received.lock().expect("not poisoned").len(), 1);
+    assert_eq!(received.len(), 1);
 
     // The leader goes on planning.
     let before: i64 = sqlx::query_scalar("SELECT count(*) FROM chime_runs WHERE job_name = 'beat'")
         .fetch_one(&pool)
         .await
         .expect("count");
-    wait_for("beat to keep firing", Duration::from_secs(10), || async {
+    wait_for(Duration::from_secs(10), "beat to keep firing", || async {
         let now: i64 =
             sqlx::query_scalar("SELECT count(*) FROM chime_runs WHERE job_name = 'beat'")
                 .fetch_one(&pool)
@@ -882,5 +846,5 @@ async fn a_failing_webhook_is_recorded_and_does_not_stop_the_leader(pool: PgPool
     })
     .await;
     leader.stop().await;
-    topology.delete().await;
+    t.finish().await;
 }

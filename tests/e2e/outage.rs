@@ -3,22 +3,18 @@
 
 use std::time::Duration;
 
-use chime_e2e::{
-    AMQP_URL, Proxy, Scheduler, database_url, init_tracing, service_config, unique, wait_for,
-};
+use chime_e2e::{AMQP_URL, Proxy, Scheduler, Setup, service_config, wait_for};
 use serde_json::json;
 use sqlx::PgPool;
 
-use crate::common::{RecordingWorker, TopologyGuard, assert_consecutive, job, runs};
+use crate::common::{RecordingWorker, assert_consecutive, job, runs};
 
 #[sqlx::test(migrations = "../migrations")]
 async fn runs_persisted_while_the_broker_is_unreachable_are_published_after_it_returns(
     pool: PgPool,
 ) {
-    init_tracing();
-    let db = database_url(&pool);
-    let prefix = unique("t");
-    let topology = TopologyGuard::new(&prefix, &["outage"]);
+    let t = Setup::new(&pool).with_groups(&["outage"]);
+    let (db, prefix) = (t.database_url.clone(), t.prefix.clone());
     // Only the scheduler goes through the proxy; the worker stays connected.
     let proxy = Proxy::start("127.0.0.1:5672").await;
     let worker = RecordingWorker::start(&db, AMQP_URL, &prefix, "outage", &["pulse"]);
@@ -29,7 +25,7 @@ async fn runs_persisted_while_the_broker_is_unreachable_are_published_after_it_r
             json!({"name": "pulse", "group": "outage", "every": "1s", "misfire": "fire_all"}),
         )],
     );
-    wait_for("two published runs", Duration::from_secs(15), || async {
+    wait_for(Duration::from_secs(15), "two published runs", || async {
         (runs(&pool, "pulse")
             .await
             .iter()
@@ -43,8 +39,8 @@ async fn runs_persisted_while_the_broker_is_unreachable_are_published_after_it_r
     proxy.cut();
     // While the broker is away, fires are still persisted, and wait in the outbox.
     let stuck = wait_for(
-        "three due runs persisted but unpublished",
         Duration::from_secs(10),
+        "three due runs persisted but unpublished",
         || async {
             let overdue = chrono::Utc::now() - chrono::Duration::milliseconds(500);
             let pending: Vec<_> = runs(&pool, "pulse")
@@ -60,8 +56,8 @@ async fn runs_persisted_while_the_broker_is_unreachable_are_published_after_it_r
 
     let ids: Vec<i64> = stuck.iter().map(|r| r.id).collect();
     wait_for(
-        "the runs from the outage to be executed",
         Duration::from_secs(20),
+        "the runs from the outage to be executed",
         || async {
             let all = runs(&pool, "pulse").await;
             ids.iter()
@@ -76,8 +72,8 @@ async fn runs_persisted_while_the_broker_is_unreachable_are_published_after_it_r
     // unless their trigger went out (up to the lead before the instant) before the stop: those
     // run at their instant like any other.
     let all = wait_for(
-        "every run due or published before the stop to finish",
         Duration::from_secs(15),
+        "every run due or published before the stop to finish",
         || async {
             let all = runs(&pool, "pulse").await;
             let (due, ahead): (Vec<_>, Vec<_>) = all
@@ -110,5 +106,5 @@ async fn runs_persisted_while_the_broker_is_unreachable_are_published_after_it_r
             run.id
         );
     }
-    topology.delete().await;
+    t.finish().await;
 }

@@ -1,10 +1,10 @@
 //! Concurrency policies decided cluster-wide by the leader (allow, forbid, queue, replace), and
 //! the rescuer of runs whose worker was lost or whose retry never came.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use chime_e2e::{AMQP_URL, database_url, init_tracing, service_config, unique, wait_for};
+use chime_e2e::{AMQP_URL, Events, Setup, service_config, unique, wait_for};
 use chime_scheduler::config::RescuerSettings;
 use chime_scheduler::job::JobSpec;
 use chime_scheduler::service::{self, DutySettings};
@@ -14,7 +14,7 @@ use serde_json::json;
 use sqlx::{PgPool, Row as _};
 use tokio::sync::mpsc;
 
-use crate::common::{TopologyGuard, job, runs};
+use crate::common::{job, runs};
 
 /// A scheduler instance with the given duty settings, on the test's runtime.
 pub struct Leader {
@@ -101,26 +101,24 @@ pub struct Span {
 
 /// Handler invocations, shared with the handlers.
 #[derive(Clone, Default)]
-pub struct Spans(Arc<Mutex<Vec<Span>>>);
+pub struct Spans(Events<Span>);
 
 impl Spans {
     pub fn all(&self) -> Vec<Span> {
-        self.0.lock().expect("not poisoned").clone()
+        self.0.all()
     }
 
     fn begin(&self, ctx: &JobContext) -> usize {
-        let mut spans = self.0.lock().expect("not poisoned");
-        spans.push(Span {
+        self.0.record(Span {
             run_id: ctx.run_id(),
             attempt: ctx.attempt(),
             start: Utc::now(),
             end: None,
-        });
-        spans.len() - 1
+        })
     }
 
     fn end(&self, index: usize) {
-        self.0.lock().expect("not poisoned")[index].end = Some(Utc::now());
+        self.0.update(index, |span| span.end = Some(Utc::now()));
     }
 
     /// Registers `name` as a handler that works for `took` (and stops early, as cancelled, if
@@ -167,10 +165,8 @@ fn duties(rescuer: RescuerSettings) -> DutySettings {
 
 #[sqlx::test(migrations = "../migrations")]
 async fn forbid_records_fires_during_a_slow_run_as_skipped_with_the_reason(pool: PgPool) {
-    init_tracing();
-    let db = database_url(&pool);
-    let prefix = unique("t");
-    let topology = TopologyGuard::new(&prefix, &["forbid"]);
+    let t = Setup::new(&pool).with_groups(&["forbid"]);
+    let (db, prefix) = (t.database_url.clone(), t.prefix.clone());
     let spans = Spans::default();
     let worker = TestWorker::start(&db, &prefix, "forbid", |b| {
         // Not 2.5 s: the fire 3 s after a run's start is decided `lookahead` (0.5 s) before it,
@@ -186,8 +182,8 @@ async fn forbid_records_fires_during_a_slow_run_as_skipped_with_the_reason(pool:
         DutySettings::default(),
     );
     wait_for(
-        "two runs to succeed and two fires to be skipped",
         Duration::from_secs(30),
+        "two runs to succeed and two fires to be skipped",
         || async {
             let runs = runs(&pool, "slow").await;
             let ok = runs.iter().filter(|r| r.state == "succeeded").count();
@@ -243,15 +239,13 @@ async fn forbid_records_fires_during_a_slow_run_as_skipped_with_the_reason(pool:
         );
     }
     assert!(skipped >= 2);
-    topology.delete().await;
+    t.finish().await;
 }
 
 #[sqlx::test(migrations = "../migrations")]
 async fn queue_starts_the_next_run_right_after_the_current_one_ends(pool: PgPool) {
-    init_tracing();
-    let db = database_url(&pool);
-    let prefix = unique("t");
-    let topology = TopologyGuard::new(&prefix, &["queue"]);
+    let t = Setup::new(&pool).with_groups(&["queue"]);
+    let (db, prefix) = (t.database_url.clone(), t.prefix.clone());
     let spans = Spans::default();
     let worker = TestWorker::start(&db, &prefix, "queue", |b| {
         spans.register(b, "serial", Duration::from_millis(1200))
@@ -264,7 +258,7 @@ async fn queue_starts_the_next_run_right_after_the_current_one_ends(pool: PgPool
         )],
         DutySettings::default(),
     );
-    wait_for("four runs to finish", Duration::from_secs(30), || async {
+    wait_for(Duration::from_secs(30), "four runs to finish", || async {
         let done = spans.all().iter().filter(|s| s.end.is_some()).count();
         (done >= 4).then_some(())
     })
@@ -314,15 +308,13 @@ async fn queue_starts_the_next_run_right_after_the_current_one_ends(pool: PgPool
             .all(|r| r.state != "skipped"),
         "queue never skips"
     );
-    topology.delete().await;
+    t.finish().await;
 }
 
 #[sqlx::test(migrations = "../migrations")]
 async fn replace_cancels_the_running_run_and_starts_the_new_one(pool: PgPool) {
-    init_tracing();
-    let db = database_url(&pool);
-    let prefix = unique("t");
-    let topology = TopologyGuard::new(&prefix, &["replace"]);
+    let t = Setup::new(&pool).with_groups(&["replace"]);
+    let (db, prefix) = (t.database_url.clone(), t.prefix.clone());
     let spans = Spans::default();
     let worker = TestWorker::start(&db, &prefix, "replace", |b| {
         spans.register(b, "latest", Duration::from_secs(60))
@@ -337,8 +329,8 @@ async fn replace_cancels_the_running_run_and_starts_the_new_one(pool: PgPool) {
     );
     // The database side: the first run gets a cancel request naming the run that replaces it.
     let (first, second) = wait_for(
-        "the first run to be replaced",
         Duration::from_secs(20),
+        "the first run to be replaced",
         || async {
             let row = sqlx::query(
                 "SELECT id, cancel_requested_by FROM chime_runs
@@ -362,8 +354,8 @@ async fn replace_cancels_the_running_run_and_starts_the_new_one(pool: PgPool) {
     // The worker side: the running run is cancelled through the control message, and the new
     // run runs.
     wait_for(
-        "the replaced run to end cancelled and the new one to start",
         Duration::from_secs(20),
+        "the replaced run to end cancelled and the new one to start",
         || async {
             let state: String = sqlx::query_scalar("SELECT state FROM chime_runs WHERE id = $1")
                 .bind(first)
@@ -393,15 +385,13 @@ async fn replace_cancels_the_running_run_and_starts_the_new_one(pool: PgPool) {
     assert_eq!(attempt, "cancelled");
     leader.stop().await;
     worker.stop().await;
-    topology.delete().await;
+    t.finish().await;
 }
 
 #[sqlx::test(migrations = "../migrations")]
 async fn allow_lets_runs_overlap(pool: PgPool) {
-    init_tracing();
-    let db = database_url(&pool);
-    let prefix = unique("t");
-    let topology = TopologyGuard::new(&prefix, &["allow"]);
+    let t = Setup::new(&pool).with_groups(&["allow"]);
+    let (db, prefix) = (t.database_url.clone(), t.prefix.clone());
     let spans = Spans::default();
     let worker = TestWorker::start(&db, &prefix, "allow", |b| {
         spans.register(b, "overlapping", Duration::from_millis(2500))
@@ -414,7 +404,7 @@ async fn allow_lets_runs_overlap(pool: PgPool) {
         )],
         DutySettings::default(),
     );
-    wait_for("two runs to overlap", Duration::from_secs(20), || async {
+    wait_for(Duration::from_secs(20), "two runs to overlap", || async {
         (!spans.overlaps().is_empty()).then_some(())
     })
     .await;
@@ -433,15 +423,13 @@ async fn allow_lets_runs_overlap(pool: PgPool) {
     );
     leader.stop().await;
     worker.stop().await;
-    topology.delete().await;
+    t.finish().await;
 }
 
 #[sqlx::test(migrations = "../migrations")]
 async fn rescuer_republishes_runs_of_a_lost_worker_and_stuck_retries(pool: PgPool) {
-    init_tracing();
-    let db = database_url(&pool);
-    let prefix = unique("t");
-    let topology = TopologyGuard::new(&prefix, &["rescue"]);
+    let t = Setup::new(&pool).with_groups(&["rescue"]);
+    let (db, prefix) = (t.database_url.clone(), t.prefix.clone());
     // A worker that died an hour ago, holding a running run, and a run whose retry never came.
     sqlx::query(
         "INSERT INTO chime_workers (id, group_name, hostname, capacity, jobs, started_at,
@@ -500,8 +488,8 @@ async fn rescuer_republishes_runs_of_a_lost_worker_and_stuck_retries(pool: PgPoo
         }),
     );
     wait_for(
-        "both runs to succeed as attempt 2",
         Duration::from_secs(20),
+        "both runs to succeed as attempt 2",
         || async {
             let done: i64 = sqlx::query_scalar(
                 "SELECT count(*) FROM chime_runs
@@ -555,5 +543,5 @@ async fn rescuer_republishes_runs_of_a_lost_worker_and_stuck_retries(pool: PgPoo
     let mut ran: Vec<(i64, u32)> = spans.all().iter().map(|s| (s.run_id, s.attempt)).collect();
     ran.sort_unstable();
     assert_eq!(ran, [(lost, 2), (stuck, 2)]);
-    topology.delete().await;
+    t.finish().await;
 }

@@ -6,16 +6,14 @@
 use std::time::Duration;
 
 use chime_e2e::process::{Process, sibling_binary};
-use chime_e2e::{
-    AMQP_URL, Scheduler, database_url, init_tracing, service_config, unique, wait_for,
-};
+use chime_e2e::{AMQP_URL, Scheduler, Setup, service_config, unique, wait_for};
 use chime_scheduler::auth::Caller;
 use chime_scheduler::ops::Operations;
 use chime_scheduler::store::Store;
 use serde_json::json;
 use sqlx::PgPool;
 
-use crate::common::{TopologyGuard, job, runs};
+use crate::common::{job, runs};
 
 /// Generous for a shared two-core machine; every wait ends as soon as its condition holds.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -23,12 +21,10 @@ const PATIENCE: Duration = Duration::from_secs(30);
 /// Issue 12: the README's worker failed with "no database" as written.
 #[sqlx::test(migrations = "../migrations")]
 async fn the_readme_quickstart_worker_runs_a_job_configured_by_environment(pool: PgPool) {
-    init_tracing();
-    let db = database_url(&pool);
-    let prefix = unique("qs");
     // The quickstart's group and job, as written in the README.
     let (group, name) = ("orders", "close-unpaid-orders");
-    let topology = TopologyGuard::new(&prefix, &[group]);
+    let t = Setup::new(&pool).with_groups(&[group]);
+    let (db, prefix) = (t.database_url.clone(), t.prefix.clone());
     let scheduler = Scheduler::start(
         service_config(&db, AMQP_URL, &unique("qs-sched"), &prefix),
         vec![job(json!({"name": name, "group": group}))],
@@ -44,7 +40,7 @@ async fn the_readme_quickstart_worker_runs_a_job_configured_by_environment(pool:
     let mut worker = Process::spawn("quickstart", command, &log).expect("quickstart starts");
 
     // The worker is up once it has registered in the test's own database.
-    wait_for("the quickstart worker to register", PATIENCE, || async {
+    wait_for(PATIENCE, "the quickstart worker to register", || async {
         let online: i64 =
             sqlx::query_scalar("SELECT count(*) FROM chime_workers WHERE group_name = $1")
                 .bind(group)
@@ -55,14 +51,14 @@ async fn the_readme_quickstart_worker_runs_a_job_configured_by_environment(pool:
     })
     .await;
     let ops = Operations::new(Store::from_pool(pool.clone()), None);
-    let run_id = wait_for("the job to be loaded and triggered", PATIENCE, || async {
+    let run_id = wait_for(PATIENCE, "the job to be loaded and triggered", || async {
         ops.trigger(&Caller::cli(), name, Some(json!({"batch": 5})))
             .await
             .ok()
             .map(|t| t.run_id)
     })
     .await;
-    wait_for("the run to succeed", PATIENCE, || async {
+    wait_for(PATIENCE, "the run to succeed", || async {
         runs(&pool, name)
             .await
             .into_iter()
@@ -88,5 +84,5 @@ async fn the_readme_quickstart_worker_runs_a_job_configured_by_environment(pool:
     let printed = std::fs::read_to_string(&log).expect("its log");
     assert!(printed.contains("closing up to 5 orders"), "{printed}");
     scheduler.stop().await.expect("scheduler stops");
-    topology.delete().await;
+    t.finish().await;
 }

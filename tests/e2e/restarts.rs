@@ -101,7 +101,7 @@ async fn postgres_restart_the_leader_steps_down_resumes_under_a_new_term_and_no_
     store.migrate().await.expect("migrate");
     let pool = store.pool().clone();
     let prefix = unique("t");
-    let topology = TopologyGuard::new(&prefix, &["pgr"]);
+    let topology = TopologyGuard::new(AMQP_URL, &prefix, &["pgr"]);
     // Handlers take 1.5 s, so some are always running when the database goes away: their
     // outcome writes have to wait for it.
     let worker = CountingWorker::start(
@@ -123,7 +123,7 @@ async fn postgres_restart_the_leader_steps_down_resumes_under_a_new_term_and_no_
             ),
         ],
     );
-    wait_for("three runs succeeded", Duration::from_secs(30), || async {
+    wait_for(Duration::from_secs(30), "three runs succeeded", || async {
         let done = runs(&pool, "all")
             .await
             .iter()
@@ -145,8 +145,8 @@ async fn postgres_restart_the_leader_steps_down_resumes_under_a_new_term_and_no_
     let restarted = Utc::now();
 
     let (holder, after) = wait_for(
-        "a leader after the restart",
         Duration::from_secs(30),
+        "a leader after the restart",
         || async {
             sqlx::query("SELECT 1").execute(&pool).await.ok()?;
             leader(&pool).await
@@ -162,8 +162,8 @@ async fn postgres_restart_the_leader_steps_down_resumes_under_a_new_term_and_no_
     let horizon = restarted + chrono::Duration::seconds(3);
     for name in ["all", "skip"] {
         wait_for(
-            &format!("{name}: every fire up to the horizon settled"),
             Duration::from_secs(45),
+            &format!("{name}: every fire up to the horizon settled"),
             || async {
                 let all = try_runs(&pool, name).await?;
                 let due: Vec<&Run> = all.iter().filter(|r| r.scheduled_at <= horizon).collect();
@@ -261,7 +261,7 @@ async fn rabbitmq_restart_runs_due_meanwhile_follow_the_misfire_policy_and_consu
             })
             .collect(),
     );
-    wait_for("three runs succeeded", Duration::from_secs(30), || async {
+    wait_for(Duration::from_secs(30), "three runs succeeded", || async {
         let done = runs(&pool, "all")
             .await
             .iter()
@@ -295,8 +295,8 @@ async fn rabbitmq_restart_runs_due_meanwhile_follow_the_misfire_policy_and_consu
     let mut settled = HashMap::new();
     for name in names {
         let due = wait_for(
-            &format!("{name}: every run up to the horizon settled"),
             Duration::from_secs(60),
+            &format!("{name}: every run up to the horizon settled"),
             || async {
                 let all = runs(&pool, name).await;
                 let due: Vec<Run> = all
@@ -409,7 +409,7 @@ async fn a_postgres_outage_longer_than_rescue_after_does_not_make_live_workers_l
     store.migrate().await.expect("migrate");
     let pool = store.pool().clone();
     let prefix = unique("t");
-    let topology = TopologyGuard::new(&prefix, &["silent"]);
+    let topology = TopologyGuard::new(AMQP_URL, &prefix, &["silent"]);
     // Every run is still running when the database goes away, and long after it is back.
     let worker = CountingWorker::start(
         &db,
@@ -440,7 +440,7 @@ async fn a_postgres_outage_longer_than_rescue_after_does_not_make_live_workers_l
         reload_rx,
         stop.clone(),
     ));
-    wait_for("three runs running", Duration::from_secs(30), || async {
+    wait_for(Duration::from_secs(30), "three runs running", || async {
         let running = runs(&pool, "long")
             .await
             .iter()
@@ -459,8 +459,8 @@ async fn a_postgres_outage_longer_than_rescue_after_does_not_make_live_workers_l
     .expect("restart PostgreSQL");
 
     let before: Vec<i64> = wait_for(
-        "every run started before the outage to finish",
         Duration::from_secs(60),
+        "every run started before the outage to finish",
         || async {
             let all = try_runs(&pool, "long").await?;
             let before: Vec<&Run> = all.iter().filter(|r| r.scheduled_at < stopped).collect();

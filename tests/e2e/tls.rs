@@ -166,8 +166,8 @@ async fn the_scheduler_and_a_worker_run_a_trigger_over_tls_to_both_services() {
     );
 
     wait_for(
-        "a run published, claimed and recorded over TLS",
         Duration::from_secs(60),
+        "a run published, claimed and recorded over TLS",
         || async {
             let done: i64 = sqlx::query_scalar(
                 "SELECT count(*) FROM chime_runs WHERE job_name = 'tick' AND state = 'succeeded'",
@@ -274,8 +274,8 @@ async fn a_wrong_ca_a_missing_client_certificate_and_a_plaintext_port_are_refuse
     let broker = Broker::new(&amqps, &prefix).with_amqp_tls(with_cert);
     let work = format!("{prefix}.secure.work");
     wait_for(
-        "the worker consuming over TLS",
         Duration::from_secs(30),
+        "the worker consuming over TLS",
         || async {
             let figures = broker
                 .queue_figures(std::slice::from_ref(&work))

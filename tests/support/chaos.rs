@@ -336,23 +336,21 @@ fn job_file(plan: &ChaosPlan) -> String {
     text
 }
 
-/// Polls `check` every 50 ms until it returns `Some`; errors (a database that is down) count
-/// as "not yet".
-async fn until<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = anyhow::Result<Option<T>>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Ok(Some(value)) = check().await {
-            return Ok(value);
-        }
-        if Instant::now() >= deadline {
-            bail!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+/// The test kit's wait ([`crate::try_wait_for`]) for a probe that can fail while services are
+/// down: calls `check` until it returns `Some`; its errors (a database that is down) count as
+/// "not yet", and the last one is in the timeout's message.
+async fn until<T>(
+    timeout: Duration,
+    what: &str,
+    mut check: impl AsyncFnMut() -> anyhow::Result<Option<T>>,
+) -> anyhow::Result<T> {
+    let found = crate::try_wait_for(timeout, what, async || match check().await {
+        Ok(Some(value)) => Ok(value),
+        Ok(None) => Err("not yet".to_owned()),
+        Err(e) => Err(format!("{e:#}")),
+    })
+    .await?;
+    Ok(found)
 }
 
 impl Cluster {
@@ -369,6 +367,7 @@ impl Cluster {
             amqp_url: &amqp_url,
             prefix: &self.prefix,
             jobs: &self.jobs_file,
+            json_logs: false,
         };
         let process = Process::scheduler(&self.chime, &id, &env, &self.log_dir)?;
         self.schedulers.push(Member { id, process });
@@ -423,8 +422,8 @@ impl Cluster {
     /// A run scheduled after `after` has succeeded: the whole path works again.
     async fn wait_recovered(&self, after: DateTime<Utc>) -> anyhow::Result<()> {
         until(
-            "a run after the fault to succeed",
             Duration::from_secs(60),
+            "a run after the fault to succeed",
             || async {
                 let n: i64 = sqlx::query_scalar(
                 "SELECT count(*) FROM chime_runs WHERE scheduled_at > $1 AND state = 'succeeded'",
@@ -445,7 +444,7 @@ impl Cluster {
         for _ in 0..self.plan.workers {
             self.start_worker()?;
         }
-        until("a leader", Duration::from_secs(30), || self.leader()).await?;
+        until(Duration::from_secs(30), "a leader", || self.leader()).await?;
         let started = Utc::now();
         self.wait_recovered(started).await?;
         // Fires are expected from the next whole second on: every job is planned by then.
@@ -477,7 +476,7 @@ impl Cluster {
         // Let every fire of the window settle while the cluster keeps running (the outbox
         // needs a leader), then reconcile.
         let settle = Duration::from_secs(60) + self.plan.handler * 10;
-        let settled = until("every fire of the window to settle", settle, || async {
+        let settled = until(settle, "every fire of the window to settle", || async {
             let open: i64 = sqlx::query_scalar(
                 "SELECT count(*) FROM chime_runs WHERE scheduled_at BETWEEN $1 AND $2
                  AND state IN ('pending', 'queued', 'running', 'retrying')",
@@ -509,7 +508,7 @@ impl Cluster {
         match fault {
             Fault::KillLeader | Fault::StopLeader | Fault::FreezeLeader => {
                 let (holder, term) =
-                    until("a leader", Duration::from_secs(30), || self.leader()).await?;
+                    until(Duration::from_secs(30), "a leader", || self.leader()).await?;
                 let index = self
                     .schedulers
                     .iter()
@@ -525,15 +524,15 @@ impl Cluster {
                     }
                     _ => self.schedulers[index].process.signal(Signal::SIGSTOP)?,
                 }
-                let (_, new_term) = until("another leader", Duration::from_secs(30), || async {
+                let (_, new_term) = until(Duration::from_secs(30), "another leader", || async {
                     Ok(self.leader().await?.filter(|(h, _)| *h != holder))
                 })
                 .await?;
                 report.takeover = Some(struck.elapsed());
                 let takeover_at: DateTime<Utc> = Utc::now();
                 let published = until(
-                    "a fire published under the new term",
                     Duration::from_secs(30),
+                    "a fire published under the new term",
                     || self.first_publish_after(at, new_term),
                 )
                 .await?;
@@ -564,8 +563,8 @@ impl Cluster {
             Fault::KillWorker => {
                 // The worker running the most handlers right now.
                 let busiest: Option<String> = until(
-                    "a worker running handlers",
                     Duration::from_secs(30),
+                    "a worker running handlers",
                     || async {
                         Ok(sqlx::query_scalar(
                             "SELECT worker_id FROM chime_runs WHERE state = 'running'
@@ -600,8 +599,8 @@ impl Cluster {
                 })?;
                 let back = Utc::now();
                 let published = until(
-                    "a fire published after the restart",
                     Duration::from_secs(60),
+                    "a fire published after the restart",
                     || self.first_publish_after(back, 0),
                 )
                 .await?;
@@ -623,8 +622,8 @@ impl Cluster {
                 })?;
                 let back = Utc::now();
                 let published = until(
-                    "a fire published after the restart",
                     Duration::from_secs(60),
+                    "a fire published after the restart",
                     || self.first_publish_after(back, 0),
                 )
                 .await?;

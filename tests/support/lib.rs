@@ -1,7 +1,8 @@
 //! Helpers for Chime's end-to-end tests: scheduler instances that can be stopped or killed,
-//! a TCP proxy that can cut the broker off, unique names, and waiting on conditions; child
-//! processes ([`process`]), private PostgreSQL and RabbitMQ instances to restart
-//! ([`services`]) and the chaos suite ([`chaos`]).
+//! and a TCP proxy that can cut the broker off; child processes ([`process`]), private
+//! PostgreSQL and RabbitMQ instances to restart ([`services`]) and the chaos suite ([`chaos`]).
+//! Unique names, waiting on conditions, captured events and the per-test setup come from the
+//! test kit (`chime-test-kit`, re-exported here), which the worker SDK's tests share.
 //!
 //! Every test gets its own database (`#[sqlx::test]`) and its own queue prefix, so tests run in
 //! parallel without seeing each other's runs or messages.
@@ -10,7 +11,6 @@ pub mod chaos;
 pub mod process;
 pub mod services;
 
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -19,52 +19,14 @@ use chime_scheduler::job::JobSpec;
 use chime_scheduler::leader::LeaseTimings;
 use chime_scheduler::planner::PlannerTimings;
 use chime_scheduler::service::{self, ServiceConfig};
-use sqlx::PgPool;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-/// The local RabbitMQ.
-pub const AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
-
-/// A name no other test uses (queue prefixes, instance ids).
-pub fn unique(prefix: &str) -> String {
-    use std::sync::atomic::AtomicU64;
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock after 1970")
-        .subsec_nanos();
-    format!("{prefix}{}x{n}x{nanos:x}", std::process::id())
-}
-
-/// The URL of the database behind a `#[sqlx::test]` pool.
-pub fn database_url(pool: &PgPool) -> String {
-    let options = pool.connect_options();
-    format!(
-        "postgres://postgres@{}:{}/{}",
-        options.get_host(),
-        options.get_port(),
-        options
-            .get_database()
-            .expect("sqlx::test pools name their database")
-    )
-}
-
-/// Installs a test tracing subscriber once (`RUST_LOG` controls it).
-pub fn init_tracing() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(
-                tracing_subscriber::EnvFilter::try_from_default_env()
-                    .unwrap_or_else(|_| "warn".into()),
-            )
-            .with_test_writer()
-            .try_init();
-    });
-}
+pub use chime_test_kit::{
+    AMQP_URL, Events, Setup, TopologyGuard, WAIT, capture_logs, database_url, done_if,
+    init_tracing, passive_declare, try_wait_for, unique, wait_for,
+};
 
 /// Service settings for a test: fast lease timings so failover tests stay short.
 pub fn service_config(
@@ -140,6 +102,13 @@ impl Scheduler {
             thread: Some(thread),
             jobs,
         }
+    }
+
+    /// Starts instance `instance` on a test's [`Setup`] (its database and queue prefix),
+    /// serving `jobs`.
+    pub fn on(t: &Setup, instance: &str, jobs: Vec<JobSpec>) -> Scheduler {
+        let config = service_config(&t.database_url, &t.amqp_url, instance, &t.prefix);
+        Scheduler::start(config, jobs)
     }
 
     /// Replaces the job list and reloads, as SIGHUP does.
@@ -252,26 +221,6 @@ impl Proxy {
 impl Drop for Proxy {
     fn drop(&mut self) {
         self.stop.cancel();
-    }
-}
-
-/// Polls `check` every 50 ms until it returns `Some`, or fails the test after `timeout`
-/// with `what` in the message.
-pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -1,17 +1,27 @@
-//! Child processes the process-level tests start and signal: `chime scheduler` instances and
-//! `chime-test-worker`s. Each one's stderr goes to a log file; its stdout lines are kept (the
-//! test worker reports each handler start there).
+//! Child processes the process-level tests and benchmarks start, signal and measure:
+//! `chime scheduler` instances, `chime-test-worker`s and `chime-bench worker`s. Each one's stdout
+//! and stderr go to a log file; its stdout lines are also kept (test and bench workers report
+//! each handler start there), and the messages of JSON log lines on stderr are remembered with
+//! the instant they first appeared.
 
+use std::collections::HashMap;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
+use chime_test_kit::{Events, try_wait_for};
 use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
-use tokio::io::{AsyncBufReadExt as _, BufReader};
+use nix::unistd::{Pid, SysconfVar, sysconf};
+use tokio::io::{AsyncBufReadExt as _, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// How long stopping or killing a process waits for the rest of its output once it has exited.
+const OUTPUT_DRAIN: Duration = Duration::from_secs(5);
 
 /// A running child process, SIGKILLed if dropped.
 pub struct Process {
@@ -20,11 +30,14 @@ pub struct Process {
     child: Child,
     pid: u32,
     log: PathBuf,
-    stdout: Arc<Mutex<Vec<String>>>,
+    stdout: Events<String>,
+    messages: Arc<Mutex<HashMap<String, Instant>>>,
+    readers: Vec<JoinHandle<()>>,
 }
 
 impl Process {
-    /// Starts `command` with stderr going to `log` and stdout lines kept.
+    /// Starts `command` with its stdout and stderr going to `log`, stdout lines kept and the
+    /// messages of JSON log lines on stderr remembered.
     pub fn spawn(name: &str, mut command: Command, log: &Path) -> anyhow::Result<Process> {
         // This process's own settings must not leak into the child; the command's own stay.
         let given: Vec<_> = command
@@ -40,29 +53,42 @@ impl Process {
         }
         let log_file =
             std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        let log_file = Arc::new(Mutex::new(log_file));
         let mut child = command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(log_file)
+            .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("starting {name}"))?;
         let pid = child.id().context("the child exited at once")?;
-        let stdout = Arc::new(Mutex::new(Vec::new()));
+        let stdout = Events::new();
+        let messages = Arc::new(Mutex::new(HashMap::new()));
         let out = child.stdout.take().context("piped stdout")?;
+        let err = child.stderr.take().context("piped stderr")?;
         let kept = stdout.clone();
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(out).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                kept.lock().expect("not poisoned").push(line);
-            }
-        });
+        let seen = messages.clone();
+        let readers = vec![
+            read_lines(out, log_file.clone(), move |line| {
+                kept.record(line.to_owned());
+            }),
+            read_lines(err, log_file, move |line| {
+                if let Some(message) = log_message(line) {
+                    seen.lock()
+                        .expect("not poisoned")
+                        .entry(message)
+                        .or_insert_with(Instant::now);
+                }
+            }),
+        ];
         Ok(Process {
             name: name.to_owned(),
             child,
             pid,
             log: log.to_owned(),
             stdout,
+            messages,
+            readers,
         })
     }
 
@@ -86,6 +112,9 @@ impl Process {
             .env("CHIME_BIND", "127.0.0.1:0")
             .env("RUST_LOG", "info,sqlx=warn,lapin=warn")
             .env("NO_COLOR", "1");
+        if env.json_logs {
+            command.env("CHIME_LOG_FORMAT", "json");
+        }
         Process::spawn(
             &format!("scheduler {instance}"),
             command,
@@ -126,14 +155,38 @@ impl Process {
         self.pid
     }
 
-    /// Where its stderr goes.
+    /// Where its output goes.
     pub fn log(&self) -> &Path {
         &self.log
     }
 
     /// Lines the process wrote to stdout so far.
     pub fn stdout_lines(&self) -> Vec<String> {
-        self.stdout.lock().expect("not poisoned").clone()
+        self.stdout.all()
+    }
+
+    /// When a JSON log line with this message first appeared on stderr.
+    pub fn logged(&self, message: &str) -> Option<Instant> {
+        self.messages
+            .lock()
+            .expect("not poisoned")
+            .get(message)
+            .copied()
+    }
+
+    /// Waits until the process logs `message` (a JSON log line), failing if it exits or
+    /// `timeout` passes.
+    pub async fn wait_for_log(&mut self, message: &str, timeout: Duration) -> anyhow::Result<()> {
+        let what = format!("{} to log {message:?}", self.name);
+        let logged = try_wait_for(timeout, &what, async || match self.ensure_running() {
+            Ok(()) => self.logged(message).map(|_| Ok(())),
+            Err(exited) => Some(Err(exited)),
+        })
+        .await;
+        match logged {
+            Ok(outcome) => outcome,
+            Err(timed_out) => bail!("{timed_out}; its log: {}", self.log.display()),
+        }
     }
 
     /// Sends `signal`.
@@ -143,12 +196,13 @@ impl Process {
             .with_context(|| format!("sending {signal} to {}", self.name))
     }
 
-    /// SIGKILL, then reap.
+    /// SIGKILL, then reap (and wait for the rest of its output).
     pub async fn kill(&mut self) -> anyhow::Result<()> {
         if self.child.try_wait()?.is_none() {
             self.signal(Signal::SIGKILL)?;
         }
         self.child.wait().await?;
+        self.drain_output().await;
         Ok(())
     }
 
@@ -156,31 +210,114 @@ impl Process {
     /// whether the process exited by itself and successfully.
     pub async fn stop(&mut self, timeout: Duration) -> anyhow::Result<bool> {
         if self.child.try_wait()?.is_some() {
+            self.drain_output().await;
             return Ok(false);
         }
         // A frozen process would sit on SIGTERM forever.
         self.signal(Signal::SIGCONT)?;
         self.signal(Signal::SIGTERM)?;
         match tokio::time::timeout(timeout, self.child.wait()).await {
-            Ok(status) => Ok(status?.success()),
+            Ok(status) => {
+                let status = status?;
+                self.drain_output().await;
+                Ok(status.success())
+            }
             Err(_) => {
+                eprintln!("{} did not stop within {timeout:?}; killing it", self.name);
                 self.kill().await?;
                 Ok(false)
             }
         }
     }
 
-    /// Fails if the process has exited.
+    /// Waits (a little) for the output the exited process left in its pipes to reach the log.
+    async fn drain_output(&mut self) {
+        for reader in std::mem::take(&mut self.readers) {
+            let _ = tokio::time::timeout(OUTPUT_DRAIN, reader).await;
+        }
+    }
+
+    /// Fails if the process has exited, pointing at its log.
     pub fn ensure_running(&mut self) -> anyhow::Result<()> {
         if let Some(status) = self.child.try_wait()? {
             bail!(
-                "{} exited ({status}); its log: {}",
+                "{} exited ({status}); its log: {}\n{}",
                 self.name,
-                self.log.display()
+                self.log.display(),
+                tail(&self.log)
             );
         }
         Ok(())
     }
+
+    /// CPU time (user + system, all threads) the process has used.
+    pub fn cpu_time(&self) -> anyhow::Result<Duration> {
+        let path = format!("/proc/{}/stat", self.pid);
+        let stat = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+        // Fields after the command name, which is in parentheses and may contain spaces:
+        // state is field 3, utime 14, stime 15 (proc(5)).
+        let after = stat.rsplit_once(')').context("malformed /proc/PID/stat")?.1;
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        let ticks = |i: usize| -> anyhow::Result<u64> {
+            Ok(fields.get(i).context("short /proc/PID/stat")?.parse()?)
+        };
+        let total = ticks(11)? + ticks(12)?;
+        let per_second = sysconf(SysconfVar::CLK_TCK)?.context("CLK_TCK is defined")?;
+        Ok(Duration::from_secs_f64(total as f64 / per_second as f64))
+    }
+
+    /// Resident memory now and its peak (`VmRSS`, `VmHWM`), in bytes.
+    pub fn memory(&self) -> anyhow::Result<(u64, u64)> {
+        let path = format!("/proc/{}/status", self.pid);
+        let status = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+        let kib = |key: &str| -> anyhow::Result<u64> {
+            let line = status
+                .lines()
+                .find(|l| l.starts_with(key))
+                .with_context(|| format!("{key} missing from {path}"))?;
+            let number = line
+                .split_whitespace()
+                .nth(1)
+                .with_context(|| format!("malformed {key} line"))?;
+            Ok(number.parse::<u64>()? * 1024)
+        };
+        Ok((kib("VmRSS:")?, kib("VmHWM:")?))
+    }
+}
+
+/// Copies each line of `stream` to the log file and hands it to `each`, until the stream ends.
+fn read_lines(
+    stream: impl AsyncRead + Unpin + Send + 'static,
+    log: Arc<Mutex<std::fs::File>>,
+    mut each: impl FnMut(&str) + Send + 'static,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(stream).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            {
+                let mut file = log.lock().expect("not poisoned");
+                let _ = writeln!(file, "{line}");
+            }
+            each(&line);
+        }
+    })
+}
+
+/// The message of a JSON log line from `tracing_subscriber`'s JSON format.
+fn log_message(line: &str) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_str(line).ok()?;
+    value
+        .get("fields")?
+        .get("message")?
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// The last lines of a log file, for error messages.
+fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(15)..].join("\n")
 }
 
 /// Where a scheduler process finds its services and jobs.
@@ -194,6 +331,8 @@ pub struct SchedulerEnv<'a> {
     pub prefix: &'a str,
     /// The job file.
     pub jobs: &'a Path,
+    /// Log JSON lines (`CHIME_LOG_FORMAT=json`), whose messages [`Process::logged`] reads.
+    pub json_logs: bool,
 }
 
 /// Where a worker process finds its services, and what it consumes.
@@ -236,4 +375,16 @@ pub fn sibling_binary(name: &str) -> anyhow::Result<PathBuf> {
                 exe.display()
             )
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_message_of_a_json_log_line() {
+        let line = r#"{"timestamp":"2026-01-01T00:00:00Z","level":"INFO","fields":{"message":"scheduler started","instance":"a"},"target":"chime_scheduler::service"}"#;
+        assert_eq!(log_message(line).as_deref(), Some("scheduler started"));
+        assert_eq!(log_message("plain text"), None);
+    }
 }

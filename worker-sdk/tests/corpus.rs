@@ -11,12 +11,13 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
 use chime_protocol::wire::HEADER_DEAD_REASON;
+use chime_test_kit::{capture_logs, wait_for};
 use chime_worker::JobContext;
 use lapin::types::{AMQPValue, FieldTable};
 use serde::Deserialize;
 use serde_json::Value;
 use sqlx::PgPool;
-use support::{Env, header, wait_for};
+use support::{Env, WAIT, header};
 
 const CORPUS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/corpus/amqp");
 
@@ -120,7 +121,7 @@ async fn insert_run(env: &Env, spec: &RunSpec) -> i64 {
 async fn play(pool: &PgPool, path: &Path, case: Case) {
     let name = path.file_name().unwrap().to_string_lossy().into_owned();
     let env = Env::new(pool.clone()).await;
-    let (_capturing, mut events) = support::capture_events();
+    let (_capturing, mut events) = capture_logs("");
     let calls = Arc::new(AtomicUsize::new(0));
     let counted = calls.clone();
     // A genuine run of a job nobody handles is parked at once, not after a wait for a worker
@@ -175,7 +176,7 @@ async fn play(pool: &PgPool, path: &Path, case: Case) {
     if let Some(want) = &case.expect.parked {
         let parking = env.topology.parking_queue();
         let env_ref = &env;
-        wait_for(&format!("{name}: the parked message"), || {
+        wait_for(WAIT, &format!("{name}: the parked message"), || {
             let parking = parking.clone();
             async move { (env_ref.queue_state(&parking).await.0 == 1).then_some(()) }
         })
@@ -191,7 +192,7 @@ async fn play(pool: &PgPool, path: &Path, case: Case) {
         assert_eq!(parked.data, body, "{name}: the parked copy keeps the body");
     }
     if let Some(want) = &case.expect.acked_log {
-        support::events_matching(&mut events, &[&|m: &str| m == want]).await;
+        events.wait_for_message(WAIT, want).await;
     }
     if let (Some(run_id), Some(state)) = (run_id, &case.expect.run_state) {
         let run = env.run_in_state(run_id, state).await;

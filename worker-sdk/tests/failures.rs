@@ -15,12 +15,13 @@ use std::time::Duration;
 
 use chime_protocol::topology::RETRY_TIERS;
 use chime_protocol::wire::{HEADER_ATTEMPT, HEADER_DEAD_BY, HEADER_DEAD_REASON, HEADER_NOT_BEFORE};
+use chime_test_kit::{capture_logs, wait_for};
 use chime_worker::{JobContext, JobError};
 use chrono::Utc;
 use lapin::types::{AMQPValue, FieldTable};
 use serde_json::Value;
 use sqlx::PgPool;
-use support::{Env, WAIT, header, policy, wait_for};
+use support::{Env, WAIT, header, policy};
 use tokio::sync::{Notify, mpsc};
 
 /// Milliseconds between two instants.
@@ -31,7 +32,7 @@ fn ms(from: chrono::DateTime<Utc>, to: chrono::DateTime<Utc>) -> i64 {
 /// Waits for the parking lot to hold `n` messages.
 async fn parked(env: &Env, n: u32) {
     let parking = env.topology.parking_queue();
-    wait_for(&format!("{n} parked messages"), || {
+    wait_for(WAIT, &format!("{n} parked messages"), || {
         let parking = parking.clone();
         async move { (env.queue_state(&parking).await.0 == n).then_some(()) }
     })
@@ -219,7 +220,7 @@ async fn the_handlers_retry_after_replaces_the_policys_delay(pool: PgPool) {
 #[sqlx::test(migrations = "../migrations")]
 async fn a_delay_between_tiers_is_served_by_hops_and_a_short_hold_exact_to_a_few_ms(pool: PgPool) {
     let env = Env::new(pool).await;
-    let (_capturing, mut events) = support::capture_events();
+    let (_capturing, mut events) = capture_logs("");
     let worker = env
         .worker()
         .handle("punctual", |_: JobContext, _: Value| async { Ok(()) })
@@ -238,12 +239,14 @@ async fn a_delay_between_tiers_is_served_by_hops_and_a_short_hold_exact_to_a_few
     env.publish_with_headers(&trigger, headers).await;
 
     env.run_in_state(run_id, "succeeded").await;
-    support::events_counted(
-        &mut events,
-        |m| m.starts_with("retry not due yet; sent through another delay tier"),
-        2,
-    )
-    .await;
+    events
+        .wait_for_count(
+            WAIT,
+            "two hops through a delay tier",
+            |m| m.starts_with("retry not due yet; sent through another delay tier"),
+            2,
+        )
+        .await;
     let started = env.attempts(run_id).await[0].started_at;
     let late = ms(due, started);
     println!("due in 1.7 s (2 tier hops and a hold): started {late} ms after its due instant");
@@ -258,7 +261,7 @@ async fn a_delay_between_tiers_is_served_by_hops_and_a_short_hold_exact_to_a_few
 #[sqlx::test(migrations = "../migrations")]
 async fn a_retry_whose_publish_fails_is_published_by_the_redelivery_of_the_original(pool: PgPool) {
     let env = Env::new(pool).await;
-    let (_capturing, mut events) = support::capture_events();
+    let (_capturing, mut events) = capture_logs("");
     let worker = env
         .worker()
         .handle("once-more", |ctx: JobContext, _: Value| async move {
@@ -300,23 +303,25 @@ async fn a_retry_whose_publish_fails_is_published_by_the_redelivery_of_the_origi
     let run_id = env.insert_run("once-more", &Value::Null).await;
     trigger.run_id = run_id;
     env.publish(&trigger).await;
-    support::event(
-        &mut events,
-        "cannot publish the retry; requeueing the original so that its redelivery publishes \
+    events
+        .wait_for_message(
+            WAIT,
+            "cannot publish the retry; requeueing the original so that its redelivery publishes \
          the retry again",
-    )
-    .await;
+        )
+        .await;
     let run = env.run(run_id).await;
     assert_eq!((run.state.as_str(), run.attempt), ("retrying", 1));
     assert!(run.next_attempt_at.is_some());
 
     // The requeued original comes back once the 1 s delay has passed: its retry is published
     // again, straight to the work queue, and attempt 2 runs once.
-    support::event(
-        &mut events,
-        "the run's retry may not have been published; publishing it again",
-    )
-    .await;
+    events
+        .wait_for_message(
+            WAIT,
+            "the run's retry may not have been published; publishing it again",
+        )
+        .await;
     env.run_in_state(run_id, "succeeded").await;
     let states: Vec<String> = env
         .attempts(run_id)
@@ -496,7 +501,7 @@ async fn a_control_message_cancels_a_running_run_without_retry(pool: PgPool) {
 #[sqlx::test(migrations = "../migrations")]
 async fn the_claim_refuses_a_run_whose_cancel_was_requested(pool: PgPool) {
     let env = Env::new(pool).await;
-    let (_capturing, mut events) = support::capture_events();
+    let (_capturing, mut events) = capture_logs("");
     let calls = Arc::new(AtomicUsize::new(0));
     let counted = calls.clone();
     let worker = env
@@ -512,11 +517,12 @@ async fn the_claim_refuses_a_run_whose_cancel_was_requested(pool: PgPool) {
     env.request_cancel(run_id).await;
     let trigger = env.trigger(run_id, "never", Value::Null).await;
     env.publish(&trigger).await;
-    support::event(
-        &mut events,
-        "an operator cancelled the run before it started; acked without running",
-    )
-    .await;
+    events
+        .wait_for_message(
+            WAIT,
+            "an operator cancelled the run before it started; acked without running",
+        )
+        .await;
     running.stop().await;
     assert_eq!(calls.load(SeqCst), 0);
     assert!(env.attempts(run_id).await.is_empty());
@@ -527,7 +533,7 @@ async fn the_claim_refuses_a_run_whose_cancel_was_requested(pool: PgPool) {
 #[sqlx::test(migrations = "../migrations")]
 async fn a_run_of_a_lost_worker_is_taken_over_and_its_late_outcome_is_discarded(pool: PgPool) {
     let env = Env::new(pool).await;
-    let (_capturing, mut events) = support::capture_events();
+    let (_capturing, mut events) = capture_logs("");
     let release = Arc::new(Notify::new());
     let (started_tx, mut started) = mpsc::unbounded_channel();
     let make = |release: Arc<Notify>, started_tx: mpsc::UnboundedSender<(u32, String)>| {
@@ -589,13 +595,14 @@ async fn a_run_of_a_lost_worker_is_taken_over_and_its_late_outcome_is_discarded(
     assert_ne!(run.worker_id.as_deref(), Some(hung.as_str()));
     // The hung handler finishes now; its outcome must not overwrite anything.
     release.notify_one();
-    support::event(
-        &mut events,
-        "late outcome discarded: the attempt is no longer running on this worker in the \
+    events
+        .wait_for_message(
+            WAIT,
+            "late outcome discarded: the attempt is no longer running on this worker in the \
          database (already recorded, or recorded lost and taken over while this worker was \
          judged lost)",
-    )
-    .await;
+        )
+        .await;
     let attempts = env.attempts(run_id).await;
     assert_eq!(attempts.len(), 2);
     assert_eq!(
@@ -617,7 +624,7 @@ async fn a_run_of_a_lost_worker_is_taken_over_and_its_late_outcome_is_discarded(
 #[sqlx::test(migrations = "../migrations")]
 async fn a_long_handler_has_its_delivery_acked_early_and_finishes_once(pool: PgPool) {
     let env = Env::new(pool).await;
-    let (_capturing, mut events) = support::capture_events();
+    let (_capturing, mut events) = capture_logs("");
     let calls = Arc::new(AtomicUsize::new(0));
     let counted = calls.clone();
     let worker = env
@@ -635,11 +642,11 @@ async fn a_long_handler_has_its_delivery_acked_early_and_finishes_once(pool: PgP
     let connection_name = format!("chime-worker-{}", worker.id());
     let running = env.start(worker);
     let run_id = env.submit("long", Value::Null).await;
-    support::events_matching(
-        &mut events,
-        &[&|m: &str| m.starts_with("handler still running: acked its delivery early")],
-    )
-    .await;
+    events
+        .wait_for_one(WAIT, "the early ack", |m| {
+            m.starts_with("handler still running: acked its delivery early")
+        })
+        .await;
     // Acked: losing the connection now redelivers nothing.
     close_connection(&connection_name).await;
     env.run_in_state(run_id, "succeeded").await;

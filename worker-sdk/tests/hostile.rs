@@ -12,17 +12,18 @@ use std::time::Duration;
 
 use chime_protocol::limits::{MAX_HEADER_VALUE_BYTES, MAX_TRIGGER_BYTES};
 use chime_protocol::wire::{HEADER_ATTEMPT, HEADER_DEAD_REASON, HEADER_NOT_BEFORE};
+use chime_test_kit::{capture_logs, wait_for};
 use chime_worker::{JobContext, JobError};
 use lapin::options::{BasicGetOptions, BasicNackOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use serde_json::Value;
 use sqlx::PgPool;
-use support::{Env, header, policy, wait_for};
+use support::{Env, WAIT, header, policy};
 
 /// Waits for the parking lot to hold `n` messages, then takes them.
 async fn take_parked(env: &Env, n: u32) -> Vec<lapin::message::Delivery> {
     let parking = env.topology.parking_queue();
-    wait_for(&format!("{n} parked messages"), || {
+    wait_for(WAIT, &format!("{n} parked messages"), || {
         let parking = parking.clone();
         async move { (env.queue_state(&parking).await.0 == n).then_some(()) }
     })
@@ -56,7 +57,7 @@ async fn an_unknown_job_on_a_worker_with_15000_handlers_parks_a_short_reason_and
     pool: PgPool,
 ) {
     let env = Env::new(pool).await;
-    let (_capturing, mut events) = support::capture_events();
+    let (_capturing, mut events) = capture_logs("");
     let calls = Arc::new(AtomicUsize::new(0));
     // No wait for a worker with the unknown job's handler: parked at once.
     let mut builder = env.worker().unhandled_wait(Duration::ZERO);
@@ -99,10 +100,7 @@ async fn an_unknown_job_on_a_worker_with_15000_handlers_parks_a_short_reason_and
     assert_eq!(calls.load(SeqCst), 10);
     running.stop().await;
     // The connection never broke: no consumer was lost, nothing recovered.
-    let mut said = Vec::new();
-    while let Ok(message) = events.try_recv() {
-        said.push(message);
-    }
+    let said = events.take_new();
     assert!(
         !said
             .iter()
@@ -271,7 +269,7 @@ async fn the_last_delivery_the_broker_really_allows_ends_the_run_dead_and_parked
     let env = Env::new(pool).await;
     let run_id = env.submit("victim", Value::Null).await;
     for _ in 0..5 {
-        let got = wait_for("the trigger back in the work queue", || async {
+        let got = wait_for(WAIT, "the trigger back in the work queue", || async {
             env.channel
                 .basic_get(
                     env.topology.work_queue().as_str().into(),

@@ -12,11 +12,12 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
 use chime_protocol::wire::{HEADER_ATTEMPT, HEADER_DEAD_BY, HEADER_DEAD_REASON};
+use chime_test_kit::{capture_logs, wait_for};
 use chime_worker::{JobContext, JobError};
 use lapin::types::FieldTable;
 use serde_json::{Value, json};
 use sqlx::PgPool;
-use support::{Env, WAIT, header, wait_for};
+use support::{Env, WAIT, header};
 use tokio::sync::{Notify, mpsc};
 
 #[derive(serde::Deserialize)]
@@ -106,7 +107,7 @@ async fn a_trigger_is_claimed_executed_once_recorded_and_acked(pool: PgPool) {
     assert_eq!((capacity, jobs), (3, vec!["greet".to_owned()]));
     let pool = &env.pool;
     let id = worker_id.as_str();
-    wait_for("a heartbeat after registration", || async move {
+    wait_for(WAIT, "a heartbeat after registration", || async move {
         sqlx::query_scalar::<_, bool>(
             "SELECT heartbeat_at > started_at FROM chime_workers WHERE id = $1",
         )
@@ -135,7 +136,7 @@ async fn a_trigger_is_claimed_executed_once_recorded_and_acked(pool: PgPool) {
 #[sqlx::test(migrations = "../migrations")]
 async fn a_trigger_delivered_three_times_executes_once(pool: PgPool) {
     let env = Env::new(pool).await;
-    let (_capturing, mut events) = support::capture_events();
+    let (_capturing, mut events) = capture_logs("");
     let run_id = env.insert_run("greet", &json!({"name": "Bo"})).await;
     let trigger = env.trigger(run_id, "greet", json!({"name": "Bo"})).await;
     // Two copies before the worker starts: delivered together, handled concurrently.
@@ -155,7 +156,9 @@ async fn a_trigger_delivered_three_times_executes_once(pool: PgPool) {
     env.publish(&trigger).await;
     // Both extra copies acked unexecuted: the concurrent one by the in-flight guard or the
     // claim, the late one by the claim.
-    support::events_counted(&mut events, |m| m.starts_with("duplicate"), 2).await;
+    events
+        .wait_for_count(WAIT, "two duplicates", |m| m.starts_with("duplicate"), 2)
+        .await;
     running.stop().await;
 
     assert_eq!(calls.load(SeqCst), 1, "the handler ran once");
@@ -203,7 +206,7 @@ async fn malformed_and_unknown_job_messages_are_parked_and_the_worker_keeps_cons
 
     let parking = env.topology.parking_queue();
     let env_ref = &env;
-    wait_for("two parked messages", || {
+    wait_for(WAIT, "two parked messages", || {
         let parking = parking.clone();
         async move { (env_ref.queue_state(&parking).await.0 == 2).then_some(()) }
     })
@@ -266,12 +269,16 @@ async fn malformed_and_unknown_job_messages_are_parked_and_the_worker_keeps_cons
 
 /// The run's reason while it waits for a worker with its job's handler, once it is set.
 async fn waiting_reason(env: &Env, run_id: i64) -> String {
-    wait_for("the run to say it waits for a worker", || async move {
-        env.run(run_id)
-            .await
-            .reason
-            .filter(|r| r.starts_with("no worker handles this job (waiting until "))
-    })
+    wait_for(
+        WAIT,
+        "the run to say it waits for a worker",
+        || async move {
+            env.run(run_id)
+                .await
+                .reason
+                .filter(|r| r.starts_with("no worker handles this job (waiting until "))
+        },
+    )
     .await
 }
 
@@ -283,7 +290,7 @@ async fn a_run_of_a_job_nobody_handles_waits_queued_and_runs_once_a_worker_with_
     pool: PgPool,
 ) {
     let env = Env::new(pool).await;
-    let (_capturing, mut events) = support::capture_events();
+    let (_capturing, mut events) = capture_logs("");
     let calls = Arc::new(AtomicUsize::new(0));
     let old = env
         .worker()
@@ -335,12 +342,13 @@ async fn a_run_of_a_job_nobody_handles_waits_queued_and_runs_once_a_worker_with_
         let run = env.run_in_state(*run, "succeeded").await;
         assert_eq!(run.worker_id.as_deref(), Some(new_id.as_str()));
     }
-    support::events_counted(
-        &mut events,
-        |m| m.contains("another online worker of the group has one"),
-        1,
-    )
-    .await;
+    events
+        .wait_for_one(
+            WAIT,
+            "the unhandled job left to a worker that has it",
+            |m| m.contains("another online worker of the group has one"),
+        )
+        .await;
     old_running.stop().await;
     new_running.stop().await;
     assert_eq!(calls.load(SeqCst), 0, "the old worker ran nothing");
@@ -386,7 +394,7 @@ async fn a_run_nobody_handles_is_parked_as_an_unknown_job_once_its_unhandled_wai
     );
     let parking = env.topology.parking_queue();
     let env_ref = &env;
-    wait_for("the parked copy", || {
+    wait_for(WAIT, "the parked copy", || {
         let parking = parking.clone();
         async move { (env_ref.queue_state(&parking).await.0 == 1).then_some(()) }
     })
@@ -406,7 +414,7 @@ async fn a_run_nobody_handles_is_parked_as_an_unknown_job_once_its_unhandled_wai
 #[sqlx::test(migrations = "../migrations")]
 async fn a_parking_copy_that_is_not_confirmed_keeps_the_original(pool: PgPool) {
     let env = Env::new(pool).await;
-    let (_capturing, mut events) = support::capture_events();
+    let (_capturing, mut events) = capture_logs("");
     let calls = Arc::new(AtomicUsize::new(0));
     let worker = env
         .worker()
@@ -426,7 +434,9 @@ async fn a_parking_copy_that_is_not_confirmed_keeps_the_original(pool: PgPool) {
         .await
         .unwrap();
     let unknown = env.submit("no-such-job", Value::Null).await;
-    support::event(&mut events, "cannot dead-letter the message; requeueing it").await;
+    events
+        .wait_for_message(WAIT, "cannot dead-letter the message; requeueing it")
+        .await;
     assert_eq!(
         env.run(unknown).await.state,
         "queued",
@@ -438,7 +448,7 @@ async fn a_parking_copy_that_is_not_confirmed_keeps_the_original(pool: PgPool) {
     env.run_in_state(unknown, "dead").await;
     let parking = env.topology.parking_queue();
     let env_ref = &env;
-    wait_for("the parked copy", || {
+    wait_for(WAIT, "the parked copy", || {
         let parking = parking.clone();
         async move { (env_ref.queue_state(&parking).await.0 == 1).then_some(()) }
     })
@@ -628,7 +638,7 @@ async fn capacity_bounds_concurrent_handlers(pool: PgPool) {
 #[sqlx::test(migrations = "../migrations")]
 async fn shutdown_stops_consuming_and_lets_the_running_handler_finish(pool: PgPool) {
     let env = Env::new(pool).await;
-    let (_capturing, mut events) = support::capture_events();
+    let (_capturing, mut events) = capture_logs("");
     let (started_tx, mut started) = mpsc::unbounded_channel();
     let release = Arc::new(Notify::new());
     let gate = release.clone();
@@ -652,7 +662,7 @@ async fn shutdown_stops_consuming_and_lets_the_running_handler_finish(pool: PgPo
     assert_eq!(got, Some(first));
 
     running.shutdown.cancel();
-    support::event(&mut events, "stopped consuming").await;
+    events.wait_for_message(WAIT, "stopped consuming").await;
     // Stopped consuming: a new trigger stays in the queue.
     let second = env.submit("hold", Value::Null).await;
     assert!(
@@ -780,7 +790,7 @@ fn rabbitmqctl(args: &[&str]) -> String {
 #[sqlx::test(migrations = "../migrations")]
 async fn a_connection_lost_mid_run_executes_once_and_consumes_again(pool: PgPool) {
     let env = Env::new(pool).await;
-    let (_capturing, mut events) = support::capture_events();
+    let (_capturing, mut events) = capture_logs("");
     let (started_tx, mut started) = mpsc::unbounded_channel();
     let release = Arc::new(Notify::new());
     let (gate, calls) = (release.clone(), Arc::new(AtomicUsize::new(0)));
@@ -833,14 +843,16 @@ async fn a_connection_lost_mid_run_executes_once_and_consumes_again(pool: PgPool
     release.notify_one();
 
     env.run_in_state(held, "succeeded").await;
-    support::events_matching(
-        &mut events,
-        &[
-            &|m: &str| m.starts_with("ack not sent: the channel closed meanwhile"),
-            &|m: &str| m.starts_with("duplicate"),
-        ],
-    )
-    .await;
+    events
+        .wait_for_all(
+            WAIT,
+            "the unsent ack and the duplicate",
+            &[
+                &|m: &String| m.starts_with("ack not sent: the channel closed meanwhile"),
+                &|m: &String| m.starts_with("duplicate"),
+            ],
+        )
+        .await;
     assert_eq!(env.attempts(held).await.len(), 1);
 
     // And the worker consumes again on the recovered connection.
@@ -1141,7 +1153,7 @@ async fn finish_together(
     runs: &[i64],
     started: &mut mpsc::UnboundedReceiver<i64>,
     gate: &tokio::sync::Semaphore,
-    events: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+    events: &mut chime_test_kit::Events<String>,
 ) -> sqlx::Transaction<'static, sqlx::Postgres> {
     for _ in runs {
         tokio::time::timeout(WAIT, started.recv())
@@ -1157,12 +1169,14 @@ async fn finish_together(
         .unwrap();
     gate.add_permits(runs.len());
     // Logged just before each outcome goes to the batch writer, in the same poll.
-    support::events_counted(
-        events,
-        |m| m == "run succeeded" || m == "run did not succeed",
-        runs.len(),
-    )
-    .await;
+    events
+        .wait_for_count(
+            WAIT,
+            "every outcome on its way to the batch writer",
+            |m| m == "run succeeded" || m == "run did not succeed",
+            runs.len(),
+        )
+        .await;
     tx
 }
 
@@ -1172,7 +1186,7 @@ async fn outcomes_finishing_together_are_written_in_one_statement_each_with_its_
 ) {
     let env = Env::new(pool).await;
     count_attempt_updates(&env.pool).await;
-    let (_capturing, mut events) = support::capture_events();
+    let (_capturing, mut events) = capture_logs("");
     let (started_tx, mut started) = mpsc::unbounded_channel();
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let worker = env
@@ -1277,11 +1291,11 @@ async fn outcomes_finishing_together_are_written_in_one_statement_each_with_its_
 
     // The fenced run's outcome was discarded: the rescuer's record stands, no log line of the
     // late attempt was stored, and its delivery was acked (nothing left in the queue below).
-    support::events_matching(
-        &mut events,
-        &[&|m: &str| m.starts_with("late outcome discarded")],
-    )
-    .await;
+    events
+        .wait_for_one(WAIT, "the late outcome discarded", |m| {
+            m.starts_with("late outcome discarded")
+        })
+        .await;
     let run = env.run(fenced).await;
     assert_eq!((run.state.as_str(), run.worker_id), ("pending", None));
     let attempt = &env.attempts(fenced).await[0];
@@ -1351,7 +1365,7 @@ async fn a_failing_batch_falls_back_to_one_write_per_run_and_acks_only_what_is_r
     ] {
         sqlx::query(sql).execute(&env.pool).await.unwrap();
     }
-    let (_capturing, mut events) = support::capture_events();
+    let (_capturing, mut events) = capture_logs("");
     let (started_tx, mut started) = mpsc::unbounded_channel();
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let worker = env
@@ -1375,11 +1389,9 @@ async fn a_failing_batch_falls_back_to_one_write_per_run_and_acks_only_what_is_r
 
     let tx = finish_together(&env, &runs, &mut started, &gate, &mut events).await;
     tx.commit().await.unwrap();
-    support::events_matching(
-        &mut events,
-        &[&|m: &str| m == "batched outcome write failed; recording one by one"],
-    )
-    .await;
+    events
+        .wait_for_message(WAIT, "batched outcome write failed; recording one by one")
+        .await;
     // Every other run is recorded (the ones of the failed batch one by one) and acked; the
     // poisoned one stays `running` and its delivery unacked while its write is retried.
     for run_id in runs.iter().filter(|id| **id != poisoned) {
@@ -1387,15 +1399,19 @@ async fn a_failing_batch_falls_back_to_one_write_per_run_and_acks_only_what_is_r
     }
     let queue = env.topology.work_queue();
     let q = queue.clone();
-    wait_for("only the poisoned run's delivery to be unacked", || {
-        let q = q.clone();
-        async move {
-            let counts = tokio::task::spawn_blocking(move || queue_counts(&q))
-                .await
-                .unwrap();
-            (counts == (0, 1)).then_some(())
-        }
-    })
+    wait_for(
+        WAIT,
+        "only the poisoned run's delivery to be unacked",
+        || {
+            let q = q.clone();
+            async move {
+                let counts = tokio::task::spawn_blocking(move || queue_counts(&q))
+                    .await
+                    .unwrap();
+                (counts == (0, 1)).then_some(())
+            }
+        },
+    )
     .await;
     let run = env.run(poisoned).await;
     assert_eq!(run.state, "running");
@@ -1414,7 +1430,7 @@ async fn a_failing_batch_falls_back_to_one_write_per_run_and_acks_only_what_is_r
         [(1, "info".to_owned(), "fate ok, attempt 1".to_owned())]
     );
     let q = queue.clone();
-    wait_for("the poisoned run's delivery to be acked", || {
+    wait_for(WAIT, "the poisoned run's delivery to be acked", || {
         let q = q.clone();
         async move {
             let counts = tokio::task::spawn_blocking(move || queue_counts(&q))

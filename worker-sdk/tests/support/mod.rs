@@ -1,9 +1,9 @@
-//! Test support: a private group topology on the real RabbitMQ, runs in the test's own
-//! database, a scheduler-like publisher, and condition waits with deadlines.
+//! Test support of the worker's tests: on top of the test kit (`chime-test-kit`: its own
+//! database, prefix and group, waits, captured events), the group's topology on the real
+//! RabbitMQ, runs in the test's own database and a scheduler-like publisher.
 
 #![allow(dead_code)] // each test binary uses a different subset
 
-use std::future::Future;
 use std::time::Duration;
 
 use chime_protocol::topology::control_exchange;
@@ -11,12 +11,11 @@ use chime_protocol::wire::{
     CONTENT_TYPE, ControlMessage, HEADER_ATTEMPT, PROTOCOL_VERSION, RetryPolicy,
 };
 use chime_protocol::{Topology, Trigger};
+use chime_test_kit::{Setup, done_if, passive_declare, wait_for};
 use chime_worker::{CancellationToken, Worker, WorkerBuilder, WorkerError};
 use chrono::{DateTime, Utc};
 use lapin::message::Delivery;
-use lapin::options::{
-    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
-};
+use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
 use serde_json::Value;
@@ -26,125 +25,22 @@ use tokio::task::JoinHandle;
 /// How long any awaited condition may take before the test fails.
 pub const WAIT: Duration = Duration::from_secs(20);
 
-pub fn amqp_url() -> String {
-    std::env::var("AMQP_URL").unwrap_or_else(|_| chime_worker::DEFAULT_AMQP_URL.to_owned())
-}
-
-fn unique(kind: &str) -> String {
-    let suffix: String = std::iter::repeat_with(fastrand::lowercase)
-        .take(10)
-        .collect();
-    format!("{kind}{suffix}")
-}
-
-/// Emits the worker's logs when a test runs with `RUST_LOG` set.
-pub fn init_tracing() {
-    if std::env::var_os("RUST_LOG").is_some() {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
-    }
-}
-
-/// Worker log messages, for tests that wait on what the worker says it did.
-///
-/// `#[sqlx::test]` runs on a current-thread runtime, so a thread-local subscriber sees every
-/// event of the worker's tasks. Keep the guard alive for as long as events should be captured.
-pub fn capture_events() -> (
-    tracing::subscriber::DefaultGuard,
-    tokio::sync::mpsc::UnboundedReceiver<String>,
-) {
-    use tracing_subscriber::layer::SubscriberExt;
-
-    struct Capture(tokio::sync::mpsc::UnboundedSender<String>);
-    struct Message(String);
-    impl tracing::field::Visit for Message {
-        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-            if field.name() == "message" {
-                self.0 = format!("{value:?}");
-            }
-        }
-    }
-    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Capture {
-        fn on_event(
-            &self,
-            event: &tracing::Event<'_>,
-            _: tracing_subscriber::layer::Context<'_, S>,
-        ) {
-            let mut message = Message(String::new());
-            event.record(&mut message);
-            let _ = self.0.send(message.0);
-        }
-    }
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let subscriber = tracing_subscriber::registry().with(Capture(tx));
-    (tracing::subscriber::set_default(subscriber), rx)
-}
-
-/// Waits until a captured event's message equals `message`.
-pub async fn event(events: &mut tokio::sync::mpsc::UnboundedReceiver<String>, message: &str) {
-    events_matching(events, &[&|m: &str| m == message]).await
-}
-
-/// Waits until `n` captured events satisfied `matches`.
-pub async fn events_counted(
-    events: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
-    matches: impl Fn(&str) -> bool,
-    n: usize,
-) {
-    let mut seen = 0;
-    let counted = tokio::time::timeout(WAIT, async {
-        while seen < n {
-            match events.recv().await {
-                Some(m) if matches(&m) => seen += 1,
-                Some(_) => {}
-                None => return,
-            }
-        }
-    })
-    .await;
-    assert!(
-        counted.is_ok() && seen == n,
-        "saw {seen} of {n} expected events within {WAIT:?}"
-    );
-}
-
-/// Waits until every predicate has matched some captured event (in any order).
-pub async fn events_matching(
-    events: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
-    wanted: &[&dyn Fn(&str) -> bool],
-) {
-    let mut seen = vec![false; wanted.len()];
-    let mut log = Vec::new();
-    let found = tokio::time::timeout(WAIT, async {
-        while let Some(m) = events.recv().await {
-            for (i, want) in wanted.iter().enumerate() {
-                seen[i] |= want(&m);
-            }
-            log.push(m);
-            if seen.iter().all(|s| *s) {
-                return true;
-            }
-        }
-        false
-    })
-    .await;
-    assert!(
-        matches!(found, Ok(true)),
-        "timed out after {WAIT:?} waiting for events; matched {seen:?}; saw {log:#?}"
-    );
-}
-
-/// One test's world: its database, its own prefix and group, and a publishing channel.
+/// One test's world: the kit's [`Setup`] (its database, its own prefix and group, deleted at
+/// the end; `env.pool`, `env.prefix`, `env.group` reach it), the group's topology, declared,
+/// and a publishing channel.
 pub struct Env {
-    pub pool: PgPool,
+    setup: Setup,
     pub topology: Topology,
-    pub prefix: String,
-    pub group: String,
     connection: Connection,
     pub channel: Channel,
-    cleaned: bool,
+}
+
+impl std::ops::Deref for Env {
+    type Target = Setup;
+
+    fn deref(&self) -> &Setup {
+        &self.setup
+    }
 }
 
 /// A row of `chime_runs`, as tests look at it.
@@ -198,11 +94,9 @@ impl Running {
 
 impl Env {
     pub async fn new(pool: PgPool) -> Env {
-        init_tracing();
-        let prefix = unique("t");
-        let group = unique("g");
-        let topology = Topology::new(prefix.as_str(), group.as_str());
-        let connection = Connection::connect(&amqp_url(), ConnectionProperties::default())
+        let setup = Setup::new(&pool);
+        let topology = Topology::new(setup.prefix.as_str(), setup.group.as_str());
+        let connection = Connection::connect(&setup.amqp_url, ConnectionProperties::default())
             .await
             .expect("RabbitMQ at AMQP_URL (default 127.0.0.1:5672)");
         let channel = connection.create_channel().await.unwrap();
@@ -212,13 +106,10 @@ impl Env {
             .unwrap();
         topology.declare(&channel).await.unwrap();
         Env {
-            pool,
+            setup,
             topology,
-            prefix,
-            group,
             connection,
             channel,
-            cleaned: false,
         }
     }
 
@@ -227,8 +118,8 @@ impl Env {
         Worker::builder(self.group.as_str())
             .pool(self.pool.clone())
             .prefix(self.prefix.as_str())
-            .amqp_url(amqp_url())
-            .worker_id(unique("w"))
+            .amqp_url(self.amqp_url.as_str())
+            .worker_id(chime_test_kit::unique("w"))
             .heartbeat_interval(Duration::from_millis(200))
     }
 
@@ -346,6 +237,7 @@ impl Env {
         let exchange = &self.topology.exchange();
         let properties = &properties;
         wait_for(
+            WAIT,
             "the trigger to be routed to the work queue",
             || async move {
                 let confirm = self
@@ -374,17 +266,7 @@ impl Env {
     /// queue closes the channel).
     pub async fn queue_exists(&self, queue: &str) -> bool {
         let channel = self.connection.create_channel().await.unwrap();
-        let found = channel
-            .queue_declare(
-                queue.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .is_ok();
+        let found = passive_declare(&channel, queue).await.is_ok();
         if found {
             let _ = channel.close(200, "done".into()).await;
         }
@@ -393,18 +275,7 @@ impl Env {
 
     /// `(ready messages, consumers)` of `queue` (passive declare: the queue must exist).
     pub async fn queue_state(&self, queue: &str) -> (u32, u32) {
-        let q = self
-            .channel
-            .queue_declare(
-                queue.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
+        let q = passive_declare(&self.channel, queue).await.unwrap();
         (q.message_count(), q.consumer_count())
     }
 
@@ -435,10 +306,11 @@ impl Env {
 
     /// Waits until run `run_id` is in `state`.
     pub async fn run_in_state(&self, run_id: i64, state: &str) -> RunRow {
-        wait_for(&format!("run {run_id} to be {state}"), || async move {
-            let run = self.run(run_id).await;
-            (run.state == state).then_some(run)
-        })
+        wait_for(
+            WAIT,
+            &format!("run {run_id} to be {state}"),
+            || async move { done_if(self.run(run_id).await, |run| run.state == state) },
+        )
         .await
     }
 
@@ -464,54 +336,12 @@ impl Env {
         .unwrap()
     }
 
-    /// Deletes the test's exchange and queues.
-    pub async fn cleanup(mut self) {
-        self.topology.delete(&self.channel).await.unwrap();
-        delete_control_exchange(&self.channel, &self.prefix)
-            .await
-            .unwrap();
-        self.cleaned = true;
+    /// Deletes the test's exchange and queues now (they are deleted anyway when a failed
+    /// test drops its `Env`).
+    pub async fn cleanup(self) {
         let _ = self.connection.close(200, "test done".into()).await;
+        self.setup.finish().await;
     }
-}
-
-impl Drop for Env {
-    /// A failed test never reached [`Env::cleanup`]: delete its topology anyway, from a thread
-    /// with its own runtime (the test's runtime may be unwinding).
-    fn drop(&mut self) {
-        if self.cleaned {
-            return;
-        }
-        let topology = self.topology.clone();
-        let exchange = topology.exchange();
-        let cleanup = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime");
-            runtime.block_on(async {
-                let connection =
-                    Connection::connect(&amqp_url(), ConnectionProperties::default()).await?;
-                let channel = connection.create_channel().await?;
-                topology.delete(&channel).await?;
-                delete_control_exchange(&channel, topology.prefix()).await?;
-                connection.close(200, "test cleanup".into()).await
-            })
-        });
-        if let Ok(Err(error)) = cleanup.join() {
-            eprintln!("could not delete the test topology of {exchange}: {error}");
-        }
-    }
-}
-
-/// Deletes the control exchange of `prefix` (workers declare it).
-async fn delete_control_exchange(channel: &Channel, prefix: &str) -> Result<(), lapin::Error> {
-    channel
-        .exchange_delete(
-            control_exchange(prefix).as_str().into(),
-            lapin::options::ExchangeDeleteOptions::default(),
-        )
-        .await
 }
 
 /// A retry policy without jitter.
@@ -522,25 +352,6 @@ pub fn policy(max_attempts: u32, initial_ms: u64, multiplier: f64, max_ms: u64) 
         multiplier,
         max_ms,
         jitter: false,
-    }
-}
-
-/// Polls `probe` until it yields a value; panics naming `what` after [`WAIT`].
-pub async fn wait_for<T, F, Fut>(what: &str, mut probe: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        if let Some(value) = probe().await {
-            return value;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {WAIT:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
