@@ -157,15 +157,7 @@ mod tests {
     use crate::config::validate_job;
 
     async fn leader(store: &Store) -> Fence {
-        let term = store
-            .acquire_lease("retention-test", Duration::from_secs(30))
-            .await
-            .expect("lease")
-            .expect("free lease");
-        Fence {
-            holder: "retention-test".into(),
-            term,
-        }
+        store.lead_for_test("retention-test").await
     }
 
     /// Inserts a run of `job` created `age_days` ago in `state`, with an attempt and a log line.

@@ -1082,6 +1082,22 @@ fn run_record(r: sqlx::postgres::PgRow) -> RunRecord {
 }
 
 #[cfg(test)]
+impl Store {
+    /// Takes the free lease as `holder` for 30 s: the fence of a test's leader.
+    pub(crate) async fn lead_for_test(&self, holder: &str) -> Fence {
+        let term = self
+            .acquire_lease(holder, Duration::from_secs(30))
+            .await
+            .expect("the lease can be read")
+            .expect("the lease is free");
+        Fence {
+            holder: holder.into(),
+            term,
+        }
+    }
+}
+
+#[cfg(test)]
 mod connect_tests {
     //! Connection errors, before any database is reached.
 

@@ -267,15 +267,7 @@ mod tests {
     }
 
     async fn lead(store: &Store) -> Fence {
-        let term = store
-            .acquire_lease("l", std::time::Duration::from_secs(60))
-            .await
-            .unwrap()
-            .expect("the lease is free");
-        Fence {
-            holder: "l".into(),
-            term,
-        }
+        store.lead_for_test("l").await
     }
 
     #[sqlx::test(migrations = "../migrations")]

@@ -733,15 +733,7 @@ mod tests {
         use sqlx::PgPool;
 
         async fn leader(store: &Store) -> Fence {
-            let term = store
-                .acquire_lease("me", Duration::from_secs(30))
-                .await
-                .unwrap()
-                .expect("the lease is free");
-            Fence {
-                holder: "me".into(),
-                term,
-            }
+            store.lead_for_test("me").await
         }
 
         async fn run(pool: &PgPool, job: &str, state: &str, attempt: i32) -> i64 {

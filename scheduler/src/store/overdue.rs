@@ -102,15 +102,7 @@ mod tests {
     use sqlx::PgPool;
 
     async fn leader(store: &Store, me: &str) -> Fence {
-        let term = store
-            .acquire_lease(me, Duration::from_secs(30))
-            .await
-            .unwrap()
-            .expect("the lease is free");
-        Fence {
-            holder: me.into(),
-            term,
-        }
+        store.lead_for_test(me).await
     }
 
     async fn job(pool: &PgPool, name: &str, concurrency: &str) {

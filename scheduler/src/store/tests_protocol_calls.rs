@@ -12,15 +12,7 @@ use sqlx::{Executor as _, PgPool, SqlSafeStr as _};
 use super::{ConcurrencyPolicy, Fence, MARK_PUBLISHED_SQL, NewFire, Store, TriggerKind};
 
 async fn lead(store: &Store) -> Fence {
-    let term = store
-        .acquire_lease("me", Duration::from_secs(30))
-        .await
-        .unwrap()
-        .expect("the lease is free");
-    Fence {
-        holder: "me".into(),
-        term,
-    }
+    store.lead_for_test("me").await
 }
 
 async fn job(pool: &PgPool, name: &str, spec: serde_json::Value) {
