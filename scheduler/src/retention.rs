@@ -285,12 +285,8 @@ mod tests {
             ("overflow", "99999999999999999999years"),
             ("garbage", "a while"),
         ] {
-            sqlx::query("INSERT INTO chime_jobs (name, group_name, spec) VALUES ($1, 'g', $2)")
-                .bind(name)
-                .bind(serde_json::json!({"name": name, "group": "g", "retention": retention}))
-                .execute(&pool)
-                .await
-                .expect("job");
+            let spec = serde_json::json!({"name": name, "group": "g", "retention": retention});
+            crate::store::insert_test_job(&pool, name, spec).await;
         }
         let fence = leader(&store).await;
         let kept_forever = run(&pool, "forever", "succeeded", 400).await;

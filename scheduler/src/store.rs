@@ -1081,6 +1081,18 @@ fn run_record(r: sqlx::postgres::PgRow) -> RunRecord {
     }
 }
 
+/// Stores a job named `name` of group `g` with the stored definition `spec`, as a test's
+/// fixture.
+#[cfg(test)]
+pub(crate) async fn insert_test_job(pool: &sqlx::PgPool, name: &str, spec: serde_json::Value) {
+    sqlx::query("INSERT INTO chime_jobs (name, group_name, spec) VALUES ($1, 'g', $2)")
+        .bind(name)
+        .bind(spec)
+        .execute(pool)
+        .await
+        .expect("the test job is stored");
+}
+
 #[cfg(test)]
 impl Store {
     /// Takes the free lease as `holder` for 30 s: the fence of a test's leader.

@@ -754,12 +754,7 @@ mod tests {
         }
 
         async fn job(pool: &PgPool, name: &str, spec: serde_json::Value) {
-            sqlx::query("INSERT INTO chime_jobs (name, group_name, spec) VALUES ($1, 'g', $2)")
-                .bind(name)
-                .bind(spec)
-                .execute(pool)
-                .await
-                .unwrap();
+            crate::store::insert_test_job(pool, name, spec).await;
         }
 
         async fn state(pool: &PgPool, id: i64) -> (String, Option<String>) {

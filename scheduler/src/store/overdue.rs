@@ -106,15 +106,9 @@ mod tests {
     }
 
     async fn job(pool: &PgPool, name: &str, concurrency: &str) {
-        sqlx::query("INSERT INTO chime_jobs (name, group_name, spec) VALUES ($1, 'g', $2)")
-            .bind(name)
-            .bind(
-                serde_json::json!({"name": name, "group": "g", "every": "1s",
-                                     "concurrency": concurrency}),
-            )
-            .execute(pool)
-            .await
-            .unwrap();
+        let spec = serde_json::json!({"name": name, "group": "g", "every": "1s",
+                                      "concurrency": concurrency});
+        crate::store::insert_test_job(pool, name, spec).await;
     }
 
     /// A run of `job` due `ago_ms` ago.

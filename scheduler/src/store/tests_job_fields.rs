@@ -56,12 +56,8 @@ async fn only_a_finished_run_of_a_queue_job_wakes_the_outbox_sweep(pool: PgPool)
             serde_json::json!({"name": name, "group": "g", "concurrency": policy}),
         )
         .expect("valid");
-        sqlx::query("INSERT INTO chime_jobs (name, group_name, spec) VALUES ($1, 'g', $2)")
-            .bind(name)
-            .bind(serde_json::to_value(&spec).expect("serialises"))
-            .execute(&pool)
-            .await
-            .expect("job");
+        let spec = serde_json::to_value(&spec).expect("serialises");
+        crate::store::insert_test_job(&pool, name, spec).await;
         let id: i64 = sqlx::query_scalar(
             "INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, state)
              VALUES ($1, 'g', now(), 'manual', 'running') RETURNING id",

@@ -16,12 +16,7 @@ async fn lead(store: &Store) -> Fence {
 }
 
 async fn job(pool: &PgPool, name: &str, spec: serde_json::Value) {
-    sqlx::query("INSERT INTO chime_jobs (name, group_name, spec) VALUES ($1, 'g', $2)")
-        .bind(name)
-        .bind(spec)
-        .execute(pool)
-        .await
-        .unwrap();
+    super::insert_test_job(pool, name, spec).await;
 }
 
 fn fire(job: &str) -> NewFire {
