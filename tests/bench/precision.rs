@@ -16,7 +16,7 @@ use chime_e2e::Scheduler;
 use serde::Serialize;
 
 use crate::jobs::{JobDef, specs};
-use crate::recorder::Workers;
+use crate::recorder::{WorkerKind, Workers};
 use crate::report::{Report, Row, ms, share, summary};
 use crate::sandbox::{Sandbox, Services, bounded, poll, sleep_until_us, within};
 use crate::stats::{Execution, Summary, Tally, Window, tally};
@@ -37,8 +37,10 @@ pub struct Params {
     /// Seconds of firing, counted from the first fire; the steady window excludes the first 2
     /// and the last second.
     pub seconds: u64,
-    /// In-process workers.
+    /// Workers.
     pub workers: usize,
+    /// How the workers run: in this process, or processes started by a command.
+    pub worker: WorkerKind,
     /// Handlers each worker runs at once.
     pub capacity: u16,
     /// Deliveries each worker may hold beyond its handlers (triggers waiting for their
@@ -96,6 +98,7 @@ async fn measure(sandbox: &Sandbox, params: &Params) -> anyhow::Result<Report> {
         .collect();
     let workers = Workers::start(
         sandbox,
+        &params.worker,
         &group,
         &names,
         params.workers,
@@ -115,7 +118,7 @@ async fn measure(sandbox: &Sandbox, params: &Params) -> anyhow::Result<Report> {
     );
 
     let first = poll(Duration::from_secs(120), "the first fire", || async {
-        Ok(workers.earliest())
+        workers.earliest().await
     })
     .await?;
     let term_before = sandbox.lease_term().await?;
@@ -144,7 +147,7 @@ async fn measure(sandbox: &Sandbox, params: &Params) -> anyhow::Result<Report> {
             Duration::from_secs(5),
             Duration::from_secs(60),
         )
-        .await;
+        .await?;
     let executions = workers.stop().await?;
     if let Some(path) = &params.csv {
         write_csv(path, &names, &executions)?;
@@ -226,10 +229,13 @@ fn report(params: &Params, t: &Tally, results: Results) -> Report {
         table: rows,
         notes: vec![
             format!(
-                "scheduler and workers run in this process (scheduler on its own runtime); the \
-                 target is for the scenario's default --jobs and --seconds; {} worker(s) × {} \
-                 handlers, hold {}",
-                params.workers, params.capacity, params.hold
+                "the scheduler runs in this process (on its own runtime), the workers are {}; \
+                 the target is for the scenario's default --jobs and --seconds; {} worker(s) × \
+                 {} handlers, hold {}",
+                params.worker.describe(),
+                params.workers,
+                params.capacity,
+                params.hold
             ),
             format!(
                 "steady window = fires from the first one + 2 s to D − 1 s; {} executions seen \
