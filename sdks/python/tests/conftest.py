@@ -165,7 +165,8 @@ class Env:
     async def publish(self, body: bytes, *, run_id: int | None, attempt: int = 1,
                       scheduled_at: datetime | None = None,
                       not_before: int | None | bool = True,
-                      headers: dict[str, Any] | None = None) -> None:
+                      headers: dict[str, Any] | None = None,
+                      message_id: str | None = None) -> None:
         """Publishes as the scheduler does (docs/protocol.md section 2): to `P.G` with key
         `work`, mandatory, confirmed, persistent; `x-chime-not-before` = the scheduled instant
         unless `not_before` says otherwise."""
@@ -181,7 +182,7 @@ class Env:
             await exchange.publish(aio_pika.Message(
                 body, content_type="application/json",
                 delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                message_id=None if run_id is None else str(run_id),
+                message_id=message_id if run_id is None else str(run_id),
                 timestamp=int(at.timestamp()), headers=h), "work", mandatory=True)
 
     async def trigger(self, job: str, params: Any = None, **kw: Any) -> int:

@@ -166,8 +166,8 @@ def _int(obj: Mapping[str, Any], field: str, bounds: tuple[int, int]) -> int:
     value: object = obj[field]
     if isinstance(value, bool) or not isinstance(value, int):
         raise DecodeError(
-            f"message body is not a Chime trigger: field `{field}` must be an integer, "
-            f"got {json.dumps(value)[:80]}"
+            f"message body is not a Chime trigger: invalid type: {_kind(value)}, expected an "
+            f"integer (field `{field}`)"
         )
     if not bounds[0] <= value <= bounds[1]:
         raise DecodeError(
@@ -177,14 +177,30 @@ def _int(obj: Mapping[str, Any], field: str, bounds: tuple[int, int]) -> int:
     return value
 
 
+def _kind(value: object) -> str:
+    """A JSON value as serde names it in its errors (`string "x"`, `integer 5`, ...)."""
+    text = json.dumps(value)[:80]
+    if isinstance(value, str):
+        return f"string {text}"
+    if isinstance(value, bool):
+        return f"boolean `{text}`"
+    if isinstance(value, int):
+        return f"integer `{text}`"
+    if isinstance(value, float):
+        return f"floating point `{text}`"
+    if value is None:
+        return "null"
+    return "sequence" if isinstance(value, list) else "map"
+
+
 def _str(obj: Mapping[str, Any], field: str) -> str:
     if field not in obj:
         raise DecodeError(f"message body is not a Chime trigger: missing field `{field}`")
     value = obj[field]
     if not isinstance(value, str):
         raise DecodeError(
-            f"message body is not a Chime trigger: field `{field}` must be a string, "
-            f"got {json.dumps(value)[:80]}"
+            f"message body is not a Chime trigger: invalid type: {_kind(value)}, expected a "
+            f"string (field `{field}`)"
         )
     return value
 

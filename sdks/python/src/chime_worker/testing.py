@@ -69,7 +69,7 @@ async def run_handler(
     error: BaseException | None = None
     timed_out: int | None = None
     try:
-        decoded = decode_params(params, params_type)
+        decoded = decode_params(params, params_type, job)
         if timeout is None:
             await handler(ctx, decoded)
         else:

@@ -17,6 +17,7 @@ import secrets
 import signal
 import socket
 import time
+import typing
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Awaitable, Callable, TypeVar
@@ -103,24 +104,32 @@ def _bounded(name: str, value: float, low: float, high: float, fix: str = "") ->
         raise ConfigError(f"{name} is {value}, outside {low}..={high}{fix}")
 
 
-def decode_params(params: Any, cls: type | None) -> Any:
-    """The trigger's JSON params as `cls` (a dataclass, or a type called with the dict's
-    keys), or unchanged without a type; raises Fail when they do not fit."""
+def decode_params(params: Any, cls: type | None, job: str = "") -> Any:
+    """The trigger's JSON params as `cls` (a dataclass, whose fields of plain types (int,
+    float, str, bool, list, dict) are type-checked; or any type called with the object's keys),
+    or unchanged without a type; raises Fail naming the problem when they do not fit."""
     if cls is None:
         return params
     try:
-        if isinstance(params, dict):
-            if dataclasses.is_dataclass(cls):
-                names = {f.name for f in dataclasses.fields(cls)}
-                unknown = sorted(set(params) - names)
-                if unknown:
-                    raise TypeError(f"unknown field(s) {', '.join(unknown)}")
-            return cls(**params)
-        if cls in (int, float, str, bool, list, dict) and isinstance(params, cls):
-            return params
-        raise TypeError(f"expected a JSON object, got {json.dumps(params)[:80]}")
+        if not isinstance(params, dict):
+            raise TypeError(f"expected a JSON object, got {json.dumps(params)[:80]}")
+        if dataclasses.is_dataclass(cls):
+            hints = typing.get_type_hints(cls)
+            names = {f.name for f in dataclasses.fields(cls)}
+            unknown = sorted(set(params) - names)
+            if unknown:
+                raise TypeError(f"unknown field(s) {', '.join(unknown)}")
+            for name, value in params.items():
+                want = hints.get(name)
+                if want is float and isinstance(value, int) and not isinstance(value, bool):
+                    continue
+                if want in (int, float, str, bool, list, dict) and (
+                        not isinstance(value, want) or (want is int and isinstance(value, bool))):
+                    raise TypeError(f"field `{name}`: invalid type: {json.dumps(value)[:80]}, "
+                                    f"expected {want.__name__}")
+        return cls(**params)
     except (TypeError, ValueError) as e:
-        raise Fail(f"params do not decode into {cls.__name__}: {e}") from None
+        raise Fail(f"params of job `{job}` do not decode into {cls.__name__}: {e}") from None
 
 
 class Worker:
@@ -296,6 +305,10 @@ class Worker:
             await work.cancel(tag)
         except Exception as e:
             log.warning("cancelling the consumer failed (%s); closing its channel", e)
+            try:
+                await channel.close()
+            except Exception:
+                pass
         # 2. running handlers finish, up to the drain timeout.
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=self.drain_timeout)
@@ -311,7 +324,8 @@ class Worker:
         except Exception:
             pass
         # 5. close (run() closes the connection and marks the worker stopped).
-        await channel.close()
+        if not channel.is_closed:
+            await channel.close()
 
     async def _consume_control(self) -> AbstractQueue:
         connection = self.broker.connection
@@ -431,8 +445,9 @@ class Worker:
         active = self._active.get(trigger.run_id)
         while active is not None:
             if active.attempt >= trigger.attempt:
-                log.info("run %s attempt %s: a duplicate delivery; acked without running",
-                         trigger.run_id, trigger.attempt)
+                log.info("run %s attempt %s: duplicate or stale delivery: this worker holds "
+                         "attempt %s of the run; acked without running", trigger.run_id,
+                         trigger.attempt, active.attempt)
                 await self._ack(message)
                 return
             await active.done.wait()
@@ -535,7 +550,8 @@ class Worker:
         run = claim.run
         redelivered = bool(message.redelivered)
         if run is None:
-            log.info("run %s: no such run; acked without running", trigger.run_id)
+            log.info("run %s: duplicate or stale delivery: no such run; acked without running",
+                     trigger.run_id)
             await self._ack(message)
             return None
         if run.job_name != trigger.job or run.group_name != self.group:
@@ -559,7 +575,7 @@ class Worker:
             if waiting and run.attempt + 1 == trigger.attempt:
                 if await self._park(message, reason):
                     await self.store.mark_dead(trigger.run_id, self.group, reason,
-                                               self.worker_id, trigger.job, run.attempt)
+                                               self.worker_id, trigger.job, trigger.attempt)
                 return None
         if waiting and run.cancel_requested:
             log.info("run %s: cancel requested; acked without running", trigger.run_id)
@@ -585,9 +601,9 @@ class Worker:
                     lost = again.worker_lost
             if lost or own_restart:
                 return await self._take_over(message, trigger, run, own_restart, last, count)
-        log.info("run %s attempt %s: a duplicate or stale delivery (run is %s at attempt %s); "
-                 "acked without running", trigger.run_id, trigger.attempt, run.state,
-                 run.attempt)
+        log.info("run %s attempt %s: duplicate or stale delivery: the run is not waiting for "
+                 "this attempt; acked without running (it is %s at attempt %s)", trigger.run_id,
+                 trigger.attempt, run.state, run.attempt)
         await self._ack(message)
         return None
 
@@ -640,7 +656,7 @@ class Worker:
                       f"online worker of group {quote(self.group)} has a handler for "
                       f"{quote(trigger.job)}; then it is parked")
             waiting = await self.store.mark_unhandled(trigger.run_id, self.group, reason,
-                                                      trigger.job, trigger.attempt - 1)
+                                                      trigger.job, trigger.attempt)
             if waiting:
                 waited = int((now - trigger.scheduled_at).total_seconds() * 1000)
                 left = int((until - now).total_seconds() * 1000)
@@ -654,7 +670,7 @@ class Worker:
                   f"{quote(self.group)} has handlers for {listed}")
         if await self._park(message, reason):
             await self.store.mark_dead(trigger.run_id, self.group, reason, self.worker_id,
-                                       trigger.job, trigger.attempt - 1)
+                                       trigger.job, trigger.attempt)
 
     async def _run_claimed(self, message: AbstractIncomingMessage, trigger: Trigger,
                            registered: _Registered, claim: Claim, attempt: int,
@@ -684,6 +700,16 @@ class Worker:
         flusher: asyncio.Task[None] | None = None
         acked = False
         start_mono = time.monotonic()
+        if execution is None:
+            async with self._slots:
+                if self._shutting_down or active.cancelled.is_set():
+                    # Claimed, but the worker stopped (or the run was cancelled) before a
+                    # handler slot freed: recorded as a handler that returned "cancel" at once.
+                    active.interrupted = active.interrupted or self._shutting_down
+                    execution = Execution(Cancel("cancelled before the handler started"),
+                                          cancel_requested=active.cancel_requested,
+                                          interrupted=active.interrupted)
+            start_mono = time.monotonic()
         if execution is None:
             async with self._slots:
                 start_mono = time.monotonic()
@@ -717,7 +743,7 @@ class Worker:
                        active: _Active) -> Execution:
         """Step 5: the handler under its timeout and cancellation."""
         try:
-            params = decode_params(trigger.params, registered.params)
+            params = decode_params(trigger.params, registered.params, trigger.job)
         except Fail as e:
             return Execution(e)
         task: asyncio.Task[None] = asyncio.create_task(_call(registered.fn, ctx, params))
@@ -785,9 +811,16 @@ class Worker:
             return
         log.info("run %s attempt %s: %s, run %s", trigger.run_id, attempt,
                  result.attempt_state, state)
-        if acked:
-            if state == "retrying":
-                await self._publish_retry(None, trigger, attempt, next_at, message)
+        if acked:  # acked early (a long handler): publish the copies, ack nothing
+            try:
+                if state == "retrying":
+                    await self._publish_retry(None, trigger, attempt, next_at, message)
+                elif state == "dead":
+                    await self.broker.park(message, reason or "dead", self.worker_id,
+                                           result.error)
+            except PublishFailed as e:
+                log.error("run %s: publishing after an early ack failed (%s); the scheduler's "
+                          "rescuer republishes a retry", trigger.run_id, e)
             return
         if state == "retrying":
             await self._publish_retry(message, trigger, attempt, next_at)
