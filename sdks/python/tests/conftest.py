@@ -195,15 +195,17 @@ class Env:
 
     async def get_message(self, queue: str, timeout: float = 15.0
                           ) -> aio_pika.abc.AbstractIncomingMessage:
-        """Waits for a message in `queue` and takes it (acked)."""
-        async with self.amqp.channel() as ch:
-            q = await ch.declare_queue(queue, passive=True)
+        """Waits for a message in `queue` (which a worker may not have declared yet) and
+        takes it."""
+        async def one() -> aio_pika.abc.AbstractIncomingMessage | None:
+            async with self.amqp.channel() as ch:
+                try:
+                    q = await ch.declare_queue(queue, passive=True)
+                except aio_pika.exceptions.ChannelClosed:
+                    return None  # not declared yet
+                return await q.get(no_ack=True, fail=False)
 
-            async def one() -> aio_pika.abc.AbstractIncomingMessage | None:
-                m = await q.get(no_ack=True, fail=False)
-                return m
-
-            return await wait_for(f"a message in {queue}", one, timeout)
+        return await wait_for(f"a message in {queue}", one, timeout)
 
     async def run_state(self, run_id: int) -> str:
         return str(await self.db.fetchval("SELECT state FROM chime_runs WHERE id = $1", run_id))

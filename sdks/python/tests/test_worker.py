@@ -367,3 +367,77 @@ async def test_a_long_handler_is_acked_early_and_still_recorded(env: Env, sdk_lo
     # Acked already, the dead run's message is still parked (a copy).
     parked = await env.get_message(env.topology.parking_queue)
     assert parked.headers["x-chime-dead-reason"] == run["reason"]
+
+
+async def test_a_run_of_a_lost_worker_is_taken_over(env: Env) -> None:
+    await env.insert_job("resume", retry={"max_attempts": 3})
+    # A worker that claimed attempt 1 and died: it registered with a 100 ms heartbeat and
+    # never beat again.
+    await env.db.execute("SELECT chime_register_worker('ghost', $1, 'h', 1, ARRAY['resume'], 100)",
+                         env.group)
+    at = datetime.now(timezone.utc)
+    run_id = await env.insert_run("resume", None, at)
+    claimed = await env.db.fetchval(
+        "SELECT count(*) FROM chime_claim(ARRAY[$1::bigint], ARRAY[1], ARRAY['resume'], "
+        "ARRAY[NULL::timestamptz], 'ghost', $2)", run_id, env.group)
+    assert claimed == 1
+
+    async def ghost_lost() -> bool:
+        return bool(await env.db.fetchval(
+            "SELECT worker_lost FROM chime_run_snapshot($1)", run_id))
+
+    await wait_for("the ghost worker to be lost", ghost_lost)
+    w = env.worker()
+    ran: list[int] = []
+
+    @w.handler("resume")
+    async def resume(ctx: Context, params: Any) -> None:
+        ran.append(ctx.attempt)
+
+    await env.start_worker(w)
+    await env.publish(env.trigger_body(run_id, "resume", scheduled_at=at), run_id=run_id,
+                      scheduled_at=at)
+    run = await env.wait_run(run_id, "succeeded")
+    assert run["attempt"] == 2 and ran == [2]
+    a1, a2 = await env.attempts(run_id)
+    assert a1["state"] == "lost" and a1["worker_id"] == "ghost"
+    assert a1["error"].startswith("worker ghost was lost while running this attempt")
+    assert a2["state"] == "succeeded" and a2["worker_id"] == w.worker_id
+
+
+async def test_a_job_nobody_handles_waits_through_a_delay_tier(env: Env) -> None:
+    await env.insert_job("known")
+    await env.insert_job("not-here")
+    w = env.worker()
+
+    @w.handler("known")
+    async def known(ctx: Context, params: Any) -> None:
+        pass
+
+    await env.start_worker(w)
+    run_id = await env.trigger("not-here")
+    msg = await env.get_message(f"{env.prefix}.{env.group}.retry.5s")
+    assert json.loads(msg.body)["run_id"] == run_id and "x-chime-not-before" in msg.headers
+    run = await env.db.fetchrow("SELECT * FROM chime_runs WHERE id = $1", run_id)
+    assert run["state"] == "queued"
+    assert run["reason"].startswith("no worker handles this job (waiting until ")
+    assert run["reason"].endswith(f"no online worker of group `{env.group}` has a handler for "
+                                  "`not-here`; then it is parked")
+
+
+async def test_a_job_another_online_worker_handles_goes_to_it_through_the_shortest_tier(
+        env: Env) -> None:
+    await env.insert_job("peer-job")
+    await env.db.execute(
+        "SELECT chime_register_worker('peer', $1, 'h', 1, ARRAY['peer-job'], 60000)", env.group)
+    w = env.worker()
+
+    @w.handler("known")
+    async def known(ctx: Context, params: Any) -> None:
+        pass
+
+    await env.start_worker(w)
+    run_id = await env.trigger("peer-job")
+    msg = await env.get_message(f"{env.prefix}.{env.group}.retry.250ms", timeout=20)
+    assert json.loads(msg.body)["run_id"] == run_id
+    assert await env.run_state(run_id) == "queued"

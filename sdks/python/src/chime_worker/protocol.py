@@ -351,7 +351,7 @@ def _check_detail(trigger: Trigger, group: str, headers: Mapping[str, Any], rede
         return f"header {HEADER_NOT_BEFORE} is not an integer (Unix milliseconds)"
     if not_before is not None:
         horizon = MAX_RETRY_DELAY_MS + NOT_BEFORE_SLACK_MS
-        latest = int(now.timestamp() * 1000) + horizon
+        latest = ms_of(now) + horizon
         if not_before > latest:
             try:
                 at = datetime.fromtimestamp(not_before / 1000, timezone.utc).isoformat()
@@ -430,9 +430,13 @@ def rfc3339(t: datetime) -> str:
     return t.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
 def ms_of(t: datetime) -> int:
-    return int(round(t.timestamp() * 1000))
+    """Unix milliseconds of `t`, truncated (as chrono's `timestamp_millis`)."""
+    return (t - _EPOCH) // timedelta(milliseconds=1)
 
 
 def from_ms(ms: int) -> datetime:
-    return datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(milliseconds=ms)
+    return _EPOCH + timedelta(milliseconds=ms)

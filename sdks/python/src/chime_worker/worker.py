@@ -79,7 +79,8 @@ class _Active:
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     cancel_requested: bool = False
     interrupted: bool = False
-    started: bool = False
+    #: The attempt this worker claimed and has not recorded yet.
+    claimed: int | None = None
 
 
 def _env(name: str) -> str | None:
@@ -201,6 +202,9 @@ class Worker:
         self._shutting_down = False
         self._interrupting = False
         self._openings = 0
+        #: Outcomes that could not be written, by (run id, attempt): the delivery was
+        #: requeued, and its redelivery writes them (docs/protocol.md section 4, step 8).
+        self._kept: dict[tuple[int, int], tuple[Outcome, int, datetime, list[LogLine]]] = {}
 
     # ---- registration ------------------------------------------------------------------
 
@@ -444,7 +448,9 @@ class Worker:
         # One delivery per run at a time.
         active = self._active.get(trigger.run_id)
         while active is not None:
-            if active.attempt >= trigger.attempt:
+            # A redelivery may be this very delivery requeued (an outcome kept for it, a
+            # publish to redo): it waits for the first to let go, then is judged by the claim.
+            if active.attempt >= trigger.attempt and not message.redelivered:
                 log.info("run %s attempt %s: duplicate or stale delivery: this worker holds "
                          "attempt %s of the run; acked without running", trigger.run_id,
                          trigger.attempt, active.attempt)
@@ -456,6 +462,10 @@ class Worker:
         self._active[trigger.run_id] = active
         try:
             await self._handle_run(message, trigger, headers, active)
+        except Exception as e:
+            if _transient(e):
+                raise  # requeued after a pause by _delivery
+            await self._panicked(message, trigger, active, e)
         finally:
             active.done.set()
             if self._active.get(trigger.run_id) is active:
@@ -518,8 +528,25 @@ class Worker:
                 return
             attempt, claim = taken
             active.attempt = attempt
+        active.claimed = attempt
         await self._run_claimed(message, trigger, registered, claim, attempt, starts_at,
                                 active)
+
+    async def _panicked(self, message: AbstractIncomingMessage, trigger: Trigger,
+                        active: _Active, error: Exception) -> None:
+        """A bug on this delivery's path (not the handler's): the attempt it claimed is
+        recorded failed and its run dead, and the message parked, both with the reason."""
+        reason = (f"the worker panicked handling this delivery: {type(error).__name__}: "
+                  f"{error}")
+        log.exception("run %s: %s", trigger.run_id, reason)
+        if active.claimed is not None:
+            row = OutcomeRow(trigger.run_id, active.claimed, "failed", 0, reason, "dead",
+                             reason, None, None, [])
+            try:
+                await self._record(row)
+            except Exception as e:
+                log.error("run %s: recording the panic failed: %s", trigger.run_id, e)
+        await self._park(message, reason, reason)
 
     async def _with_retries(self, what: str, call: Callable[[], Awaitable[Any]]) -> Any:
         deadline = time.monotonic() + self.db_retry_budget
@@ -587,6 +614,12 @@ class Worker:
         if (run.state == "dead" and run.attempt >= trigger.attempt and run.reason
                 and redelivered):
             await self._park(message, run.reason, run.error)
+            return None
+        kept = self._kept.pop((trigger.run_id, run.attempt), None)
+        if kept is not None and run.state == "running" and run.worker_id == self.worker_id:
+            log.info("run %s attempt %s: writing the outcome kept from before", trigger.run_id,
+                     run.attempt)
+            await self._settle(message, trigger, run.attempt, *kept, acked=False)
             return None
         if run.state == "running" and run.attempt >= trigger.attempt and run.worker_id:
             own_restart = run.worker_id == self.worker_id and run.holder_restarted
@@ -798,11 +831,14 @@ class Worker:
         try:
             recorded, state = await self._record(row)
         except Exception as e:
-            log.error("run %s attempt %s: recording the outcome failed (%s); requeueing the "
-                      "delivery", trigger.run_id, attempt, e)
+            log.error("run %s attempt %s: recording the outcome failed (%s); kept for the "
+                      "redelivery, requeueing the delivery", trigger.run_id, attempt, e)
             if not acked:
+                self._kept[(trigger.run_id, attempt)] = (result, duration_ms, handler_start,
+                                                         logs)
                 await self._requeue(message)
             return
+        self._recorded(trigger.run_id, attempt)
         if not recorded:
             log.info("run %s attempt %s: a late outcome (already recorded or taken over)",
                      trigger.run_id, attempt)
@@ -828,6 +864,11 @@ class Worker:
             await self._park(message, reason or "dead", result.error)
         else:
             await self._ack(message)
+
+    def _recorded(self, run_id: int, attempt: int) -> None:
+        active = self._active.get(run_id)
+        if active is not None and active.claimed == attempt:
+            active.claimed = None
 
     async def _record(self, row: OutcomeRow) -> tuple[bool, str | None]:
         first = True
@@ -881,6 +922,16 @@ class Worker:
 
 def _tier(name: str) -> Tier:
     return next(t for t in RETRY_TIERS if t.name == name)
+
+
+def _transient(error: BaseException) -> bool:
+    """A connection-level failure (database or broker) worth a requeue, not a bug."""
+    import asyncpg
+
+    return isinstance(error, (OSError, asyncio.TimeoutError, PublishFailed,
+                              asyncpg.exceptions.PostgresConnectionError,
+                              asyncpg.exceptions.InterfaceError,
+                              asyncpg.exceptions.ConnectionDoesNotExistError))
 
 
 async def _call(fn: Handler, ctx: Context, params: Any) -> None:
