@@ -195,17 +195,27 @@ class Env:
 
     async def get_message(self, queue: str, timeout: float = 15.0
                           ) -> aio_pika.abc.AbstractIncomingMessage:
-        """Waits for a message in `queue` (which a worker may not have declared yet) and
-        takes it."""
-        async def one() -> aio_pika.abc.AbstractIncomingMessage | None:
-            async with self.amqp.channel() as ch:
-                try:
-                    q = await ch.declare_queue(queue, passive=True)
-                except aio_pika.exceptions.ChannelClosed:
-                    return None  # not declared yet
-                return await q.get(no_ack=True, fail=False)
+        """Waits for a message in `queue` and takes it. The queue may not be declared yet,
+        or be a quorum queue just declared whose replica is not up (the broker then closes
+        the connection with INTERNAL_ERROR): a poll that fails opens a new connection."""
+        conn: aio_pika.abc.AbstractConnection | None = None
 
-        return await wait_for(f"a message in {queue}", one, timeout)
+        async def one() -> aio_pika.abc.AbstractIncomingMessage | None:
+            nonlocal conn
+            try:
+                if conn is None or conn.is_closed:
+                    conn = await aio_pika.connect(AMQP_URL)
+                async with conn.channel() as ch:
+                    q = await ch.declare_queue(queue, passive=True)
+                    return await q.get(no_ack=True, fail=False)
+            except (aio_pika.exceptions.AMQPError, ConnectionError):
+                return None
+
+        try:
+            return await wait_for(f"a message in {queue}", one, timeout)
+        finally:
+            if conn is not None and not conn.is_closed:
+                await conn.close()
 
     async def run_state(self, run_id: int) -> str:
         return str(await self.db.fetchval("SELECT state FROM chime_runs WHERE id = $1", run_id))
