@@ -152,3 +152,31 @@ async def test_log_lines_beyond_the_limit_become_one_marker_line() -> None:
     rest = logger.rest()
     assert len(rest) == MAX_LOG_LINES_PER_ATTEMPT + 1
     assert rest[-1].message == "… 5 further lines dropped (limit 10000 lines per attempt)"
+
+
+def test_settings_come_from_the_environment_and_arguments_win(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from chime_worker import ConfigError, Worker
+
+    monkeypatch.setenv("CHIME_DATABASE_URL", "postgres://env@db.internal/chime")
+    monkeypatch.setenv("CHIME_AMQP_URL", "amqp://env:pw@mq.internal:5672/%2f")
+    monkeypatch.setenv("CHIME_QUEUE_PREFIX", "envp")
+    monkeypatch.setenv("CHIME_GROUP", "billing")
+    monkeypatch.setenv("CHIME_CAPACITY", "3")
+    monkeypatch.setenv("CHIME_HOLD", "10")
+    w = Worker()
+    assert (w.database_url, w.amqp_url, w.group, w.capacity, w.hold) == (
+        "postgres://env@db.internal/chime", "amqp://env:pw@mq.internal:5672/%2f", "billing", 3,
+        10)
+    assert w.topology.work_queue == "envp.billing.work"
+    assert Worker("g", prefix="p", capacity=1).topology.work_queue == "p.g.work"
+    monkeypatch.setenv("CHIME_CAPACITY", "0")
+    with pytest.raises(ConfigError, match="capacity is 0, outside 1..=65535"):
+        Worker()
+    monkeypatch.setenv("CHIME_CAPACITY", "many")
+    with pytest.raises(ConfigError, match="CHIME_CAPACITY='many' is not an integer"):
+        Worker()
+    with pytest.raises(ConfigError, match="is not a Chime name"):
+        Worker("Orders!", capacity=1)
+    with pytest.raises(ConfigError, match="unhandled_wait"):
+        Worker("g", capacity=1, unhandled_wait=2 * 86400)

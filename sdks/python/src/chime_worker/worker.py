@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import secrets
 import signal
 import socket
@@ -59,6 +60,8 @@ DEFAULT_DB_RETRY_BUDGET = 30.0
 REQUEUE_PAUSE = 1.0
 WAITING = ("pending", "queued", "retrying")
 LISTED_JOBS = 20
+#: Names of groups and the queue prefix (docs/configuration.md, "Names").
+_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
 
 Handler = Callable[[Context, Any], Awaitable[None]]
 H = TypeVar("H", bound=Handler)
@@ -162,15 +165,15 @@ class Worker:
         group = group or _env(ENV_GROUP)
         if not group:
             raise ConfigError(f"no executor group: pass Worker(group=...) or set {ENV_GROUP}")
-        for what, name in (("group", group), ("prefix", prefix or "x")):
-            if len(name.encode()) > MAX_NAME_BYTES or not all(
-                    c.isalnum() or c in "-_" for c in name):
-                raise ConfigError(f"{what} {name!r} must be 1 to {MAX_NAME_BYTES} bytes of "
-                                  "letters, digits, '-' and '_'")
         self.group = group
         self.database_url = database_url or _env(ENV_DATABASE_URL) or DEFAULT_DATABASE_URL
         self.amqp_url = amqp_url or _env(ENV_AMQP_URL) or DEFAULT_AMQP_URL
         self.prefix = prefix or _env(ENV_QUEUE_PREFIX) or DEFAULT_PREFIX
+        for what, name in (("group", group), ("queue prefix", self.prefix)):
+            if not _NAME.fullmatch(name):
+                raise ConfigError(f"{what} {name[:80]!r} is not a Chime name: use 1 to "
+                                  f"{MAX_NAME_BYTES} characters from a-z, 0-9, '_', '.' and "
+                                  "'-', starting with a letter or digit")
         self.hostname = socket.gethostname()
         self.worker_id = (worker_id or _env(ENV_WORKER_ID)
                           or f"{self.hostname}-{os.getpid()}-{secrets.token_hex(3)}")
