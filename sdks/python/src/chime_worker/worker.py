@@ -461,6 +461,9 @@ class Worker:
                 return
             await active.done.wait()
             active = self._active.get(trigger.run_id)
+        if self._shutting_down:
+            await message.nack(requeue=True)
+            return
         active = _Active(trigger.attempt)
         self._active[trigger.run_id] = active
         try:
@@ -557,14 +560,8 @@ class Worker:
         while True:
             try:
                 return await call()
-            except (OSError, asyncio.TimeoutError) as e:
-                err: Exception = e
             except Exception as e:
-                import asyncpg
-
-                if not isinstance(e, (asyncpg.exceptions.ConnectionDoesNotExistError,
-                                      asyncpg.exceptions.InterfaceError,
-                                      asyncpg.exceptions.CannotConnectNowError)):
+                if not _transient(e):
                     raise
                 err = e
             if time.monotonic() + pause > deadline:
@@ -780,7 +777,7 @@ class Worker:
         """Step 5: the handler under its timeout and cancellation."""
         try:
             params = decode_params(trigger.params, registered.params, trigger.job)
-        except Fail as e:
+        except Exception as e:  # Fail, or the params type's own error: the handler's
             return Execution(e)
         task: asyncio.Task[None] = asyncio.create_task(_call(registered.fn, ctx, params))
         timeout = None if trigger.timeout_ms is None else trigger.timeout_ms / 1000
@@ -887,12 +884,7 @@ class Worker:
                 _, recorded, state = result[0]
                 return recorded, state
             except Exception as e:
-                import asyncpg
-
-                if isinstance(e, asyncpg.PostgresError) and not isinstance(
-                        e, asyncpg.exceptions.CannotConnectNowError):
-                    raise
-                if time.monotonic() + pause > deadline:
+                if not _transient(e) or time.monotonic() + pause > deadline:
                     raise
                 log.warning("recording run %s failed (%s); retrying", row.run_id, e)
                 first = False
@@ -933,6 +925,7 @@ def _transient(error: BaseException) -> bool:
 
     return isinstance(error, (OSError, asyncio.TimeoutError, PublishFailed,
                               asyncpg.exceptions.PostgresConnectionError,
+                              asyncpg.exceptions.OperatorInterventionError,
                               asyncpg.exceptions.InterfaceError,
                               asyncpg.exceptions.ConnectionDoesNotExistError))
 
