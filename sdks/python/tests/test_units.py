@@ -180,3 +180,5 @@ def test_settings_come_from_the_environment_and_arguments_win(
         Worker("Orders!", capacity=1)
     with pytest.raises(ConfigError, match="unhandled_wait"):
         Worker("g", capacity=1, unhandled_wait=2 * 86400)
+    with pytest.raises(ConfigError, match="capacity \\+ hold"):
+        Worker("g", capacity=60000, hold=6000)

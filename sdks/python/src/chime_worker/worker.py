@@ -182,6 +182,8 @@ class Worker:
         self.hold = hold if hold is not None else _env_int(ENV_HOLD, DEFAULT_HOLD, 0, 65535)
         _bounded("capacity", self.capacity, 1, 65535, f" (set {ENV_CAPACITY} or capacity=)")
         _bounded("hold", self.hold, 0, 65535, f" (set {ENV_HOLD} or hold=)")
+        _bounded("capacity + hold (the prefetch)", self.capacity + self.hold, 1, 65535,
+                 ": AMQP's prefetch count is 16-bit; lower hold or capacity")
         _bounded("drain_timeout", drain_timeout, 0, 86400)
         _bounded("cancel_grace", cancel_grace, 0, 3600)
         _bounded("heartbeat_interval", heartbeat_interval, 0.05, 60)
