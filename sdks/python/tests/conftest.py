@@ -1,6 +1,7 @@
 """Fixtures: a fresh database with Chime's migrations and a fresh queue prefix per test.
 
-Every test gets its own database (`chime_py_<random>`, dropped at the end) and its own queue
+Every test gets its own database (`chime_py_<random>`, a copy of one migrated once per session;
+both dropped at the end) and its own queue
 prefix (its queues and exchanges deleted at the end), against the real PostgreSQL and RabbitMQ
 (CHIME_TEST_PG_ADMIN_URL / CHIME_TEST_AMQP_URL, default 127.0.0.1 with postgres and
 guest/guest).
@@ -257,19 +258,21 @@ class Env:
         self.workers.clear()
 
 
-@pytest.fixture
-async def env() -> AsyncIterator[Env]:
-    name = f"chime_py_{secrets.token_hex(6)}"
-    admin = await asyncpg.connect(ADMIN_URL)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    db_url = ADMIN_URL.rsplit("/", 1)[0] + "/" + name
-    pool = None
-    amqp = None
-    prefix = f"chimepy{secrets.token_hex(4)}"
-    group = "g" + secrets.token_hex(3)
-    topology = Topology(prefix, group)
-    try:
-        conn = await asyncpg.connect(db_url)
+def _db_url(name: str) -> str:
+    return ADMIN_URL.rsplit("/", 1)[0] + "/" + name
+
+
+#: A database with the migrations applied, made once per test session; each test's database
+#: is a copy of it (CREATE DATABASE ... TEMPLATE), dropped at the end.
+_template: str | None = None
+
+
+async def _migrated_template(admin: asyncpg.Connection) -> str:
+    global _template
+    if _template is None:
+        name = f"chime_py_template_{secrets.token_hex(6)}"
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        conn = await asyncpg.connect(_db_url(name))
         try:
             for path in sorted(MIGRATIONS.glob("*.sql")):
                 await conn.execute(path.read_text())
@@ -279,6 +282,37 @@ async def env() -> AsyncIterator[Env]:
                 await conn.execute(TRIGGER_STAND_IN)
         finally:
             await conn.close()
+        _template = name
+    return _template
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _drop_template() -> Any:
+    yield
+    if _template is not None:
+        async def drop() -> None:
+            admin = await asyncpg.connect(ADMIN_URL)
+            try:
+                await admin.execute(f'DROP DATABASE IF EXISTS "{_template}" WITH (FORCE)')
+            finally:
+                await admin.close()
+
+        asyncio.run(drop())
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[Env]:
+    name = f"chime_py_{secrets.token_hex(6)}"
+    admin = await asyncpg.connect(ADMIN_URL)
+    template = await _migrated_template(admin)
+    await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    db_url = _db_url(name)
+    pool = None
+    amqp = None
+    prefix = f"chimepy{secrets.token_hex(4)}"
+    group = "g" + secrets.token_hex(3)
+    topology = Topology(prefix, group)
+    try:
         pool = await asyncpg.create_pool(db_url, min_size=1, max_size=4)
         assert pool is not None
         amqp = await aio_pika.connect_robust(AMQP_URL)
@@ -291,13 +325,18 @@ async def env() -> AsyncIterator[Env]:
             await e.stop_workers()
     finally:
         if amqp is not None:
-            async with amqp.channel() as ch:
+            await amqp.close()
+        # On a connection of its own: the test's may have been closed by the broker.
+        cleanup = await aio_pika.connect(AMQP_URL)
+        try:
+            async with cleanup.channel() as ch:
                 for q in [topology.work_queue, topology.parking_queue,
                           *(topology.retry_queue(t) for t in RETRY_TIERS)]:
                     await ch.queue_delete(q)
                 await ch.exchange_delete(topology.exchange)
                 await ch.exchange_delete(topology.control_exchange)
-            await amqp.close()
+        finally:
+            await cleanup.close()
         if pool is not None:
             await pool.close()
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
