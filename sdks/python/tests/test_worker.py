@@ -441,3 +441,61 @@ async def test_a_job_another_online_worker_handles_goes_to_it_through_the_shorte
     msg = await env.get_message(f"{env.prefix}.{env.group}.retry.250ms", timeout=20)
     assert json.loads(msg.body)["run_id"] == run_id
     assert await env.run_state(run_id) == "queued"
+
+
+async def test_an_outcome_that_cannot_be_written_is_kept_for_the_redelivery(
+        env: Env, monkeypatch: Any) -> None:
+    from chime_worker.store import Store
+
+    await env.insert_job("kept")
+    w = env.worker(db_retry_budget=0)
+    calls: list[int] = []
+
+    @w.handler("kept")
+    async def kept(ctx: Context, params: Any) -> None:
+        calls.append(ctx.attempt)
+        ctx.log.info("ran once")
+
+    real = Store.record_outcomes
+    failures = [OSError("connection refused (a database outage, simulated)")]
+
+    async def flaky_record(self: Store, rows: Any, worker: str) -> Any:
+        if failures:
+            raise failures.pop()
+        return await real(self, rows, worker)
+
+    monkeypatch.setattr(Store, "record_outcomes", flaky_record)
+    await env.start_worker(w)
+    run_id = await env.trigger("kept")
+    run = await env.wait_run(run_id, "succeeded")
+    assert calls == [1] and failures == [] and run["attempt"] == 1
+    [attempt] = await env.attempts(run_id)
+    assert attempt["state"] == "succeeded"
+    logs = await env.db.fetch("SELECT message FROM chime_run_logs WHERE run_id = $1", run_id)
+    assert [r["message"] for r in logs] == ["ran once"]
+
+
+async def test_a_bug_outside_the_handler_ends_the_claimed_run_dead_and_parks_it(
+        env: Env, monkeypatch: Any) -> None:
+    from chime_worker.worker import Worker
+
+    await env.insert_job("buggy", retry={"max_attempts": 3})
+    w = env.worker()
+
+    @w.handler("buggy")
+    async def buggy(ctx: Context, params: Any) -> None:
+        pass
+
+    async def broken_settle(self: Worker, *args: Any, **kw: Any) -> None:
+        raise KeyError("a bug in the worker")
+
+    monkeypatch.setattr(Worker, "_settle", broken_settle)
+    await env.start_worker(w)
+    run_id = await env.trigger("buggy")
+    run = await env.wait_run(run_id, "dead")
+    reason = "the worker panicked handling this delivery: KeyError: 'a bug in the worker'"
+    assert run["reason"] == reason
+    [attempt] = await env.attempts(run_id)
+    assert attempt["state"] == "failed" and attempt["error"] == reason
+    parked = await env.get_message(env.topology.parking_queue)
+    assert parked.headers["x-chime-dead-reason"] == reason
