@@ -715,55 +715,47 @@ class Worker:
         ctx = Context(run_id=trigger.run_id, job=trigger.job, attempt=attempt,
                       scheduled_at=trigger.scheduled_at, params=trigger.params, log=logger,
                       cancelled=active.cancelled, timeout_ms=trigger.timeout_ms)
-        # Hold until the instant (claimed already), then take a handler slot.
-        execution: Execution | None = None
-        if starts_at is not None:
-            delay = (starts_at - datetime.now(timezone.utc)).total_seconds()
-            if delay > 0:
-                try:
-                    await asyncio.wait_for(active.cancelled.wait(), delay)
-                except asyncio.TimeoutError:
-                    pass
-        if self._shutting_down and not active.cancelled.is_set():
-            active.interrupted = True
-            active.cancelled.set()
-        if active.cancelled.is_set():
-            # Cancelled while held: recorded as a handler that returned "cancel" at once.
-            execution = Execution(Cancel("cancelled before the handler started"),
-                                  cancel_requested=active.cancel_requested,
-                                  interrupted=active.interrupted)
-        flusher: asyncio.Task[None] | None = None
         acked = False
+
+        async def early_ack() -> None:
+            # Before the broker's consumer_timeout: from then on the heartbeat protects the run.
+            nonlocal acked
+            await asyncio.sleep(self.ack_after)
+            acked = True
+            log.info("run %s: delivery held for %ss; acking early", trigger.run_id,
+                     self.ack_after)
+            await self._ack(message)
+
+        early = asyncio.create_task(early_ack())
+        flusher: asyncio.Task[None] | None = None
+        execution: Execution | None = None
         start_mono = time.monotonic()
-        if execution is None:
+        try:
+            # Hold until the instant (claimed already), then take a handler slot.
+            if starts_at is not None:
+                delay = (starts_at - datetime.now(timezone.utc)).total_seconds()
+                if delay > 0:
+                    try:
+                        await asyncio.wait_for(active.cancelled.wait(), delay)
+                    except asyncio.TimeoutError:
+                        pass
             async with self._slots:
-                if self._shutting_down or active.cancelled.is_set():
-                    # Claimed, but the worker stopped (or the run was cancelled) before a
-                    # handler slot freed: recorded as a handler that returned "cancel" at once.
-                    active.interrupted = active.interrupted or self._shutting_down
+                start_mono = time.monotonic()
+                if self._shutting_down and not active.cancelled.is_set():
+                    active.interrupted = True
+                    active.cancelled.set()
+                if active.cancelled.is_set():
+                    # Cancelled (operator, shutdown) while held or waiting for a slot: recorded
+                    # as a handler that returned "cancel" at once.
                     execution = Execution(Cancel("cancelled before the handler started"),
                                           cancel_requested=active.cancel_requested,
                                           interrupted=active.interrupted)
-            start_mono = time.monotonic()
-        if execution is None:
-            async with self._slots:
-                start_mono = time.monotonic()
-                flusher = asyncio.create_task(logger.flush_loop(
-                    lambda lines: self.store.append_logs(trigger.run_id, attempt, lines)))
-
-                async def early_ack() -> None:
-                    nonlocal acked
-                    await asyncio.sleep(self.ack_after)
-                    acked = True
-                    log.info("run %s: handler still running after %ss; acking early",
-                             trigger.run_id, self.ack_after)
-                    await self._ack(message)
-
-                early = asyncio.create_task(early_ack())
-                try:
+                else:
+                    flusher = asyncio.create_task(logger.flush_loop(
+                        lambda lines: self.store.append_logs(trigger.run_id, attempt, lines)))
                     execution = await self._execute(registered, ctx, trigger, active)
-                finally:
-                    early.cancel()
+        finally:
+            early.cancel()
         duration_ms = max(0, int(round((time.monotonic() - start_mono) * 1000)))
         if flusher is not None:
             logger.close()
