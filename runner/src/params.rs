@@ -59,7 +59,7 @@ pub enum ParamError {
     OptionLike {
         /// The param.
         name: String,
-        /// Its value, cut to 80 characters.
+        /// The argument it starts, cut to 80 characters.
         value: String,
     },
 }

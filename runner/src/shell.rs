@@ -389,26 +389,25 @@ pub fn render_argv(spec: &ShellSpec, values: &RunValues<'_>) -> Result<Vec<Strin
     };
     argv.iter()
         .map(|template| {
-            let mut first = true;
-            template.render(|segment| {
-                let at_start = std::mem::take(&mut first)
-                    && !matches!(template.segments().first(), Some(Segment::Literal(_)));
-                match segment {
-                    Segment::Param(name) => {
-                        let value = values.text(name)?;
-                        if at_start && value.starts_with('-') && !spec.allow_option_params {
-                            return Err(ParamError::OptionLike {
-                                name: name.clone(),
-                                value: excerpt(&value, 80),
-                            });
-                        }
-                        Ok(value)
-                    }
-                    Segment::Context(field) => Ok(values.context(*field)),
-                    // Refused at load: `{env:…}` only parses in HTTP headers.
-                    Segment::Env(_) | Segment::Literal(_) => Ok(String::new()),
-                }
-            })
+            let arg = template.render(|segment| match segment {
+                Segment::Param(name) => values.text(name),
+                Segment::Context(field) => Ok(values.context(*field)),
+                // Refused at load: `{env:…}` only parses in HTTP headers.
+                Segment::Env(_) | Segment::Literal(_) => Ok(String::new()),
+            })?;
+            // A leading `-` that the config did not write came from a param: the program
+            // would read the argument as an option.
+            if arg.starts_with('-')
+                && !template.fixed_prefix().starts_with('-')
+                && !spec.allow_option_params
+                && let Some(name) = template.params().first()
+            {
+                return Err(ParamError::OptionLike {
+                    name: (*name).to_owned(),
+                    value: excerpt(&arg, 80),
+                });
+            }
+            Ok(arg)
         })
         .collect()
 }

@@ -105,9 +105,7 @@ fn mistakes_name_the_field_the_value_and_the_fix() {
             "runner.toml: unknown field `extra`",
         ),
         (
-            format!(
-                "[worker]\ngroup = \"ops\"\ncancel_grace = \"5s\"\n\n[[handlers]]\nname = \"a\"\nkind = \"shell\"\nargv = [\"x\"]\nkill_grace = \"10s\"\n"
-            ),
+            "[worker]\ngroup = \"ops\"\ncancel_grace = \"5s\"\n\n[[handlers]]\nname = \"a\"\nkind = \"shell\"\nargv = [\"x\"]\nkill_grace = \"10s\"\n".to_owned(),
             "field \"worker.cancel_grace\" = \"5s\": must be longer than the longest kill_grace of the handlers (10s)",
         ),
     ];

@@ -119,7 +119,9 @@ async fn statuses_map_to_outcomes() {
     assert!(logged[1].starts_with("HTTP 200 OK in "), "{logged:?}");
     assert_eq!(logged[2..], ["done", "second line"]);
 
-    let cases: [(u16, &str, Option<(bool, Option<Duration>)>); 6] = [
+    // (status, extra fields, expected: None for success, else (retryable, requested delay))
+    type Case<'a> = (u16, &'a str, Option<(bool, Option<Duration>)>);
+    let cases: [Case<'_>; 6] = [
         (204, "", None),
         (404, "", Some((false, None))),
         (429, "", Some((true, None))),

@@ -113,6 +113,9 @@ async fn a_param_that_looks_like_an_option_is_refused_unless_allowed() {
             .contains("param `v` = \"-n\" starts with `-` and would be read as an option"),
         "{err}"
     );
+    // However the params are arranged.
+    let run = self::run(r#"argv = ["echo", "{a}{b}"]"#, json!({"a": "", "b": "-n"})).await;
+    assert!(!run.result.as_ref().unwrap_err().is_retryable());
     // Inside an argument (after fixed text) it is harmless.
     let run = self::run(r#"argv = ["echo", "x{v}"]"#, json!({"v": "-n"})).await;
     assert_eq!(run.logs, [info("x-n")]);
@@ -129,7 +132,9 @@ async fn a_param_that_looks_like_an_option_is_refused_unless_allowed() {
 async fn exit_codes_map_to_outcomes() {
     let codes = r#"retry_codes = [3]
                    fail_codes = [4]"#;
-    let cases: [(&str, &str, Option<(bool, &str)>); 6] = [
+    // (script, extra fields, expected: None for success, else (retryable, message start))
+    type Case<'a> = (&'a str, &'a str, Option<(bool, &'a str)>);
+    let cases: [Case<'_>; 6] = [
         ("exit 0", "", None),
         (
             "echo bad; exit 3",
