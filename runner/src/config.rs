@@ -499,7 +499,9 @@ impl Check<'_> {
 /// Why a name does not fit Chime's names (lower-case letters, digits, `_`, `.`, `-`; starting
 /// with a letter or digit; at most 63 bytes), or `None` when it fits.
 pub fn name_problem(text: &str) -> Option<String> {
-    let first = text.chars().next()?;
+    let Some(first) = text.chars().next() else {
+        return Some("is empty; give a name such as \"ops\"".to_owned());
+    };
     if text.len() > MAX_NAME_BYTES {
         return Some(format!("is longer than {MAX_NAME_BYTES} bytes"));
     }
@@ -609,19 +611,11 @@ fn check_worker(
             None
         }
         Some(g) => match name_problem(g) {
-            Some(problem) if !g.is_empty() => {
+            Some(problem) => {
                 check.bad("worker.group", g, problem);
                 None
             }
-            _ if g.is_empty() => {
-                check.bad(
-                    "worker.group",
-                    g,
-                    "is empty; name the executor group, such as \"ops\"",
-                );
-                None
-            }
-            _ => Some(g.to_owned()),
+            None => Some(g.to_owned()),
         },
     };
     let capacity = match raw.capacity {
@@ -682,7 +676,7 @@ fn check_worker(
         }
     }
     if let Some(prefix) = &raw.queue_prefix
-        && let Some(problem) = name_problem(prefix).or(prefix.is_empty().then(|| "is empty".into()))
+        && let Some(problem) = name_problem(prefix)
     {
         check.bad("worker.queue_prefix", prefix, problem);
     }
@@ -759,10 +753,7 @@ fn check_handlers(
     let mut names = BTreeSet::new();
     let mut jobs: BTreeMap<String, String> = BTreeMap::new();
     for (index, raw) in raws.iter().enumerate() {
-        let usable_name = raw
-            .name
-            .as_deref()
-            .filter(|n| !n.is_empty() && name_problem(n).is_none());
+        let usable_name = raw.name.as_deref().filter(|n| name_problem(n).is_none());
         let handler = match usable_name {
             Some(n) => HandlerRef::Name(n.to_owned()),
             None => HandlerRef::Index(index + 1),
@@ -778,7 +769,6 @@ fn check_handlers(
                 None,
                 "missing; give every handler a unique name, such as \"nightly-dump\"",
             ),
-            Some("") => check.bad("name", "", "is empty; give the handler a name"),
             Some(n) => {
                 if let Some(problem) = name_problem(n) {
                     check.bad("name", n, problem);
@@ -796,7 +786,6 @@ fn check_handlers(
         if let Some(job) = &job {
             match name_problem(job) {
                 Some(problem) => check.bad("job", job, problem),
-                None if job.is_empty() => check.bad("job", job, "is empty; name the job"),
                 None => {
                     if let Some(other) = jobs.get(job) {
                         check.bad(

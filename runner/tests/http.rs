@@ -196,6 +196,22 @@ async fn the_body_template_fills_params_as_json_values_and_headers_are_redacted(
     let err = run.result.as_ref().unwrap_err();
     assert!(!err.message().contains(SECRET));
 
+    // A param cannot add a header line.
+    let run = self::run(
+        &format!(
+            "url = \"{base}/jobs/ok\"\nallow = [\"{base}/jobs/\"]\nheaders = {{ X-Tenant = \"{{tenant}}\" }}"
+        ),
+        json!({"tenant": "acme\r\nX-Evil: 1"}),
+    )
+    .await;
+    let err = run.result.as_ref().unwrap_err();
+    assert!(!err.is_retryable());
+    assert!(
+        err.message()
+            .starts_with("header x-tenant would hold characters a header cannot"),
+        "{err}"
+    );
+
     // `--check` shows header names, never values.
     let HandlerSpec::Http(http) = spec(&format!(
         "url = \"{base}/jobs/ok\"\nallow = [\"{base}/jobs/\"]\nheaders = {{ Authorization = \"{SECRET}\" }}"

@@ -231,7 +231,7 @@ async fn assert_gone(pids: &[u32]) {
 async fn a_timeout_kills_the_whole_process_group() {
     let run = run(
         r#"argv = ["sh", "-c", "echo $$; sleep 100 & echo $!; sleep 100"]
-           timeout = "500ms"
+           timeout = "1s"
            kill_grace = "5s""#,
         Value::Null,
     )
@@ -240,7 +240,7 @@ async fn a_timeout_kills_the_whole_process_group() {
     assert!(err.is_retryable(), "{err}");
     assert!(
         err.message().starts_with(
-            "timed out after 500ms (the handler's timeout); the process group got SIGTERM"
+            "timed out after 1s (the handler's timeout); the process group got SIGTERM"
         ),
         "{err}"
     );
@@ -253,7 +253,7 @@ async fn a_timeout_kills_the_whole_process_group() {
 async fn a_group_that_ignores_sigterm_gets_sigkill_after_kill_grace() {
     let run = run(
         r#"argv = ["sh", "-c", "trap '' TERM; echo $$; sleep 100 & echo $!; wait"]
-           timeout = "300ms"
+           timeout = "1s"
            kill_grace = "300ms""#,
         Value::Null,
     )
