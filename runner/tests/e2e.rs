@@ -183,7 +183,7 @@ argv = ["sh", "-c", "echo \"hello, $1\"; echo \"run $CHIME_RUN_ID\"; echo warned
 [[handlers]]
 name = "long"
 kind = "shell"
-argv = ["sh", "-c", "echo $$; exec sleep 100"]
+argv = ["sh", "-c", "trap '' TERM; echo $$; exec sleep 100"]
 kill_grace = "1s"
 "#,
             group = setup.group,
@@ -221,8 +221,9 @@ kill_grace = "1s"
         ]
     );
 
-    // A job still running at SIGTERM: after the drain timeout its process gets SIGTERM and the
-    // run is recorded as interrupted (retryable), and the runner exits cleanly.
+    // A job still running at SIGTERM, ignoring SIGTERM itself: after the drain timeout its
+    // process group gets SIGTERM, then SIGKILL after kill_grace, within the SDK's cancel grace;
+    // the run is recorded as interrupted, and the runner exits cleanly.
     let long = submit(&setup, &channel, &topology, "long", Value::Null).await;
     let pool_ref = &pool;
     let pid: i32 = wait_for(WAIT, "the long job's pid in its log", || async move {
@@ -245,10 +246,14 @@ kill_grace = "1s"
         "{state}: {error}"
     );
     assert!(
+        error.contains("the process group got SIGTERM, then SIGKILL after 1s"),
+        "{error}"
+    );
+    assert!(
         logs(&pool, long)
             .await
             .iter()
-            .any(|(_, m)| m.contains("sent SIGTERM to the process group")),
+            .any(|(_, m)| m == "still running 1s after SIGTERM: sent SIGKILL to the process group"),
         "{:?}",
         logs(&pool, long).await
     );
