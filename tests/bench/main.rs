@@ -99,7 +99,7 @@ struct RunArgs {
     /// for the others.
     #[arg(long)]
     workers: Option<usize>,
-    /// precision, burst, throughput: start each worker as `sh -c CMD` with the bench worker
+    /// precision, burst, throughput: start each worker as `sh -c "exec CMD"` with the bench worker
     /// environment (docs/benchmarks.md, "Any worker") instead of in this process: any
     /// implementation of the protocol, measured from the starts it records.
     #[arg(long, value_name = "CMD")]

@@ -61,8 +61,9 @@ pub struct Results {
     pub executions: usize,
     /// How far each execution's recorded `started_at` (database) is from its handler's start
     /// as the worker saw it, in absolute milliseconds: the database's lateness against the
-    /// worker-side figure above, for the same runs.
-    pub database_vs_worker: Summary,
+    /// worker-side figure above, for the same runs. `None` for worker processes, whose
+    /// handler starts are read from the database in the first place.
+    pub database_vs_worker: Option<Summary>,
     /// Leader elections between the first fire and the stop (the lease's term moved).
     pub term_changes: i64,
 }
@@ -158,7 +159,10 @@ async fn measure(sandbox: &Sandbox, params: &Params) -> anyhow::Result<Report> {
         );
     }
     let tally = tally(&executions, jobs, &window);
-    let database_vs_worker = database_vs_worker(sandbox, &executions).await?;
+    let database_vs_worker = match params.worker {
+        WorkerKind::InProcess => Some(database_vs_worker(sandbox, &executions).await?),
+        WorkerKind::Command(_) => None,
+    };
     Ok(report(
         params,
         &tally,
@@ -214,7 +218,10 @@ fn report(params: &Params, t: &Tally, results: Results) -> Report {
         ),
         Row::info(
             "|database started_at − handler start|",
-            summary(&results.database_vs_worker),
+            results
+                .database_vs_worker
+                .as_ref()
+                .map_or_else(|| "— (the starts are the database's)".to_owned(), summary),
         ),
     ];
     Report {

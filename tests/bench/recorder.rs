@@ -233,7 +233,7 @@ fn in_process(
     })
 }
 
-/// Starts `count` processes of `sh -c <command>` with the bench worker environment.
+/// Starts `count` processes of `sh -c 'exec <command>'` with the bench worker environment.
 fn processes(
     sandbox: &Sandbox,
     command: &str,
@@ -249,7 +249,8 @@ fn processes(
         let mut child = tokio::process::Command::new("sh");
         child
             .arg("-c")
-            .arg(command)
+            // `exec`: SIGTERM reaches the worker, not a shell waiting for it.
+            .arg(format!("exec {command}"))
             .env("CHIME_DATABASE_URL", &sandbox.database_url)
             .env("CHIME_AMQP_URL", &sandbox.amqp_url)
             .env("CHIME_QUEUE_PREFIX", &sandbox.prefix)
