@@ -16,6 +16,7 @@ mod precision;
 mod raw;
 mod recorder;
 mod report;
+mod runner;
 mod sandbox;
 mod scale;
 mod stats;
@@ -55,6 +56,8 @@ enum Command {
     Failover(RunArgs),
     /// A worker SIGKILLed mid-run: time until its runs start again on another worker.
     Crash(RunArgs),
+    /// N chime-runner shell jobs every second: scheduled instant → the job's process started.
+    Runner(RunArgs),
     /// Every scenario in turn.
     All(RunArgs),
     /// A worker process for the crash scenario (internal).
@@ -70,13 +73,13 @@ enum Command {
 struct RunArgs {
     /// precision: jobs every second (default 1000); burst: jobs every 10 s (10000); scale:
     /// registered jobs (100000); failover: jobs every second (100); crash: runs in flight on
-    /// the killed worker (4).
+    /// the killed worker (4); runner: chime-runner shell jobs every second (20).
     #[arg(long)]
     jobs: Option<usize>,
     /// precision: seconds of firing (default 60); burst: seconds of firing (40); throughput:
     /// seconds per step (10); scale:
     /// seconds of steady CPU measurement (60); failover: seconds from the first fire to the
-    /// stop (30). Unused by crash.
+    /// stop (30); runner: seconds of firing (30). Unused by crash.
     #[arg(long)]
     seconds: Option<u64>,
     /// Print JSON (one object, an array for `all`) instead of tables.
@@ -131,13 +134,14 @@ struct RunArgs {
 }
 
 /// The scenarios, in the order `all` runs them.
-const SCENARIOS: [&str; 6] = [
+const SCENARIOS: [&str; 7] = [
     "precision",
     "burst",
     "throughput",
     "scale",
     "failover",
     "crash",
+    "runner",
 ];
 
 #[tokio::main]
@@ -180,6 +184,7 @@ async fn main() -> ExitCode {
         Command::Scale(args) => (vec!["scale"], args),
         Command::Failover(args) => (vec!["failover"], args),
         Command::Crash(args) => (vec!["crash"], args),
+        Command::Runner(args) => (vec!["runner"], args),
         Command::All(args) => (SCENARIOS.to_vec(), args),
     };
     let services = Services {
@@ -325,6 +330,13 @@ async fn run(scenario: &str, args: &RunArgs, services: &Services) -> anyhow::Res
                 runs: args.jobs.unwrap_or(4),
             };
             crash::run(services, &params).await
+        }
+        "runner" => {
+            let params = runner::Params {
+                jobs: args.jobs.unwrap_or(20),
+                seconds: args.seconds.unwrap_or(30),
+            };
+            runner::run(services, &params).await
         }
         other => anyhow::bail!("unknown scenario {other:?}"),
     }
