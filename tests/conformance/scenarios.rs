@@ -385,6 +385,29 @@ async fn ready(w: &World) -> anyhow::Result<u32> {
     Ok(declared.message_count())
 }
 
+/// Waits until the world's work queue has `n` consumers: its workers have declared and bound
+/// it and consume (a worker registers before it consumes).
+async fn wait_consumers(w: &World, n: u32) -> anyhow::Result<()> {
+    let queue = Topology::new(w.prefix.as_str(), w.group.as_str()).work_queue();
+    let what = format!("{n} consumers on {queue}");
+    try_wait_for(PATIENCE, &what, || async {
+        let connection = w.broker().await.map_err(|e| format!("{e:#}"))?;
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(|e| e.to_string())?;
+        let declared = chime_e2e::passive_declare(&channel, &queue).await;
+        let _ = connection.close(200, "counted".into()).await;
+        match declared {
+            Ok(q) if q.consumer_count() >= n => Ok(()),
+            Ok(q) => Err(format!("{} consumers", q.consumer_count())),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await?;
+    Ok(())
+}
+
 /// Triggers a `conf-ok` run tagged `tag` and waits for it to succeed, then for the work queue
 /// to be empty: whatever was published before it has been delivered.
 async fn flush(w: &World, tag: &str) -> anyhow::Result<()> {
@@ -709,6 +732,7 @@ async fn cancel_queued(w: &mut World) -> anyhow::Result<Verdict> {
 
 async fn poison_parked(w: &mut World) -> anyhow::Result<Verdict> {
     let worker = w.start_worker().await?;
+    wait_consumers(w, 1).await?;
     let bodies: [&[u8]; 2] = [
         b"this is not a trigger {",
         br#"{"v":2,"run_id":1,"job":"conf-ok","group":"g","attempt":1,"scheduled_at":"2026-01-01T00:00:00Z"}"#,
@@ -759,6 +783,7 @@ async fn sigkill_takeover(w: &mut World) -> anyhow::Result<Verdict> {
         doomed.id
     );
     let survivor = w.start_worker().await?;
+    wait_consumers(w, 2).await?;
     let killed = Utc::now();
     doomed.kill().await?;
     let run = w.wait_state(id, "succeeded", PATIENCE).await?;
@@ -876,14 +901,25 @@ async fn sigterm_drain(w: &mut World) -> anyhow::Result<Verdict> {
 }
 
 async fn least_privilege(w: &mut World) -> anyhow::Result<Verdict> {
-    if !w.least_privilege() {
+    let Some(role) = w.role().map(str::to_owned) else {
         return Ok(Verdict::Skip(
             "no chime_grant_worker in the schema (or --privilege off)".into(),
         ));
-    }
+    };
     let _worker = w.start_worker().await?;
     let id = w.trigger("conf-ok", json!({"tag": "as a role"})).await?;
     w.wait_state(id, "succeeded", PATIENCE).await?;
+    let sessions: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND usename = $1",
+    )
+    .bind(&role)
+    .fetch_one(&w.pool)
+    .await?;
+    ensure!(
+        sessions > 0,
+        "the worker has no session as role {role}: it did not use CHIME_DATABASE_URL"
+    );
     let other_group = format!("{}-other", w.group);
     let other = w.trigger("conf-other", json!({})).await?;
     w.wait_state(other, "queued", PATIENCE).await?;
@@ -920,7 +956,8 @@ async fn least_privilege(w: &mut World) -> anyhow::Result<Verdict> {
         run.state
     );
     Ok(Verdict::Pass(format!(
-        "worker ran as a role granted group {} only; claiming another group's run: 42501",
+        "worker ran as a role granted group {} only ({sessions} sessions); claiming another \
+         group's run: 42501",
         w.group
     )))
 }

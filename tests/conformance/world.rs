@@ -288,9 +288,9 @@ impl World {
         self.role.as_ref().map_or(&self.database_url, |r| &r.url)
     }
 
-    /// Whether the worker runs as a role granted only its group.
-    pub fn least_privilege(&self) -> bool {
-        self.role.is_some()
+    /// The login role granted only the world's group, if workers run as one.
+    pub fn role(&self) -> Option<&str> {
+        self.role.as_ref().map(|r| r.name.as_str())
     }
 
     /// Starts a worker process of the world's group with a fresh worker id.
