@@ -785,9 +785,16 @@ async fn sigkill_takeover(w: &mut World) -> anyhow::Result<Verdict> {
     );
     let survivor = w.start_worker().await?;
     wait_consumers(w, 2).await?;
+    // The first worker counts as lost 3 heartbeat intervals after its last beat.
+    let interval: i32 =
+        sqlx::query_scalar("SELECT heartbeat_interval_ms FROM chime_workers WHERE id = $1")
+            .bind(&doomed.id)
+            .fetch_one(&w.pool)
+            .await?;
+    let patience = PATIENCE + Duration::from_millis(3 * u64::try_from(interval.max(0))?);
     let killed = Utc::now();
     doomed.kill().await?;
-    let run = w.wait_state(id, "succeeded", PATIENCE).await?;
+    let run = w.wait_state(id, "succeeded", patience).await?;
     ensure!(run.attempt == 2, "succeeded on attempt {}", run.attempt);
     let attempts = w.attempts(id).await?;
     ensure!(
