@@ -11,7 +11,7 @@ use anyhow::{Context as _, ensure};
 use serde::Serialize;
 
 use crate::jobs::{JobDef, toml};
-use crate::recorder::Workers;
+use crate::recorder::{WorkerKind, Workers};
 use crate::report::{Report, Row, ms, share, summary};
 use crate::sandbox::{Sandbox, Services, now_us, poll, sleep_until_us, within, write_file};
 use crate::stats::{Tally, Window, tally};
@@ -26,7 +26,7 @@ pub struct Params {
     /// Seconds from the first fire to the graceful stop; the kill comes a third of the way in
     /// (at least 3 s after the first fire), and at least 10 s are left after it.
     pub seconds: u64,
-    /// In-process workers.
+    /// Workers.
     pub workers: usize,
     /// Handlers each worker runs at once.
     pub capacity: u16,
@@ -81,6 +81,7 @@ async fn measure(
     write_file(&path, &toml(&defs))?;
     let workers = Workers::start(
         sandbox,
+        &WorkerKind::InProcess,
         &group,
         &names,
         params.workers,
@@ -97,7 +98,7 @@ async fn measure(
     })
     .await?;
     let first = poll(Duration::from_secs(60), "the first fire", || async {
-        Ok(workers.earliest())
+        workers.earliest().await
     })
     .await?;
     let t0 = first.scheduled_us.div_euclid(SECOND) * SECOND;
@@ -147,7 +148,7 @@ async fn measure(
             Duration::from_secs(5),
             Duration::from_secs(60),
         )
-        .await;
+        .await?;
     let executions = workers.stop().await?;
     let next_fire_ms = executions
         .iter()

@@ -60,6 +60,10 @@ enum Command {
     /// A worker process for the crash scenario (internal).
     #[command(hide = true)]
     Worker(worker::WorkerArgs),
+    /// A Rust SDK worker process following the bench worker environment (docs/benchmarks.md,
+    /// "Any worker"): `--worker-cmd "chime-bench env-worker"` measures the Rust SDK out of
+    /// process, like any other worker.
+    EnvWorker,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -95,7 +99,12 @@ struct RunArgs {
     /// for the others.
     #[arg(long)]
     workers: Option<usize>,
-    /// Handlers each in-process worker runs at once; each holds capacity + 2 database
+    /// precision, burst, throughput: start each worker as `sh -c "exec CMD"` with the bench worker
+    /// environment (docs/benchmarks.md, "Any worker") instead of in this process: any
+    /// implementation of the protocol, measured from the starts it records.
+    #[arg(long, value_name = "CMD")]
+    worker_cmd: Option<String>,
+    /// Handlers each worker runs at once; each in-process worker holds capacity + 2 database
     /// connections.
     #[arg(long, default_value_t = 32)]
     capacity: u16,
@@ -135,7 +144,7 @@ const SCENARIOS: [&str; 6] = [
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     let default_filter = match cli.command {
-        Command::Worker(_) => "info,sqlx=warn,lapin=warn",
+        Command::Worker(_) | Command::EnvWorker => "info,sqlx=warn,lapin=warn",
         _ => "warn",
     };
     tracing_subscriber::fmt()
@@ -149,6 +158,15 @@ async fn main() -> ExitCode {
     let (scenarios, args): (Vec<&str>, RunArgs) = match cli.command {
         Command::Worker(args) => {
             return match worker::run(args).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        Command::EnvWorker => {
+            return match worker::run_from_env().await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("error: {e:#}");
@@ -238,6 +256,10 @@ fn interrupt_on_signals() -> tokio_util::sync::CancellationToken {
 
 /// Runs one scenario with the defaults of docs/benchmarks.md, overridden by the arguments.
 async fn run(scenario: &str, args: &RunArgs, services: &Services) -> anyhow::Result<Report> {
+    let worker = match &args.worker_cmd {
+        Some(command) => recorder::WorkerKind::Command(command.clone()),
+        None => recorder::WorkerKind::InProcess,
+    };
     match scenario {
         "precision" => {
             let params = precision::Params {
@@ -247,6 +269,7 @@ async fn run(scenario: &str, args: &RunArgs, services: &Services) -> anyhow::Res
                 p99_limit_ms: 10.0,
                 seconds: args.seconds.unwrap_or(60),
                 workers: args.workers.unwrap_or(1),
+                worker: worker.clone(),
                 capacity: args.capacity,
                 hold: args.hold,
                 csv: args.csv.clone(),
@@ -261,6 +284,7 @@ async fn run(scenario: &str, args: &RunArgs, services: &Services) -> anyhow::Res
                 p99_limit_ms: 100.0,
                 seconds: args.seconds.unwrap_or(40),
                 workers: args.workers.unwrap_or(4),
+                worker: worker.clone(),
                 capacity: args.capacity,
                 hold: args.hold,
                 csv: args.csv.clone(),
@@ -272,6 +296,7 @@ async fn run(scenario: &str, args: &RunArgs, services: &Services) -> anyhow::Res
                 rates: args.rates.clone(),
                 seconds: args.seconds.unwrap_or(10),
                 workers: args.workers.unwrap_or(1),
+                worker,
                 capacity: args.capacity,
                 hold: args.hold,
             };

@@ -16,7 +16,7 @@ use chime_e2e::Scheduler;
 use serde::Serialize;
 
 use crate::jobs::{JobDef, specs};
-use crate::recorder::Workers;
+use crate::recorder::{WorkerKind, Workers};
 use crate::report::{Report, Row, ms, share, summary};
 use crate::sandbox::{Sandbox, Services, bounded, poll, sleep_until_us, within};
 use crate::stats::{Execution, Summary, Tally, Window, tally};
@@ -37,8 +37,10 @@ pub struct Params {
     /// Seconds of firing, counted from the first fire; the steady window excludes the first 2
     /// and the last second.
     pub seconds: u64,
-    /// In-process workers.
+    /// Workers.
     pub workers: usize,
+    /// How the workers run: in this process, or processes started by a command.
+    pub worker: WorkerKind,
     /// Handlers each worker runs at once.
     pub capacity: u16,
     /// Deliveries each worker may hold beyond its handlers (triggers waiting for their
@@ -59,8 +61,9 @@ pub struct Results {
     pub executions: usize,
     /// How far each execution's recorded `started_at` (database) is from its handler's start
     /// as the worker saw it, in absolute milliseconds: the database's lateness against the
-    /// worker-side figure above, for the same runs.
-    pub database_vs_worker: Summary,
+    /// worker-side figure above, for the same runs. `None` for worker processes, whose
+    /// handler starts are read from the database in the first place.
+    pub database_vs_worker: Option<Summary>,
     /// Leader elections between the first fire and the stop (the lease's term moved).
     pub term_changes: i64,
 }
@@ -96,6 +99,7 @@ async fn measure(sandbox: &Sandbox, params: &Params) -> anyhow::Result<Report> {
         .collect();
     let workers = Workers::start(
         sandbox,
+        &params.worker,
         &group,
         &names,
         params.workers,
@@ -115,7 +119,7 @@ async fn measure(sandbox: &Sandbox, params: &Params) -> anyhow::Result<Report> {
     );
 
     let first = poll(Duration::from_secs(120), "the first fire", || async {
-        Ok(workers.earliest())
+        workers.earliest().await
     })
     .await?;
     let term_before = sandbox.lease_term().await?;
@@ -144,7 +148,7 @@ async fn measure(sandbox: &Sandbox, params: &Params) -> anyhow::Result<Report> {
             Duration::from_secs(5),
             Duration::from_secs(60),
         )
-        .await;
+        .await?;
     let executions = workers.stop().await?;
     if let Some(path) = &params.csv {
         write_csv(path, &names, &executions)?;
@@ -155,7 +159,10 @@ async fn measure(sandbox: &Sandbox, params: &Params) -> anyhow::Result<Report> {
         );
     }
     let tally = tally(&executions, jobs, &window);
-    let database_vs_worker = database_vs_worker(sandbox, &executions).await?;
+    let database_vs_worker = match params.worker {
+        WorkerKind::InProcess => Some(database_vs_worker(sandbox, &executions).await?),
+        WorkerKind::Command(_) => None,
+    };
     Ok(report(
         params,
         &tally,
@@ -211,7 +218,10 @@ fn report(params: &Params, t: &Tally, results: Results) -> Report {
         ),
         Row::info(
             "|database started_at − handler start|",
-            summary(&results.database_vs_worker),
+            results
+                .database_vs_worker
+                .as_ref()
+                .map_or_else(|| "— (the starts are the database's)".to_owned(), summary),
         ),
     ];
     Report {
@@ -226,10 +236,13 @@ fn report(params: &Params, t: &Tally, results: Results) -> Report {
         table: rows,
         notes: vec![
             format!(
-                "scheduler and workers run in this process (scheduler on its own runtime); the \
-                 target is for the scenario's default --jobs and --seconds; {} worker(s) × {} \
-                 handlers, hold {}",
-                params.workers, params.capacity, params.hold
+                "the scheduler runs in this process (on its own runtime), the workers are {}; \
+                 the target is for the scenario's default --jobs and --seconds; {} worker(s) × \
+                 {} handlers, hold {}",
+                params.worker.describe(),
+                params.workers,
+                params.capacity,
+                params.hold
             ),
             format!(
                 "steady window = fires from the first one + 2 s to D − 1 s; {} executions seen \

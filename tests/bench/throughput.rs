@@ -23,7 +23,7 @@ use serde::Serialize;
 
 use crate::jobs::{JobDef, specs};
 use crate::raw::{self, RawRate};
-use crate::recorder::Workers;
+use crate::recorder::{WorkerKind, Workers};
 use crate::report::{Report, Row, ms, summary};
 use crate::sandbox::{Sandbox, Services, bounded, now_us, poll, sleep_until_us, within};
 use crate::stats::{Summary, Tally, Window, tally};
@@ -43,8 +43,10 @@ pub struct Params {
     pub rates: Vec<u32>,
     /// Seconds per step.
     pub seconds: u64,
-    /// In-process workers.
+    /// Workers.
     pub workers: usize,
+    /// How the workers run: in this process, or processes started by a command.
+    pub worker: WorkerKind,
     /// Handlers each worker runs at once.
     pub capacity: u16,
     /// Deliveries each worker may hold beyond its handlers (triggers waiting for their
@@ -144,6 +146,7 @@ async fn measure(sandbox: &Sandbox, params: &Params) -> anyhow::Result<Report> {
     let jobs_for = |rate: u32| (rate / RATE_PER_JOB) as usize;
     let workers = Workers::start(
         sandbox,
+        &params.worker,
         &group,
         &names,
         params.workers,
@@ -159,7 +162,7 @@ async fn measure(sandbox: &Sandbox, params: &Params) -> anyhow::Result<Report> {
         specs(&defs[..jobs_for(first_rate)])?,
     );
     poll(Duration::from_secs(120), "the first fire", || async {
-        Ok(workers.earliest())
+        workers.earliest().await
     })
     .await?;
     let term_before = sandbox.lease_term().await?;
@@ -178,7 +181,11 @@ async fn measure(sandbox: &Sandbox, params: &Params) -> anyhow::Result<Report> {
             period_us: i64::from(PERIOD_MS) * 1000,
         };
         sleep_until_us(start + seconds * SECOND + SECOND / 2).await;
-        let count = tally(&workers.executions(), 0..jobs_for(rate) as u32, &window);
+        let count = tally(
+            &workers.executions().await?,
+            0..jobs_for(rate) as u32,
+            &window,
+        );
         let mut lateness = count.lateness_ms.clone();
         lateness.extend(std::iter::repeat_n(f64::INFINITY, count.missed as usize));
         let at_end = Summary::of(lateness);
@@ -216,7 +223,7 @@ async fn measure(sandbox: &Sandbox, params: &Params) -> anyhow::Result<Report> {
             Duration::from_secs(10),
             Duration::from_secs(600),
         )
-        .await;
+        .await?;
     let term_changes = sandbox.lease_term().await? - term_before;
     bounded(
         "stopping the scheduler",
@@ -362,9 +369,15 @@ fn report(params: &Params, results: Results) -> Report {
         results: serde_json::to_value(&results).unwrap_or_default(),
         table: rows,
         notes: vec![
-            "scheduler and workers run in this process (scheduler on its own runtime); a step \
-             counts a run not started by its end as infinitely late"
-                .to_owned(),
+            format!(
+                "the scheduler runs in this process (on its own runtime), the workers are {} \
+                 ({} × {} handlers, hold {}); a step counts a run not started by its end as \
+                 infinitely late",
+                params.worker.describe(),
+                params.workers,
+                params.capacity,
+                params.hold
+            ),
             "durable/s = runs of the step's window that ended `succeeded` in PostgreSQL, per \
              second"
                 .to_owned(),

@@ -1,6 +1,8 @@
 //! `chime-bench worker` (hidden): an SDK worker in its own process, for the crash scenario to
 //! SIGKILL. Each handler reports its start and finish as a JSON line on stdout; attempt 1 of a
 //! run holds on until cancelled (it is meant to be killed mid-run), later attempts return at once.
+//! `chime-bench env-worker`: an SDK worker configured by the bench worker environment, whose
+//! handlers return at once, for `--worker-cmd`.
 
 use std::time::Duration;
 
@@ -101,6 +103,39 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
                 }
             },
         );
+    }
+    builder
+        .build()
+        .context("building the worker")?
+        .run_until_signal()
+        .await
+        .context("running the worker")?;
+    Ok(())
+}
+
+/// The bench worker environment's value of `name`, which must be set.
+fn env(name: &str) -> anyhow::Result<String> {
+    std::env::var(name).with_context(|| format!("the bench worker environment needs {name}"))
+}
+
+/// Runs a worker configured by the bench worker environment (docs/benchmarks.md, "Any
+/// worker") until SIGTERM: every job of `CHIME_JOBS` succeeds at once.
+pub async fn run_from_env() -> anyhow::Result<()> {
+    let number = |name: &str| -> anyhow::Result<u16> {
+        let value = env(name)?;
+        value
+            .parse()
+            .with_context(|| format!("{name}={value:?} is not a number from 0 to 65535"))
+    };
+    let mut builder = Worker::builder(env("CHIME_GROUP")?.as_str())
+        .worker_id(env("CHIME_WORKER_ID")?.as_str())
+        .capacity(number("CHIME_CAPACITY")?)
+        .hold(number("CHIME_HOLD")?)
+        .drain_timeout(Duration::from_secs(10));
+    for job in env("CHIME_JOBS")?.split(',').filter(|j| !j.is_empty()) {
+        builder = builder.handle(job, |_: JobContext, _: serde_json::Value| async {
+            Ok::<(), JobError>(())
+        });
     }
     builder
         .build()

@@ -1,0 +1,179 @@
+"""What a handler gets: `Context` (run id, attempt, instant, params, cancellation, log).
+
+Log lines written through `ctx.log` reach `chime_run_logs` while the handler runs: the worker
+writes a batch when 100 lines wait or the oldest waiting line is 250 ms old, and the rest with
+the outcome, in order, none twice; at most 10,000 lines per attempt, then one marker line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Awaitable, Callable
+
+from .protocol import MAX_LOG_LINES_PER_ATTEMPT, cap_bytes
+
+FLUSH_EVERY = 100
+FLUSH_AFTER_S = 0.25
+MAX_LINE_BYTES = 16 * 1024
+LEVELS = ("debug", "info", "warn", "error")
+
+_py_logger = logging.getLogger("chime_worker.job")
+_PY_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
+              "error": logging.ERROR}
+
+
+@dataclass(frozen=True)
+class LogLine:
+    at: datetime
+    level: str
+    message: str
+
+
+BatchWriter = Callable[[list[LogLine]], Awaitable[None]]
+
+
+class JobLogger:
+    """Collects one attempt's log lines; a flusher (the worker's) sends them in batches."""
+
+    def __init__(self, run_id: int = 0, attempt: int = 0) -> None:
+        self._run_id = run_id
+        self._attempt = attempt
+        self._pending: list[tuple[float, LogLine]] = []
+        self._kept = 0
+        self._over = 0
+        self._wake = asyncio.Event() if _has_loop() else None
+        self._closing = False
+        self.lines: list[LogLine] = []  # every line kept (the testing helper reads it)
+        self.keep_all = False
+
+    def log(self, level: str, message: str) -> None:
+        if level not in LEVELS:
+            raise ValueError(f"log level {level!r} is not one of {', '.join(LEVELS)}")
+        _py_logger.log(_PY_LEVELS[level], "[run %s attempt %s] %s", self._run_id,
+                       self._attempt, message)
+        if self._kept >= MAX_LOG_LINES_PER_ATTEMPT:
+            self._over += 1
+            return
+        self._kept += 1
+        line = LogLine(datetime.now(timezone.utc), level, cap_bytes(str(message),
+                                                                    MAX_LINE_BYTES))
+        if self.keep_all:
+            self.lines.append(line)
+        self._pending.append((time.monotonic(), line))
+        if self._wake is not None and (len(self._pending) == 1
+                                       or len(self._pending) >= FLUSH_EVERY):
+            self._wake.set()
+
+    def debug(self, message: str) -> None:
+        self.log("debug", message)
+
+    def info(self, message: str) -> None:
+        self.log("info", message)
+
+    def warn(self, message: str) -> None:
+        self.log("warn", message)
+
+    warning = warn
+
+    def error(self, message: str) -> None:
+        self.log("error", message)
+
+    # ---- the worker's side -------------------------------------------------------------
+
+    def _take(self) -> list[LogLine]:
+        batch = [line for _, line in self._pending]
+        self._pending = []
+        return batch
+
+    def _put_back(self, batch: list[LogLine]) -> None:
+        now = time.monotonic()
+        self._pending = [(now, line) for line in batch] + self._pending
+
+    async def flush_loop(self, write: BatchWriter) -> None:
+        """Writes batches until `close()`: at 100 lines, or when the oldest is 250 ms old. A
+        batch being written when `close()` is called is finished first (order)."""
+        assert self._wake is not None
+        log = logging.getLogger("chime_worker")
+        while not self._closing:
+            if not self._pending:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            age = time.monotonic() - self._pending[0][0]
+            if len(self._pending) < FLUSH_EVERY and age < FLUSH_AFTER_S:
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), FLUSH_AFTER_S - age)
+                except asyncio.TimeoutError:
+                    pass
+                continue
+            batch = self._take()
+            try:
+                await write(batch)
+            except Exception as e:  # the rest goes with the outcome
+                log.warning("run %s: writing %d log lines failed (%s); they go with the "
+                            "outcome", self._run_id, len(batch), e)
+                self._put_back(batch)
+                await asyncio.sleep(FLUSH_AFTER_S)
+
+    def close(self) -> None:
+        """Ends `flush_loop` after the batch it is writing, if any."""
+        self._closing = True
+        if self._wake is not None:
+            self._wake.set()
+
+    def rest(self) -> list[LogLine]:
+        """The lines not written yet, with the marker line for lines over the limit."""
+        batch = self._take()
+        if self._over:
+            batch.append(LogLine(datetime.now(timezone.utc), "warn",
+                                 f"… {self._over} further lines dropped (limit "
+                                 f"{MAX_LOG_LINES_PER_ATTEMPT} lines per attempt)"))
+            self._over = 0
+        return batch
+
+
+def _has_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+        return True
+    except RuntimeError:
+        return False
+
+
+class Context:
+    """One attempt of one run, as its handler sees it."""
+
+    def __init__(self, *, run_id: int, job: str, attempt: int, scheduled_at: datetime,
+                 params: Any, log: JobLogger, cancelled: asyncio.Event,
+                 timeout_ms: int | None = None) -> None:
+        self.run_id = run_id
+        self.job = job
+        self.attempt = attempt
+        self.scheduled_at = scheduled_at
+        self.params = params
+        self.log = log
+        self.cancelled = cancelled
+        self.timeout_ms = timeout_ms
+
+    @property
+    def logger(self) -> JobLogger:
+        """Same as `log`."""
+        return self.log
+
+    @property
+    def is_cancelled(self) -> bool:
+        """True once the run's cancellation fired (operator cancel, timeout or shutdown)."""
+        return self.cancelled.is_set()
+
+    async def wait_cancelled(self, timeout: float | None = None) -> bool:
+        """Waits until cancellation fires (True) or `timeout` seconds pass (False)."""
+        try:
+            await asyncio.wait_for(self.cancelled.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False

@@ -1,0 +1,370 @@
+"""Fixtures: a fresh database with Chime's migrations and a fresh queue prefix per test.
+
+Every test gets its own database (`chime_py_<random>`, a copy of one migrated once per session;
+both dropped at the end) and its own queue
+prefix (its queues and exchanges deleted at the end), against the real PostgreSQL and RabbitMQ
+(CHIME_TEST_PG_ADMIN_URL / CHIME_TEST_AMQP_URL, default 127.0.0.1 with postgres and
+guest/guest).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+
+import aio_pika
+import asyncpg
+import pytest
+
+from chime_worker import Worker
+from chime_worker.broker import declare_base
+from chime_worker.protocol import RETRY_TIERS, Topology, ms_of, rfc3339
+
+ADMIN_URL = os.environ.get("CHIME_TEST_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+AMQP_URL = os.environ.get("CHIME_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f")
+MIGRATIONS = Path(__file__).resolve().parents[3] / "migrations"
+T = TypeVar("T")
+
+# ---- stand-ins for database functions not on main yet (test fixtures only) -----------------
+#
+# TEST STAND-IN: `chime_retry_decision` is being added by another change in a migration; until
+# it is in migrations/, tests create this stand-in, computed from protocol/src/retry.rs's rules
+# (attempts in all from chime_retry_max_attempts; delay min(max, initial × multiplier^(n-1)),
+# or the handler's requested delay capped at max; jitter ±20 %). Created only when the
+# migrations did not create the real one.
+RETRY_DECISION_STAND_IN = """
+CREATE FUNCTION chime_retry_decision(run_id bigint, attempt integer, retry_after_ms bigint)
+RETURNS TABLE (run_state text, next_attempt_at timestamptz, reason text)
+LANGUAGE sql VOLATILE AS $$
+    WITH p AS (
+        SELECT coalesce(r.retry_policy, '{}'::jsonb) AS policy FROM chime_runs r
+         WHERE r.id = chime_retry_decision.run_id
+    ), d AS (
+        SELECT policy,
+               coalesce((policy->>'max_ms')::float8, 600000) AS max_ms,
+               least(coalesce((policy->>'max_ms')::float8, 600000),
+                     coalesce((policy->>'initial_ms')::float8, 10000)
+                     * power(greatest(coalesce((policy->>'multiplier')::float8, 2), 1),
+                             chime_retry_decision.attempt - 1)
+                     * CASE WHEN coalesce((policy->>'jitter')::boolean, true)
+                            THEN 0.8 + 0.4 * random() ELSE 1 END) AS backoff
+          FROM p
+    )
+    SELECT CASE WHEN chime_retry_exhausted(policy, chime_retry_decision.attempt)
+                THEN 'dead' ELSE 'retrying' END,
+           CASE WHEN NOT chime_retry_exhausted(policy, chime_retry_decision.attempt)
+                THEN now() + least(coalesce(retry_after_ms::float8, backoff), max_ms)
+                             * interval '1 millisecond' END,
+           CASE WHEN chime_retry_exhausted(policy, chime_retry_decision.attempt)
+                THEN format('attempts exhausted (%s of %s)', chime_retry_decision.attempt,
+                            chime_retry_max_attempts(policy)) END
+      FROM d
+$$;
+"""
+
+# TEST STAND-IN: `chime_trigger` (a manual run from code) is being added by another change;
+# this stand-in inserts a pending manual run and remembers idempotency keys in a test table.
+TRIGGER_STAND_IN = """
+CREATE TABLE py_test_trigger_keys (key text PRIMARY KEY, run_id bigint NOT NULL);
+CREATE FUNCTION chime_trigger(job text, params jsonb, run_at timestamptz, idempotency_key text,
+                              actor text)
+RETURNS TABLE (run_id bigint, created boolean)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    existing bigint;
+    new_id bigint;
+BEGIN
+    SELECT k.run_id INTO existing FROM py_test_trigger_keys k WHERE k.key = idempotency_key;
+    IF existing IS NOT NULL THEN
+        RETURN QUERY SELECT existing, false;
+        RETURN;
+    END IF;
+    INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, params, state,
+                            requested_by)
+    SELECT j.name, j.group_name, coalesce(run_at, now()), 'manual',
+           coalesce(params, j.spec->'params', 'null'::jsonb), 'pending', actor
+      FROM chime_jobs j WHERE j.name = job
+    RETURNING id INTO new_id;
+    IF new_id IS NULL THEN
+        RAISE EXCEPTION 'no job %', job;
+    END IF;
+    IF idempotency_key IS NOT NULL THEN
+        INSERT INTO py_test_trigger_keys VALUES (idempotency_key, new_id);
+    END IF;
+    RETURN QUERY SELECT new_id, true;
+END
+$$;
+"""
+
+
+async def wait_for(what: str, check: Callable[[], Awaitable[T | None]], timeout: float = 15.0,
+                   every: float = 0.05) -> T:
+    """Polls `check` until it returns something truthy, or fails the test after `timeout`."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        last = await check()
+        if last:
+            return last
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+        await asyncio.sleep(every)
+
+
+@dataclass
+class Env:
+    """One test's database, broker prefix and group, with helpers that act as the scheduler."""
+
+    db: asyncpg.Pool
+    db_url: str
+    amqp: aio_pika.abc.AbstractRobustConnection
+    prefix: str
+    group: str
+    topology: Topology
+    workers: list[tuple[Worker, asyncio.Task[None]]] = field(default_factory=list)
+
+    async def insert_job(self, name: str, retry: dict[str, Any] | None = None,
+                         group: str | None = None) -> None:
+        spec: dict[str, Any] = {"every": "1h"}
+        if retry is not None:
+            spec["retry"] = retry
+        await self.db.execute(
+            "INSERT INTO chime_jobs (name, group_name, spec) VALUES ($1, $2, $3::jsonb)",
+            name, group or self.group, json.dumps(spec))
+
+    async def insert_run(self, job: str, params: Any = None, scheduled_at: datetime | None = None,
+                         state: str = "queued", group: str | None = None) -> int:
+        return int(await self.db.fetchval(
+            "INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, params, state) "
+            "VALUES ($1, $2, $3, 'manual', $4::jsonb, $5) RETURNING id",
+            job, group or self.group, scheduled_at or datetime.now(timezone.utc),
+            json.dumps(params), state))
+
+    def trigger_body(self, run_id: int, job: str, params: Any = None, attempt: int = 1,
+                     scheduled_at: datetime | None = None, timeout_ms: int | None = None,
+                     retry: dict[str, Any] | None = None, group: str | None = None) -> bytes:
+        body: dict[str, Any] = {
+            "v": 1, "run_id": run_id, "job": job, "group": group or self.group,
+            "attempt": attempt,
+            "scheduled_at": rfc3339(scheduled_at or datetime.now(timezone.utc)),
+            "params": params,
+        }
+        if timeout_ms is not None:
+            body["timeout_ms"] = timeout_ms
+        if retry is not None:
+            body["retry"] = retry
+        return json.dumps(body).encode()
+
+    async def publish(self, body: bytes, *, run_id: int | None, attempt: int = 1,
+                      scheduled_at: datetime | None = None,
+                      not_before: int | None | bool = True,
+                      headers: dict[str, Any] | None = None,
+                      message_id: str | None = None) -> None:
+        """Publishes as the scheduler does (docs/protocol.md section 2): to `P.G` with key
+        `work`, mandatory, confirmed, persistent; `x-chime-not-before` = the scheduled instant
+        unless `not_before` says otherwise."""
+        at = scheduled_at or datetime.now(timezone.utc)
+        h: dict[str, Any] = {"x-chime-attempt": attempt, "x-chime-term": 1}
+        if not_before is True:
+            h["x-chime-not-before"] = ms_of(at)
+        elif isinstance(not_before, int) and not isinstance(not_before, bool):
+            h["x-chime-not-before"] = not_before
+        h.update(headers or {})
+        async with self.amqp.channel(publisher_confirms=True, on_return_raises=True) as ch:
+            exchange = await ch.get_exchange(self.topology.exchange)
+            await exchange.publish(aio_pika.Message(
+                body, content_type="application/json",
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                message_id=message_id if run_id is None else str(run_id),
+                timestamp=int(at.timestamp()), headers=h), "work", mandatory=True)
+
+    async def trigger(self, job: str, params: Any = None, **kw: Any) -> int:
+        """Inserts a run and publishes its first trigger; returns the run id."""
+        at = kw.pop("scheduled_at", None) or datetime.now(timezone.utc)
+        run_id = await self.insert_run(job, params, at)
+        await self.publish(self.trigger_body(run_id, job, params, scheduled_at=at, **kw),
+                           run_id=run_id, scheduled_at=at)
+        return run_id
+
+    async def get_message(self, queue: str, timeout: float = 15.0
+                          ) -> aio_pika.abc.AbstractIncomingMessage:
+        """Waits for a message in `queue` and takes it. The queue may not be declared yet,
+        or be a quorum queue just declared whose replica is not up (the broker then closes
+        the connection with INTERNAL_ERROR): a poll that fails opens a new connection."""
+        conn: aio_pika.abc.AbstractConnection | None = None
+
+        async def one() -> aio_pika.abc.AbstractIncomingMessage | None:
+            nonlocal conn
+            try:
+                if conn is None or conn.is_closed:
+                    conn = await aio_pika.connect(AMQP_URL)
+                async with conn.channel() as ch:
+                    q = await ch.declare_queue(queue, passive=True)
+                    return await q.get(no_ack=True, fail=False)
+            except (aio_pika.exceptions.AMQPError, ConnectionError):
+                return None
+
+        try:
+            return await wait_for(f"a message in {queue}", one, timeout)
+        finally:
+            if conn is not None and not conn.is_closed:
+                await conn.close()
+
+    async def run_state(self, run_id: int) -> str:
+        return str(await self.db.fetchval("SELECT state FROM chime_runs WHERE id = $1", run_id))
+
+    async def wait_run(self, run_id: int, *states: str, timeout: float = 15.0) -> asyncpg.Record:
+        async def check() -> asyncpg.Record | None:
+            row = await self.db.fetchrow("SELECT * FROM chime_runs WHERE id = $1", run_id)
+            return row if row is not None and row["state"] in states else None
+
+        return await wait_for(f"run {run_id} in {states}", check, timeout)
+
+    async def attempts(self, run_id: int) -> list[asyncpg.Record]:
+        return list(await self.db.fetch(
+            "SELECT * FROM chime_attempts WHERE run_id = $1 ORDER BY attempt", run_id))
+
+    async def start_worker(self, worker: Worker) -> Worker:
+        task = asyncio.create_task(worker.run())
+        self.workers.append((worker, task))
+
+        async def registered() -> bool:
+            if task.done():
+                task.result()
+            return bool(await self.db.fetchval(
+                "SELECT count(*) FROM chime_workers WHERE id = $1", worker.worker_id))
+
+        await wait_for("the worker to register", registered)
+        return worker
+
+    def worker(self, **kw: Any) -> Worker:
+        return Worker(self.group, database_url=self.db_url, amqp_url=AMQP_URL,
+                      prefix=self.prefix, worker_id=f"py-{secrets.token_hex(3)}",
+                      heartbeat_interval=0.2, **kw)
+
+    async def stop_workers(self) -> None:
+        for worker, task in self.workers:
+            worker.stop()
+        for worker, task in self.workers:
+            await asyncio.wait_for(task, 60)
+        self.workers.clear()
+
+
+def _db_url(name: str) -> str:
+    return ADMIN_URL.rsplit("/", 1)[0] + "/" + name
+
+
+#: A database with the migrations applied, made once per test session; each test's database
+#: is a copy of it (CREATE DATABASE ... TEMPLATE), dropped at the end.
+_template: str | None = None
+
+
+async def _migrated_template(admin: asyncpg.Connection) -> str:
+    global _template
+    if _template is None:
+        name = f"chime_py_template_{secrets.token_hex(6)}"
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        conn = await asyncpg.connect(_db_url(name))
+        try:
+            for path in sorted(MIGRATIONS.glob("*.sql")):
+                await conn.execute(path.read_text())
+            if await conn.fetchval("SELECT to_regproc('chime_retry_decision') IS NULL"):
+                await conn.execute(RETRY_DECISION_STAND_IN)
+            if await conn.fetchval("SELECT to_regproc('chime_trigger') IS NULL"):
+                await conn.execute(TRIGGER_STAND_IN)
+        finally:
+            await conn.close()
+        _template = name
+    return _template
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _drop_template() -> Any:
+    yield
+    if _template is not None:
+        async def drop() -> None:
+            admin = await asyncpg.connect(ADMIN_URL)
+            try:
+                await admin.execute(f'DROP DATABASE IF EXISTS "{_template}" WITH (FORCE)')
+            finally:
+                await admin.close()
+
+        asyncio.run(drop())
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[Env]:
+    name = f"chime_py_{secrets.token_hex(6)}"
+    admin = await asyncpg.connect(ADMIN_URL)
+    template = await _migrated_template(admin)
+    await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    db_url = _db_url(name)
+    pool = None
+    amqp = None
+    prefix = f"chimepy{secrets.token_hex(4)}"
+    group = "g" + secrets.token_hex(3)
+    topology = Topology(prefix, group)
+    try:
+        pool = await asyncpg.create_pool(db_url, min_size=1, max_size=4)
+        assert pool is not None
+        amqp = await aio_pika.connect_robust(AMQP_URL)
+        async with amqp.channel() as ch:
+            await declare_base(ch, topology)  # as the scheduler does at start
+        e = Env(pool, db_url, amqp, prefix, group, topology)
+        try:
+            yield e
+        finally:
+            await e.stop_workers()
+    finally:
+        if amqp is not None:
+            await amqp.close()
+        # On a connection of its own: the test's may have been closed by the broker.
+        cleanup = await aio_pika.connect(AMQP_URL)
+        try:
+            async with cleanup.channel() as ch:
+                for q in [topology.work_queue, topology.parking_queue,
+                          *(topology.retry_queue(t) for t in RETRY_TIERS)]:
+                    await ch.queue_delete(q)
+                await ch.exchange_delete(topology.exchange)
+                await ch.exchange_delete(topology.control_exchange)
+        finally:
+            await cleanup.close()
+        if pool is not None:
+            await pool.close()
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+class LogCapture(logging.Handler):
+    """The SDK's own log records, to wait for a message such as 'acked without running'."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def sdk_log() -> Any:
+    capture = LogCapture()
+    logger = logging.getLogger("chime_worker")
+    logger.addHandler(capture)
+    old = logger.level
+    logger.setLevel(logging.DEBUG)
+    yield capture
+    logger.removeHandler(capture)
+    logger.setLevel(old)
+
+
+def later(seconds: float) -> datetime:
+    return datetime.now(timezone.utc) + timedelta(seconds=seconds)
