@@ -6,6 +6,7 @@ mod api;
 mod bench_smoke;
 mod chaos;
 mod common;
+mod conformance;
 mod control;
 mod dashboard;
 mod dead_letters;
