@@ -15,6 +15,8 @@ pub use crate::ops::Broker;
 use crate::ops::{Cancelled, FieldProblem, JobView, MAX_PAGE, Operations, OpsError, OpsResult};
 use crate::store::{RunDetail, RunQuery, RunRecord, Store};
 
+mod grants;
+
 /// Chime: a distributed job scheduler on PostgreSQL and RabbitMQ.
 #[derive(Debug, Parser)]
 #[command(name = "chime", version, about, long_about = None)]
@@ -106,6 +108,36 @@ fn actor_name(name: &str) -> Result<String, String> {
 pub enum WorkersCommand {
     /// Workers online or stopped within the last day, with capacity and running runs.
     List,
+    /// Let a database role act for one executor group as its workers (and nothing more):
+    /// prints the SQL an administrator runs and the matching RabbitMQ permissions, or runs the
+    /// SQL with --apply.
+    Grant {
+        /// The executor group.
+        #[arg(long)]
+        group: String,
+        /// The role's name (default chime_worker_<group>).
+        #[arg(long)]
+        role: Option<String>,
+        /// Create it as a login role (with a password) instead of a group role to grant to
+        /// each worker's login role.
+        #[arg(long)]
+        login: bool,
+        /// Run the SQL (create the role if missing; with --login, print its new password once).
+        #[arg(long)]
+        apply: bool,
+    },
+    /// Withdraw a role's grant of one executor group (with no group left, all its rights).
+    Revoke {
+        /// The executor group.
+        #[arg(long)]
+        group: String,
+        /// The role's name (default chime_worker_<group>).
+        #[arg(long)]
+        role: Option<String>,
+        /// Run the SQL instead of printing it.
+        #[arg(long)]
+        apply: bool,
+    },
 }
 
 /// `chime tokens …`
@@ -332,6 +364,7 @@ async fn execute(
                 }
             })
         }
+        Command::Workers(command) => grants::workers(ops, caller, command, out).await,
         Command::Tokens(command) => tokens(ops, caller, output, command, out).await,
         Command::Scheduler { .. }
         | Command::Migrate
