@@ -505,8 +505,7 @@ async fn trigger_job(
     Path(name): Path<String>,
     body: Bytes,
 ) -> ApiResult<impl IntoResponse> {
-    const SHAPE: &str =
-        "the body is {\"params\": {…}, \"at\": \"<RFC 3339 instant>\", \"idempotency_key\": \"…\"} \
+    const SHAPE: &str = "the body is {\"params\": {…}, \"at\": \"<RFC 3339 instant>\", \"idempotency_key\": \"…\"} \
          (each optional) or empty";
     let mut options = TriggerOptions::default();
     match body_json(&body)? {

@@ -120,10 +120,16 @@ async fn a_worker_granted_only_its_group_runs_a_job_end_to_end(pool: PgPool) {
             .fetch_one(&env.pool)
             .await
             .unwrap();
-    assert_eq!((params, by.as_str()), (json!({"invoice": 42}), "billing-service"));
+    assert_eq!(
+        (params, by.as_str()),
+        (json!({"invoice": 42}), "billing-service")
+    );
     match client.trigger("theirs").send().await {
         Err(TriggerError::Forbidden(message)) => {
-            assert!(message.contains("chime workers grant --group another-group"), "{message}")
+            assert!(
+                message.contains("chime workers grant --group another-group"),
+                "{message}"
+            )
         }
         other => panic!("{other:?}"),
     }

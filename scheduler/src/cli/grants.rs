@@ -65,7 +65,11 @@ pub(super) async fn workers(
                 (_, false) => writeln!(out, "role {role} exists; kept as it is"),
             }
             .map_err(io)?;
-            let granted = if fresh { "may now act" } else { "already could act" };
+            let granted = if fresh {
+                "may now act"
+            } else {
+                "already could act"
+            };
             write!(
                 out,
                 "role {role} {granted} for executor group {group}\n\n{}",
@@ -90,7 +94,10 @@ pub(super) async fn workers(
             let had = ops.store().revoke_worker(&role, &group).await?;
             let left = ops.store().worker_grants(&role).await?;
             if had {
-                writeln!(out, "role {role} may no longer act for executor group {group}")
+                writeln!(
+                    out,
+                    "role {role} may no longer act for executor group {group}"
+                )
             } else {
                 writeln!(out, "role {role} had no grant of executor group {group}")
             }
@@ -296,7 +303,10 @@ mod tests {
             "SELECT chime_grant_worker('chime_worker_orders', 'orders', 'cli:o''neil');"
         ));
         assert!(grant_sql("r", "g", false, None, "me").contains("NOLOGIN"));
-        assert_eq!(revoke_sql("r", "g"), "SELECT chime_revoke_worker('r', 'g');\n");
+        assert_eq!(
+            revoke_sql("r", "g"),
+            "SELECT chime_revoke_worker('r', 'g');\n"
+        );
     }
 
     /// The permissions match the group's objects of docs/protocol.md section 1 and nothing of
@@ -326,7 +336,10 @@ mod tests {
             assert!(configure(name) && write(name) && read(name), "{name}");
         }
         assert!(configure("chime.control") && read("chime.control"));
-        assert!(!write("chime.control"), "workers never publish control messages");
+        assert!(
+            !write("chime.control"),
+            "workers never publish control messages"
+        );
         for name in [
             "chime.billing.work",
             "chime.orders.eu.work",
@@ -335,5 +348,85 @@ mod tests {
         ] {
             assert!(!configure(name) && !write(name) && !read(name), "{name}");
         }
+    }
+
+    /// `--apply` creates the login role, grants it the group (it may then act for it, and log
+    /// in with the password printed once), and `revoke --apply` takes it all back.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn grant_and_revoke_apply_create_grant_and_withdraw(pool: sqlx::PgPool) {
+        use crate::cli::{Cli, Output, control};
+        use clap::Parser as _;
+
+        let store = crate::store::Store::from_pool(pool.clone());
+        let role = chime_test_kit::unique("chime_test_cli_").to_lowercase();
+        let _guard = chime_test_kit::RoleGuard::adopt(&pool, &role);
+        let run = async |args: &[&str]| -> String {
+            let cli = Cli::try_parse_from(args).unwrap();
+            let mut out = Vec::new();
+            let code = control(&store, Output::Table, cli.command, &mut out)
+                .await
+                .unwrap();
+            assert_eq!(code, std::process::ExitCode::SUCCESS);
+            String::from_utf8(out).unwrap()
+        };
+        let printed = run(&[
+            "chime", "workers", "grant", "--group", "orders", "--role", &role, "--login",
+        ])
+        .await;
+        assert!(
+            printed.contains(&format!("CREATE ROLE {role} LOGIN PASSWORD")),
+            "{printed}"
+        );
+        assert!(printed.contains("rabbitmqctl set_permissions"), "{printed}");
+        let exists = async || -> bool {
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)")
+                .bind(&role)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        };
+        assert!(!exists().await, "printing changes nothing");
+
+        let applied = run(&[
+            "chime", "workers", "grant", "--group", "orders", "--role", &role, "--login", "--apply",
+        ])
+        .await;
+        assert!(exists().await);
+        let password = applied
+            .lines()
+            .find_map(|l| l.split_once("(shown only this once): "))
+            .map(|(_, p)| p.to_owned())
+            .expect(&applied);
+        let options = (*pool.connect_options())
+            .clone()
+            .username(&role)
+            .password(&password);
+        let as_worker = sqlx::PgPool::connect_with(options).await.unwrap();
+        let may: (bool, bool) =
+            sqlx::query_as("SELECT chime_may_act_for('orders'), chime_may_act_for('billing')")
+                .fetch_one(&as_worker)
+                .await
+                .unwrap();
+        assert_eq!(may, (true, false));
+        as_worker.close().await;
+
+        let again = run(&[
+            "chime", "workers", "grant", "--group", "orders", "--role", &role, "--apply",
+        ])
+        .await;
+        assert!(again.contains("already could act"), "{again}");
+        let revoked = run(&[
+            "chime", "workers", "revoke", "--group", "orders", "--role", &role, "--apply",
+        ])
+        .await;
+        assert!(revoked.contains("may no longer act"), "{revoked}");
+        let executable: bool = sqlx::query_scalar(
+            "SELECT has_function_privilege($1, 'chime_heartbeat(text)', 'EXECUTE')",
+        )
+        .bind(&role)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert!(!executable);
     }
 }

@@ -26,8 +26,10 @@ async fn world(pool: &PgPool) -> World {
         sqlx::query("INSERT INTO chime_jobs (name, group_name, spec) VALUES ($1, $2, $3)")
             .bind(job)
             .bind(group)
-            .bind(json!({"retry": {"max_attempts": 3, "initial": "1s", "multiplier": 2.0,
-                                   "max": "3s", "jitter": false}}))
+            .bind(
+                json!({"retry": {"max_attempts": 3, "initial": "1s", "multiplier": 2.0,
+                                   "max": "3s", "jitter": false}}),
+            )
             .execute(pool)
             .await
             .unwrap();
@@ -74,7 +76,9 @@ async fn refused(pool: &PgPool, sql: &str) -> (String, String) {
         .await
         .err()
         .unwrap_or_else(|| panic!("not refused: {sql}"));
-    let db = e.as_database_error().unwrap_or_else(|| panic!("{sql}: {e}"));
+    let db = e
+        .as_database_error()
+        .unwrap_or_else(|| panic!("{sql}: {e}"));
     (
         db.code().unwrap_or_default().into_owned(),
         db.message().to_owned(),
@@ -98,9 +102,7 @@ async fn a_granted_role_acts_for_its_group_and_is_refused_every_call_for_another
              ARRAY[NULL::timestamptz], 'wa', 'ga')"
         ),
         format!("SELECT * FROM chime_run_snapshot({a})"),
-        format!(
-            "SELECT chime_append_logs({a}, 1, ARRAY[now()], ARRAY['info'], ARRAY['hello'])"
-        ),
+        format!("SELECT chime_append_logs({a}, 1, ARRAY[now()], ARRAY['info'], ARRAY['hello'])"),
         format!("SELECT * FROM chime_retry_decision({a}, 1, NULL)"),
         format!(
             "SELECT * FROM chime_record_outcomes(ARRAY[{a}::bigint], ARRAY[1], \
@@ -109,9 +111,7 @@ async fn a_granted_role_acts_for_its_group_and_is_refused_every_call_for_another
              ARRAY[{a}::bigint], ARRAY[1], ARRAY[now()], ARRAY['warn'], ARRAY['last'])"
         ),
         format!("SELECT * FROM chime_outcome_recorded({a}, 1, 'wa', 'failed', 5, 'boom')"),
-        format!(
-            "SELECT chime_mark_unhandled({a}, 'ga', 'waiting for a handler', 'ja', 2)"
-        ),
+        format!("SELECT chime_mark_unhandled({a}, 'ga', 'waiting for a handler', 'ja', 2)"),
         "SELECT chime_handled_elsewhere('ga', 'ja', 'wa')".to_owned(),
         format!(
             "SELECT * FROM chime_take_over({a}, 'ja', 9, 'nobody', 'lost', true, 5, NULL, 'wa')"
@@ -158,9 +158,7 @@ async fn a_granted_role_acts_for_its_group_and_is_refused_every_call_for_another
              ARRAY[NULL::timestamptz], 'wa', 'gb')"
         ),
         format!("SELECT * FROM chime_run_snapshot({b})"),
-        format!(
-            "SELECT chime_append_logs({b}, 1, ARRAY[now()], ARRAY['info'], ARRAY['forged'])"
-        ),
+        format!("SELECT chime_append_logs({b}, 1, ARRAY[now()], ARRAY['info'], ARRAY['forged'])"),
         format!("SELECT * FROM chime_retry_decision({b}, 1, NULL)"),
         format!(
             "SELECT * FROM chime_record_outcomes(ARRAY[{b}::bigint], ARRAY[1], \
@@ -174,9 +172,7 @@ async fn a_granted_role_acts_for_its_group_and_is_refused_every_call_for_another
         format!("SELECT chime_mark_dead({b}, 'ga', 'x', 'wa', 'jb', 1)"),
         format!("SELECT chime_mark_dead({b}, 'gb', 'x', 'wa', 'jb', 1)"),
         "SELECT chime_handled_elsewhere('gb', 'jb', 'wa')".to_owned(),
-        format!(
-            "SELECT * FROM chime_take_over({b}, 'jb', 0, 'wb', 'lost', false, 5, NULL, 'wa')"
-        ),
+        format!("SELECT * FROM chime_take_over({b}, 'jb', 0, 'wb', 'lost', false, 5, NULL, 'wa')"),
         "SELECT * FROM chime_trigger('jb', NULL, NULL, NULL, 'worker-a')".to_owned(),
     ];
     for sql in &refused_calls {
@@ -200,10 +196,11 @@ async fn a_granted_role_acts_for_its_group_and_is_refused_every_call_for_another
     .await
     .unwrap();
     assert_eq!((state.as_str(), logs, worker_stopped), ("queued", 0, false));
-    let runs_of_b: i64 = sqlx::query_scalar("SELECT count(*) FROM chime_runs WHERE job_name = 'jb'")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let runs_of_b: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM chime_runs WHERE job_name = 'jb'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     assert_eq!(runs_of_b, 1);
     as_worker.close().await;
 }
@@ -228,7 +225,10 @@ async fn a_granted_role_touches_no_table_and_no_scheduler_function(pool: PgPool)
     for table in tables {
         for sql in [
             format!("SELECT * FROM {table} LIMIT 1"),
-            format!("UPDATE {table} SET {} = {0}", first_column(&pool, table).await),
+            format!(
+                "UPDATE {table} SET {} = {0}",
+                first_column(&pool, table).await
+            ),
             format!("DELETE FROM {table}"),
         ] {
             let (code, message) = refused(&as_worker, &sql).await;
@@ -435,14 +435,21 @@ async fn the_retry_decision_is_the_protocols_backoff(pool: PgPool) {
     let run = run_with_policy(&pool, json!({"max_attempts": 3})).await;
     assert_eq!(
         decision(&pool, run, 3, None).await,
-        ("dead".into(), None, Some("attempts exhausted (3 of 3)".into()))
+        (
+            "dead".into(),
+            None,
+            Some("attempts exhausted (3 of 3)".into())
+        )
     );
     assert_eq!(decision(&pool, run, 7, Some(10)).await.0, "dead");
     // No snapshot: the default policy (3 attempts, 10 s, jitter).
     let run = run_with_policy(&pool, serde_json::Value::Null).await;
     let (state, ms, _) = decision(&pool, run, 1, None).await;
     assert_eq!(state, "retrying");
-    assert!(ms.is_some_and(|ms| (7_950..=12_000).contains(&ms)), "{ms:?}");
+    assert!(
+        ms.is_some_and(|ms| (7_950..=12_000).contains(&ms)),
+        "{ms:?}"
+    );
     // No such run: no row.
     let none: Option<String> =
         sqlx::query_scalar("SELECT run_state FROM chime_retry_decision(-1, 1, NULL)")
@@ -474,7 +481,10 @@ async fn the_retry_decisions_jitter_stays_within_its_bounds(pool: PgPool) {
     // Attempt 2: 20 s × [0.8, 1.2], capped at 22 s.
     for _ in 0..30 {
         let (_, ms, _) = decision(&pool, run, 2, None).await;
-        assert!(ms.is_some_and(|ms| (16_000 - 50..=22_000).contains(&ms)), "{ms:?}");
+        assert!(
+            ms.is_some_and(|ms| (16_000 - 50..=22_000).contains(&ms)),
+            "{ms:?}"
+        );
     }
     let (_, ms, _) = decision(&pool, run, 1, Some(1_234)).await;
     assert!(close_to(ms, 1_234), "{ms:?}");
@@ -505,13 +515,25 @@ async fn a_repeated_idempotency_key_returns_the_first_run(pool: PgPool) {
     world(&pool).await;
     let role = worker_role(&pool).await;
     let as_worker = role.connect(1).await;
-    let first = trigger(&as_worker, "ja", Some(json!({"n": 1})), None, Some("order-7"))
-        .await
-        .unwrap();
+    let first = trigger(
+        &as_worker,
+        "ja",
+        Some(json!({"n": 1})),
+        None,
+        Some("order-7"),
+    )
+    .await
+    .unwrap();
     assert!(first.1);
-    let again = trigger(&as_worker, "ja", Some(json!({"n": 2})), None, Some("order-7"))
-        .await
-        .unwrap();
+    let again = trigger(
+        &as_worker,
+        "ja",
+        Some(json!({"n": 2})),
+        None,
+        Some("order-7"),
+    )
+    .await
+    .unwrap();
     assert_eq!(again, (first.0, false));
     let other = trigger(&pool, "ja", None, None, Some("order-8"))
         .await
@@ -527,19 +549,34 @@ async fn a_repeated_idempotency_key_returns_the_first_run(pool: PgPool) {
             .fetch_one(&pool)
             .await
             .unwrap();
-    assert_eq!((params, by.as_str(), state.as_str()), (json!({"n": 1}), "test", "pending"));
-    let audit: Vec<(String, String, String, String, Option<i64>, serde_json::Value)> =
-        sqlx::query_as(
-            "SELECT actor, role, action, outcome, run_id, detail FROM chime_audit
+    assert_eq!(
+        (params, by.as_str(), state.as_str()),
+        (json!({"n": 1}), "test", "pending")
+    );
+    let audit: Vec<(
+        String,
+        String,
+        String,
+        String,
+        Option<i64>,
+        serde_json::Value,
+    )> = sqlx::query_as(
+        "SELECT actor, role, action, outcome, run_id, detail FROM chime_audit
               WHERE detail->>'idempotency_key' = 'order-7' ORDER BY id",
-        )
-        .fetch_all(&pool)
-        .await
-        .unwrap();
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
     assert_eq!(audit.len(), 2, "{audit:?}");
     for (i, (actor, role_name, action, outcome, run, detail)) in audit.iter().enumerate() {
         assert_eq!(
-            (actor.as_str(), role_name.as_str(), action.as_str(), outcome.as_str(), *run),
+            (
+                actor.as_str(),
+                role_name.as_str(),
+                action.as_str(),
+                outcome.as_str(),
+                *run
+            ),
             ("test", "worker", "jobs.trigger", "ok", Some(first.0))
         );
         assert_eq!(detail["created"], json!(i == 0));
@@ -556,14 +593,63 @@ async fn a_repeated_idempotency_key_returns_the_first_run(pool: PgPool) {
 async fn chime_trigger_refuses_bad_input_naming_the_field_and_the_fix(pool: PgPool) {
     world(&pool).await;
     let huge = json!({"blob": "x".repeat(70_000)});
-    let cases: [(&str, Option<serde_json::Value>, Option<DateTime<Utc>>, Option<String>, &str, &str); 7] = [
+    let cases: [(
+        &str,
+        Option<serde_json::Value>,
+        Option<DateTime<Utc>>,
+        Option<String>,
+        &str,
+        &str,
+    ); 7] = [
         ("nope", None, None, None, "job", "no such job"),
-        ("ja", Some(json!([1, 2])), None, None, "params", "found an array"),
-        ("ja", Some(json!("text")), None, None, "params", "found a string"),
-        ("ja", Some(huge), None, None, "params", "over the limit of 65536 bytes"),
-        ("ja", None, Some(Utc::now() - TimeDelta::days(2)), None, "run_at", "now - 1 day"),
-        ("ja", None, Some(Utc::now() + TimeDelta::days(367)), None, "run_at", "366 days"),
-        ("ja", None, None, Some("k".repeat(201)), "idempotency_key", "201 bytes"),
+        (
+            "ja",
+            Some(json!([1, 2])),
+            None,
+            None,
+            "params",
+            "found an array",
+        ),
+        (
+            "ja",
+            Some(json!("text")),
+            None,
+            None,
+            "params",
+            "found a string",
+        ),
+        (
+            "ja",
+            Some(huge),
+            None,
+            None,
+            "params",
+            "over the limit of 65536 bytes",
+        ),
+        (
+            "ja",
+            None,
+            Some(Utc::now() - TimeDelta::days(2)),
+            None,
+            "run_at",
+            "now - 1 day",
+        ),
+        (
+            "ja",
+            None,
+            Some(Utc::now() + TimeDelta::days(367)),
+            None,
+            "run_at",
+            "366 days",
+        ),
+        (
+            "ja",
+            None,
+            None,
+            Some("k".repeat(201)),
+            "idempotency_key",
+            "201 bytes",
+        ),
     ];
     for (job, params, at, key, field, says) in cases {
         let e = trigger(&pool, job, params, at, key.as_deref())
@@ -582,9 +668,14 @@ async fn chime_trigger_refuses_bad_input_naming_the_field_and_the_fix(pool: PgPo
             pg.message()
         );
         assert!(pg.hint().is_some_and(|h| !h.is_empty()), "no fix: {e}");
-        assert!(pg.detail().is_some_and(|d| d.starts_with(&format!("{field} = "))));
+        assert!(
+            pg.detail()
+                .is_some_and(|d| d.starts_with(&format!("{field} = ")))
+        );
     }
-    let empty = trigger(&pool, "ja", None, None, Some("")).await.expect_err("empty key");
+    let empty = trigger(&pool, "ja", None, None, Some(""))
+        .await
+        .expect_err("empty key");
     assert!(empty.to_string().contains("idempotency_key"));
     let (runs, audit): (i64, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM chime_runs WHERE trigger = 'manual' AND state = 'pending'),
@@ -602,7 +693,9 @@ async fn chime_trigger_refuses_bad_input_naming_the_field_and_the_fix(pool: PgPo
 async fn a_run_triggered_for_later_is_in_the_outbox_only_once_due(pool: PgPool) {
     world(&pool).await;
     let store = Store::from_pool(pool.clone());
-    let mut wake = sqlx::postgres::PgListener::connect_with(&pool).await.unwrap();
+    let mut wake = sqlx::postgres::PgListener::connect_with(&pool)
+        .await
+        .unwrap();
     wake.listen(super::OUTBOX_CHANNEL).await.unwrap();
     let at = Utc::now() + TimeDelta::hours(1);
     let (run, _) = trigger(&pool, "ja", None, Some(at), None).await.unwrap();
@@ -612,10 +705,16 @@ async fn a_run_triggered_for_later_is_in_the_outbox_only_once_due(pool: PgPool) 
         .unwrap();
     assert_eq!(woken.payload(), run.to_string());
     let ids = |runs: Vec<super::OutboxRun>| runs.into_iter().map(|r| r.id).collect::<Vec<_>>();
-    let now = store.outbox(Utc::now() + TimeDelta::seconds(5), 10).await.unwrap();
+    let now = store
+        .outbox(Utc::now() + TimeDelta::seconds(5), 10)
+        .await
+        .unwrap();
     assert!(!ids(now).contains(&run), "published before its instant");
     let due = store.outbox(at, 10).await.unwrap();
-    let due_run = due.iter().find(|r| r.id == run).expect("in the outbox at its instant");
+    let due_run = due
+        .iter()
+        .find(|r| r.id == run)
+        .expect("in the outbox at its instant");
     assert!((due_run.scheduled_at - at).abs() < TimeDelta::milliseconds(1));
     assert_eq!(due_run.retry.map(|r| r.max_attempts), Some(3));
 }

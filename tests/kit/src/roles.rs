@@ -36,6 +36,15 @@ impl RoleGuard {
         }
     }
 
+    /// A guard for role `name`, which the code under test creates (or not): dropped, if it
+    /// exists, when the guard drops.
+    pub fn adopt(pool: &PgPool, name: &str) -> RoleGuard {
+        RoleGuard {
+            name: name.to_owned(),
+            options: (*pool.connect_options()).clone(),
+        }
+    }
+
     /// A pool on the test's database that logs in as this role (the server trusts local
     /// connections, as the test setup does).
     pub async fn connect(&self, max_connections: u32) -> PgPool {
@@ -50,6 +59,14 @@ impl RoleGuard {
 /// Drops `name` after revoking and reassigning what it has in the test's database.
 async fn drop_role(options: PgConnectOptions, name: &str) -> Result<(), sqlx::Error> {
     let mut conn = PgConnection::connect_with(&options).await?;
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)")
+            .bind(name)
+            .fetch_one(&mut conn)
+            .await?;
+    if !exists {
+        return conn.close().await;
+    }
     // Its sessions first: a role with live connections may be dropped, but they would stay.
     sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1")
         .bind(name)

@@ -144,8 +144,12 @@ async fn decide(
                 // on the policy the trigger carries, which is the run's snapshot as the
                 // scheduler published it. Recording the outcome needs the database anyway.
                 match &other {
-                    Err(e) => tracing::warn!(error = %e, "cannot read the retry decision; deciding by the trigger's retry policy"),
-                    _ => tracing::warn!("no run row for the retry decision; deciding by the trigger's retry policy"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot read the retry decision; deciding by the trigger's retry policy")
+                    }
+                    _ => tracing::warn!(
+                        "no run row for the retry decision; deciding by the trigger's retry policy"
+                    ),
                 }
                 match outcome::after_retryable_failure(
                     trigger.attempt,
