@@ -115,7 +115,7 @@ pub enum WorkersCommand {
         /// The executor group.
         #[arg(long)]
         group: String,
-        /// The role's name (default chime_worker_<group>).
+        /// The role's name (default chime_worker_GROUP).
         #[arg(long)]
         role: Option<String>,
         /// Create it as a login role (with a password) instead of a group role to grant to
@@ -131,7 +131,7 @@ pub enum WorkersCommand {
         /// The executor group.
         #[arg(long)]
         group: String,
-        /// The role's name (default chime_worker_<group>).
+        /// The role's name (default chime_worker_GROUP).
         #[arg(long)]
         role: Option<String>,
         /// Run the SQL instead of printing it.

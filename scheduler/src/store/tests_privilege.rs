@@ -587,20 +587,24 @@ async fn a_repeated_idempotency_key_returns_the_first_run(pool: PgPool) {
     as_worker.close().await;
 }
 
+/// A call of chime_trigger that must be refused: job, params, instant, key, then the field
+/// refused and what the message says.
+type Refused = (
+    &'static str,
+    Option<serde_json::Value>,
+    Option<DateTime<Utc>>,
+    Option<String>,
+    &'static str,
+    &'static str,
+);
+
 /// Each bad input is refused with 22023, the field as the error's column and a message naming
 /// the value's problem and the fix; nothing is written.
 #[sqlx::test(migrations = "../migrations")]
 async fn chime_trigger_refuses_bad_input_naming_the_field_and_the_fix(pool: PgPool) {
     world(&pool).await;
     let huge = json!({"blob": "x".repeat(70_000)});
-    let cases: [(
-        &str,
-        Option<serde_json::Value>,
-        Option<DateTime<Utc>>,
-        Option<String>,
-        &str,
-        &str,
-    ); 7] = [
+    let cases: [Refused; 7] = [
         ("nope", None, None, None, "job", "no such job"),
         (
             "ja",
