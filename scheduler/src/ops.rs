@@ -708,7 +708,7 @@ impl Operations {
                 audit_role: caller.role.as_str(),
                 audit_detail: detail,
             };
-            let run = match self.store.trigger(&request).await? {
+            let run = match self.store.trigger_with(&request).await? {
                 Ok(run) => run,
                 Err(refusal) if refusal.field == "job" => return Err(no_such_job(name)),
                 Err(refusal) => {

@@ -739,9 +739,9 @@ async fn the_stores_trigger_passes_the_callers_role_and_hidden_details(pool: PgP
         audit_role: "operator",
         audit_detail: &detail,
     };
-    let made = store.trigger(&request).await.unwrap().unwrap();
+    let made = store.trigger_with(&request).await.unwrap().unwrap();
     assert!(made.created);
-    let again = store.trigger(&request).await.unwrap().unwrap();
+    let again = store.trigger_with(&request).await.unwrap().unwrap();
     assert_eq!((again.run_id, again.created), (made.run_id, false));
     let entries: Vec<(String, String, serde_json::Value)> =
         sqlx::query_as("SELECT actor, role, detail FROM chime_audit ORDER BY id")
@@ -758,7 +758,7 @@ async fn the_stores_trigger_passes_the_callers_role_and_hidden_details(pool: PgP
         idempotency_key: Some(""),
         ..request
     };
-    let refusal = store.trigger(&bad).await.unwrap().unwrap_err();
+    let refusal = store.trigger_with(&bad).await.unwrap().unwrap_err();
     assert_eq!(refusal.field, "idempotency_key");
     assert_eq!(refusal.value.as_deref(), Some(""));
 }
