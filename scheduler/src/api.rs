@@ -25,6 +25,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::sync::watch;
@@ -32,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::{Caller, Role};
 use crate::leader::Leadership;
-use crate::ops::{Broker, FieldProblem, MAX_PAGE, Operations, OpsError};
+use crate::ops::{Broker, FieldProblem, MAX_PAGE, Operations, OpsError, TriggerOptions};
 use crate::store::{AuditQuery, RunQuery, Store};
 
 /// The OpenAPI 3.1 document, hand-written next to the router (a test checks that both name the
@@ -504,28 +505,74 @@ async fn trigger_job(
     Path(name): Path<String>,
     body: Bytes,
 ) -> ApiResult<impl IntoResponse> {
-    let params = match body_json(&body)? {
-        Value::Null => None,
+    const SHAPE: &str = "the body is {\"params\": {…}, \"at\": \"<RFC 3339 instant>\", \"idempotency_key\": \"…\"} \
+         (each optional) or empty";
+    let mut options = TriggerOptions::default();
+    match body_json(&body)? {
+        Value::Null => {}
         Value::Object(mut map) => {
-            if let Some(key) = map.keys().find(|k| *k != "params") {
+            if let Some(key) = map
+                .keys()
+                .find(|k| !["params", "at", "idempotency_key"].contains(&k.as_str()))
+            {
                 return Err(ApiError::invalid(vec![FieldProblem {
                     field: Some(key.clone()),
                     value: Some(map[key].to_string()),
-                    message: "unknown field; the body is {\"params\": {…}} or empty".into(),
+                    message: format!("unknown field; {SHAPE}"),
                 }]));
             }
-            map.remove("params").filter(|p| !p.is_null())
+            options.params = map.remove("params").filter(|p| !p.is_null());
+            let mut problems = Vec::new();
+            match map.remove("at") {
+                None | Some(Value::Null) => {}
+                Some(Value::String(at)) => match DateTime::parse_from_rfc3339(&at) {
+                    Ok(at) => options.at = Some(at.with_timezone(&Utc)),
+                    Err(e) => problems.push(FieldProblem {
+                        field: Some("at".into()),
+                        value: Some(format!("{at:?}")),
+                        message: format!(
+                            "not an RFC 3339 instant ({e}); write one such as \
+                             \"2026-12-01T09:30:00Z\""
+                        ),
+                    }),
+                },
+                Some(other) => problems.push(FieldProblem {
+                    field: Some("at".into()),
+                    value: Some(other.to_string()),
+                    message: "must be a string holding an RFC 3339 instant, such as \
+                              \"2026-12-01T09:30:00Z\""
+                        .into(),
+                }),
+            }
+            match map.remove("idempotency_key") {
+                None | Some(Value::Null) => {}
+                Some(Value::String(key)) => options.idempotency_key = Some(key),
+                Some(other) => problems.push(FieldProblem {
+                    field: Some("idempotency_key".into()),
+                    value: Some(other.to_string()),
+                    message: "must be a string of 1 to 200 bytes, such as an order id".into(),
+                }),
+            }
+            if !problems.is_empty() {
+                return Err(ApiError::invalid(problems));
+            }
         }
         other => {
             return Err(ApiError::invalid(vec![FieldProblem {
                 field: None,
                 value: Some(other.to_string()),
-                message: "the body is {\"params\": {…}} (params for this run) or empty".into(),
+                message: SHAPE.into(),
             }]));
         }
+    }
+    let triggered = s.ops.trigger_with(&c, &name, options).await?;
+    // 200 for a repeated idempotency key: nothing new was made.
+    let status = if triggered.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
     };
-    let triggered = s.ops.trigger(&c, &name, params).await?;
-    Ok((StatusCode::CREATED, axum::Json(triggered)))
+    Ok((status, axum::Json(triggered)))
 }
 
 async fn list_runs(

@@ -12,8 +12,12 @@ use serde::Serialize;
 
 use crate::auth::{Caller, Role};
 pub use crate::ops::Broker;
-use crate::ops::{Cancelled, FieldProblem, JobView, MAX_PAGE, Operations, OpsError, OpsResult};
+use crate::ops::{
+    Cancelled, FieldProblem, JobView, MAX_PAGE, Operations, OpsError, OpsResult, TriggerOptions,
+};
 use crate::store::{RunDetail, RunQuery, RunRecord, Store};
+
+mod grants;
 
 /// Chime: a distributed job scheduler on PostgreSQL and RabbitMQ.
 #[derive(Debug, Parser)]
@@ -84,6 +88,13 @@ pub enum Command {
     },
 }
 
+/// An RFC 3339 instant on the command line (`--at 2026-12-01T09:30:00Z`).
+fn rfc3339(text: &str) -> Result<DateTime<Utc>, String> {
+    DateTime::parse_from_rfc3339(text)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| format!("{e}; write an RFC 3339 instant such as 2026-12-01T09:30:00Z"))
+}
+
 /// Longest `--as` name.
 const MAX_ACTOR_LEN: usize = 100;
 
@@ -106,6 +117,36 @@ fn actor_name(name: &str) -> Result<String, String> {
 pub enum WorkersCommand {
     /// Workers online or stopped within the last day, with capacity and running runs.
     List,
+    /// Let a database role act for one executor group as its workers (and nothing more):
+    /// prints the SQL an administrator runs and the matching RabbitMQ permissions, or runs the
+    /// SQL with --apply.
+    Grant {
+        /// The executor group.
+        #[arg(long)]
+        group: String,
+        /// The role's name (default chime_worker_GROUP).
+        #[arg(long)]
+        role: Option<String>,
+        /// Create it as a login role (with a password) instead of a group role to grant to
+        /// each worker's login role.
+        #[arg(long)]
+        login: bool,
+        /// Run the SQL (create the role if missing; with --login, print its new password once).
+        #[arg(long)]
+        apply: bool,
+    },
+    /// Withdraw a role's grant of one executor group (with no group left, all its rights).
+    Revoke {
+        /// The executor group.
+        #[arg(long)]
+        group: String,
+        /// The role's name (default chime_worker_GROUP).
+        #[arg(long)]
+        role: Option<String>,
+        /// Run the SQL instead of printing it.
+        #[arg(long)]
+        apply: bool,
+    },
 }
 
 /// `chime tokens …`
@@ -210,6 +251,12 @@ pub enum JobsCommand {
         /// Parameters (JSON) replacing the job's own for this run.
         #[arg(long)]
         params: Option<String>,
+        /// Run it at this instant (RFC 3339) instead of now: up to 366 days ahead.
+        #[arg(long, value_parser = rfc3339)]
+        at: Option<DateTime<Utc>>,
+        /// Triggering again with the same key makes no second run (1 to 200 bytes).
+        #[arg(long)]
+        idempotency_key: Option<String>,
     },
     /// Stop planning a job's fires (manual triggers still work).
     Pause {
@@ -332,6 +379,7 @@ async fn execute(
                 }
             })
         }
+        Command::Workers(command) => grants::workers(ops, caller, command, out).await,
         Command::Tokens(command) => tokens(ops, caller, output, command, out).await,
         Command::Scheduler { .. }
         | Command::Migrate
@@ -373,7 +421,12 @@ async fn jobs(
             }
             show_job(&job, out).map_err(io)
         }
-        JobsCommand::Trigger { name, params } => {
+        JobsCommand::Trigger {
+            name,
+            params,
+            at,
+            idempotency_key,
+        } => {
             let params = params
                 .map(|p| {
                     serde_json::from_str::<serde_json::Value>(&p).map_err(|e| {
@@ -396,12 +449,23 @@ async fn jobs(
                         .into(),
                 }]));
             }
-            let triggered = ops.trigger(caller, &name, params).await?;
+            let options = TriggerOptions {
+                params,
+                at,
+                idempotency_key,
+            };
+            let triggered = ops.trigger_with(caller, &name, options).await?;
             match output {
                 Output::Json => json_line(out, &triggered)?,
-                Output::Table => {
+                Output::Table if triggered.created => {
                     writeln!(out, "triggered {name}: run {}", triggered.run_id).map_err(io)?
                 }
+                Output::Table => writeln!(
+                    out,
+                    "{name} was triggered with this key before: run {}",
+                    triggered.run_id
+                )
+                .map_err(io)?,
             }
             for warning in &triggered.warnings {
                 eprintln!("warning: {warning}");

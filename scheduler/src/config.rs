@@ -24,7 +24,7 @@ pub use jobs::{
     JOB_FIELDS, SourceFormat, expand_job_patterns, load_job_files, parse_job_file, validate_job,
     validate_params,
 };
-pub(crate) use jobs::{LoadedJob, load_located_jobs};
+pub(crate) use jobs::{LoadedJob, identifier_problem, load_located_jobs};
 pub use settings::{
     ALERT_GROUP_KEYS, AlertSettings, DEFAULT_AMQP_URL, DEFAULT_BIND, DEFAULT_DATABASE_URL,
     DEFAULT_QUEUE_PREFIX, GroupAlertSettings, LeaderSettings, PlannerSettings, RescuerSettings,

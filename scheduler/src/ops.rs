@@ -25,7 +25,8 @@ use crate::parking::ParkingLot;
 use crate::secrets;
 use crate::store::{
     AuditQuery, AuditRecord, CancelOutcome, DeadLetterRecord, LeaderInfo, REPLAYABLE_STATES,
-    ReplayOutcome, RunBrief, RunDetail, RunQuery, RunRecord, Store, TokenRecord, WorkerRecord,
+    ReplayOutcome, RunBrief, RunDetail, RunQuery, RunRecord, Store, TokenRecord, TriggerRequest,
+    WorkerRecord,
 };
 use audit::{Entry, Outcome};
 
@@ -156,13 +157,26 @@ pub struct JobView {
 /// A manual trigger's run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Triggered {
-    /// The new run.
+    /// The new run (or, for a repeated idempotency key, the run made before).
     pub run_id: i64,
     /// Its job.
     pub job: String,
+    /// False: the idempotency key named a run made before; nothing new was made.
+    pub created: bool,
     /// What the caller should know: that no online worker handles the job (see
     /// [`Operations::handler_warnings`]).
     pub warnings: Vec<String>,
+}
+
+/// The options of a manual trigger besides its job.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TriggerOptions {
+    /// Params replacing the job's own for this run.
+    pub params: Option<serde_json::Value>,
+    /// The run's instant: now when `None`, else within now − 1 day ..= now + 366 days.
+    pub at: Option<DateTime<Utc>>,
+    /// Triggering again with the same key (1 to 200 bytes) returns the job's run of that key.
+    pub idempotency_key: Option<String>,
 }
 
 /// A job just created, with what the caller should know about it.
@@ -465,6 +479,11 @@ impl Operations {
         Ok(found)
     }
 
+    /// The broker's queue prefix, when this has a broker.
+    pub fn broker_prefix(&self) -> Option<&str> {
+        self.broker.as_ref().map(|b| b.queue_prefix.as_str())
+    }
+
     fn broker(&self) -> OpsResult<&Broker> {
         self.broker.as_ref().ok_or_else(|| {
             OpsError::Unavailable("this operation needs the broker's URL and prefix".into())
@@ -652,9 +671,26 @@ impl Operations {
         name: &str,
         params: Option<serde_json::Value>,
     ) -> OpsResult<Triggered> {
-        let entry = Entry::job(name).detail(serde_json::json!({"params": params}));
-        self.audited(caller, Action::JobsTrigger, entry, async |entry| {
-            if let Some(params) = &params {
+        let options = TriggerOptions {
+            params,
+            ..TriggerOptions::default()
+        };
+        self.trigger_with(caller, name, options).await
+    }
+
+    /// Triggers a run of job `name` (paused jobs too) with `options`, through the database's
+    /// `chime_trigger`, which validates it, makes (or, for a repeated idempotency key, finds)
+    /// the run, writes its audit entry and wakes the leader.
+    pub async fn trigger_with(
+        &self,
+        caller: &Caller,
+        name: &str,
+        options: TriggerOptions,
+    ) -> OpsResult<Triggered> {
+        let entry = Entry::job(name).detail(serde_json::json!({"params": options.params}));
+        self.audited_in_store(caller, Action::JobsTrigger, entry, async |entry, detail| {
+            if let Some(params) = &options.params {
+                // The nesting and NUL checks beyond chime_trigger's (which bounds the size).
                 validate_params(params).map_err(|e| {
                     OpsError::Invalid(vec![FieldProblem {
                         field: e.field,
@@ -663,15 +699,35 @@ impl Operations {
                     }])
                 })?;
             }
-            let run_id = self
-                .store
-                .trigger(name, params, &caller.actor)
-                .await?
-                .ok_or_else(|| no_such_job(name))?;
-            entry.run_id = Some(run_id);
+            let request = TriggerRequest {
+                job: name,
+                params: options.params.as_ref(),
+                at: options.at,
+                idempotency_key: options.idempotency_key.as_deref(),
+                requested_by: &caller.actor,
+                audit_role: caller.role.as_str(),
+                audit_detail: detail,
+            };
+            let run = match self.store.trigger_with(&request).await? {
+                Ok(run) => run,
+                Err(refusal) if refusal.field == "job" => return Err(no_such_job(name)),
+                Err(refusal) => {
+                    let field = match refusal.field.as_str() {
+                        "run_at" => "at".to_owned(),
+                        other => other.to_owned(),
+                    };
+                    return Err(OpsError::Invalid(vec![FieldProblem {
+                        field: Some(field),
+                        value: refusal.value,
+                        message: refusal.message,
+                    }]));
+                }
+            };
+            entry.run_id = Some(run.run_id);
             Ok(Triggered {
-                run_id,
+                run_id: run.run_id,
                 job: name.to_owned(),
+                created: run.created,
                 warnings: self.handler_warnings(name).await,
             })
         })

@@ -33,6 +33,7 @@ const LEASE_CTE: &str = lease_cte!();
 
 mod dead_letters;
 mod failures;
+mod grants;
 mod ops;
 mod overdue;
 mod report;
@@ -42,6 +43,8 @@ mod tests_job_fields;
 mod tests_lease;
 #[cfg(test)]
 mod tests_pause;
+#[cfg(test)]
+mod tests_privilege;
 #[cfg(test)]
 mod tests_protocol_calls;
 mod timeline;
@@ -102,6 +105,67 @@ const SYNC_BATCH: usize = 1_000;
 pub const OUTBOX_CHANNEL: &str = "chime_outbox";
 /// Notification channel: the leader resigned; followers try to take over at once.
 pub const LEADER_CHANNEL: &str = "chime_leader";
+
+/// A manual trigger, for [`Store::trigger`] (`chime_trigger`).
+#[derive(Debug, Clone)]
+pub struct TriggerRequest<'a> {
+    /// The job.
+    pub job: &'a str,
+    /// Params replacing the job's own (a JSON object, at most 64 KiB).
+    pub params: Option<&'a serde_json::Value>,
+    /// The run's instant (now when `None`; within now − 1 day ..= now + 366 days).
+    pub at: Option<DateTime<Utc>>,
+    /// Asking again with the same key returns the job's run of that key (1..=200 bytes).
+    pub idempotency_key: Option<&'a str>,
+    /// Who asks (`chime_runs.requested_by`, the audit row's actor).
+    pub requested_by: &'a str,
+    /// The caller's role, for the audit row.
+    pub audit_role: &'a str,
+    /// The audit row's details, secrets hidden (a JSON object).
+    pub audit_detail: &'a serde_json::Value,
+}
+
+/// The run a trigger made or found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TriggeredRun {
+    /// The run.
+    pub run_id: i64,
+    /// False: the idempotency key named a run made before.
+    pub created: bool,
+}
+
+/// What `chime_trigger` refused (SQLSTATE 22023): the field, its value and what is wrong with
+/// it and how to fix it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TriggerRefusal {
+    /// `job`, `params`, `run_at`, `idempotency_key` or `actor`.
+    pub field: String,
+    /// The value as the database saw it (`field = value`), if it said.
+    pub value: Option<String>,
+    /// What is wrong and the fix.
+    pub message: String,
+}
+
+impl TriggerRefusal {
+    /// The refusal `error` carries, if it is one of `chime_trigger`'s (22023 with a column).
+    fn from_error(error: &sqlx::Error) -> Option<TriggerRefusal> {
+        let db = error.as_database_error()?;
+        if db.code().as_deref() != Some("22023") {
+            return None;
+        }
+        let pg = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()?;
+        let field = pg.column()?.to_owned();
+        let value = pg
+            .detail()
+            .and_then(|d| d.split_once(" = "))
+            .map(|(_, v)| v.to_owned());
+        Some(TriggerRefusal {
+            field,
+            value,
+            message: pg.message().to_owned(),
+        })
+    }
+}
 
 /// Handle on the Chime database.
 #[derive(Debug, Clone)]
@@ -929,35 +993,77 @@ impl Store {
         Ok(row.get::<i64, _>("leased") == 1)
     }
 
-    /// Records a manual trigger of `job` (paused jobs too) in the outbox and wakes the leader.
-    /// `params` replaces the job's params when given. Returns the run id, or `None` if there is
-    /// no such job.
+    /// Triggers `job` now (paused jobs too) with `params` replacing its own, for tools and tests
+    /// that act as an admin (`chime jobs trigger` goes through `Operations` instead): the audit
+    /// entry names `requested_by` as `admin`, without the params. Returns the run id, or `None`
+    /// if there is no such job.
     pub async fn trigger(
         &self,
         job: &str,
         params: Option<serde_json::Value>,
         requested_by: &str,
     ) -> anyhow::Result<Option<i64>> {
-        let mut tx = self.pool.begin().await?;
-        let id: Option<i64> = sqlx::query_scalar(
-            "INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, params, state,
-                                     requested_by)
-             SELECT name, group_name, now(), 'manual', coalesce($2, spec->'params', 'null'),
-                    'pending', $3
-             FROM chime_jobs WHERE name = $1
-             RETURNING id",
-        )
-        .bind(job)
-        .bind(params)
-        .bind(requested_by)
-        .fetch_optional(&mut *tx)
-        .await
-        .with_context(|| format!("triggering job {job:?}"))?;
-        if let Some(id) = id {
-            notify(&mut tx, OUTBOX_CHANNEL, &id.to_string()).await?;
+        let detail = serde_json::json!({});
+        let request = TriggerRequest {
+            job,
+            params: params.as_ref(),
+            at: None,
+            idempotency_key: None,
+            requested_by,
+            audit_role: "admin",
+            audit_detail: &detail,
+        };
+        match self.trigger_with(&request).await? {
+            Ok(run) => Ok(Some(run.run_id)),
+            Err(refusal) if refusal.field == "job" => Ok(None),
+            Err(refusal) => anyhow::bail!("triggering job {job:?}: {}", refusal.message),
         }
+    }
+
+    /// Records a manual trigger of `job` (paused jobs too) in the outbox and wakes the leader,
+    /// through `chime_trigger` (the one home of its validation, its idempotency and its audit
+    /// row): `params` replaces the job's params when given, `at` is its instant (now when
+    /// `None`), a repeated `idempotency_key` returns the job's run of that key. The audit row
+    /// names `requested_by` with `audit_role` and `audit_detail` (secrets already hidden).
+    /// Returns the run, or the field `chime_trigger` refused.
+    pub async fn trigger_with(
+        &self,
+        request: &TriggerRequest<'_>,
+    ) -> anyhow::Result<Result<TriggeredRun, TriggerRefusal>> {
+        let mut tx = self.pool.begin().await?;
+        // Transaction-local: they reach this call's chime_trigger only.
+        sqlx::query(
+            "SELECT set_config('chime.audit_role', $1, true),
+                    set_config('chime.audit_detail', $2, true)",
+        )
+        .bind(request.audit_role)
+        .bind(request.audit_detail.to_string())
+        .execute(&mut *tx)
+        .await
+        .context("passing the audit details")?;
+        let row = sqlx::query("SELECT run_id, created FROM chime_trigger($1, $2, $3, $4, $5)")
+            .bind(request.job)
+            .bind(request.params)
+            .bind(request.at)
+            .bind(request.idempotency_key)
+            .bind(request.requested_by)
+            .fetch_one(&mut *tx)
+            .await;
+        let row = match row {
+            Ok(row) => row,
+            Err(e) => {
+                if let Some(refusal) = TriggerRefusal::from_error(&e) {
+                    return Ok(Err(refusal));
+                }
+                return Err(anyhow::Error::new(e))
+                    .with_context(|| format!("triggering job {:?}", request.job));
+            }
+        };
         tx.commit().await?;
-        Ok(id)
+        Ok(Ok(TriggeredRun {
+            run_id: row.get("run_id"),
+            created: row.get("created"),
+        }))
     }
 
     /// Runs, newest first.

@@ -63,6 +63,8 @@ async fn trigger_pause_resume_and_inspect_runs_through_the_cli(pool: PgPool) {
         Command::Jobs(JobsCommand::Trigger {
             name: "report".into(),
             params: Some(r#"{"format": "pdf"}"#.into()),
+            at: None,
+            idempotency_key: None,
         }),
     )
     .await;
@@ -176,6 +178,8 @@ async fn trigger_pause_resume_and_inspect_runs_through_the_cli(pool: PgPool) {
         Command::Jobs(JobsCommand::Trigger {
             name: "nope".into(),
             params: None,
+            at: None,
+            idempotency_key: None,
         }),
     )
     .await;

@@ -58,6 +58,8 @@ async fn trigger(store: &Store, prefix: &str, name: &str) -> i64 {
         Command::Jobs(JobsCommand::Trigger {
             name: name.into(),
             params: None,
+            at: None,
+            idempotency_key: None,
         }),
     )
     .await;

@@ -49,6 +49,9 @@
 //! every 100 lines or 250 ms), at most `chime_protocol::limits::MAX_LOG_LINES_PER_ATTEMPT` per
 //! attempt.
 //!
+//! Code may trigger runs too ([`Client`]: `client.trigger("job").params(..)?.at(..)
+//! .idempotency_key(..).send()`), through the same database call as the API.
+//!
 //! Handlers are unit-tested without a broker or database through [`testing`]. The wire contract
 //! (for workers in other languages) is the `chime-protocol` crate, described in
 //! `docs/protocol.md`; runnable examples are
@@ -68,11 +71,13 @@
 //! 3. `link` — RabbitMQ, and the only module that uses lapin: the connection and its channels,
 //!    the supervised consumer, acks, and the confirmed publishes of retries and parked copies.
 //! 4. Leaves, acyclic among themselves: `claims` and `recording` (batched claims and outcome
-//!    writes) over `store` (the only module that speaks SQL); `verify` (pure checks of a
+//!    writes) and [`Client`] (`client`: triggering runs from code) over `store` (the only
+//!    module that speaks SQL); `verify` (pure checks of a
 //!    trigger); [`testing`] and `handler` over `context` and `outcome` (`JobError` and the
 //!    decision after an attempt).
 
 mod claims;
+mod client;
 mod context;
 mod delivery;
 mod handler;
@@ -85,6 +90,7 @@ pub mod testing;
 mod verify;
 
 pub use chime_protocol::tls::AmqpTls;
+pub use client::{Client, DEFAULT_ACTOR, TriggerError, TriggerRun, Triggered};
 pub use context::{JobContext, JobLogger, Level};
 pub use handler::Handler;
 pub use outcome::JobError;

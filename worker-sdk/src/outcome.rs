@@ -226,7 +226,7 @@ pub(crate) struct Outcome {
 /// The run's end after attempt `attempt` failed retryably with `error`: retry after the
 /// policy's delay (or the handler's `requested` one) while attempts remain, else dead with the
 /// reason `attempts exhausted (n of max): error`. `random` is uniform in [0, 1) (the jitter).
-fn after_retryable_failure(
+pub(crate) fn after_retryable_failure(
     attempt: u32,
     policy: Option<&RetryPolicy>,
     requested: Option<Duration>,
@@ -243,6 +243,7 @@ fn after_retryable_failure(
 
 /// Maps an execution of attempt `attempt` to the states and error the worker records, under the
 /// job's retry `policy` (`None`: one attempt). `random` is uniform in [0, 1) (the jitter).
+#[cfg(test)]
 pub(crate) fn outcome(
     attempt: u32,
     execution: Execution,
@@ -250,15 +251,28 @@ pub(crate) fn outcome(
     policy: Option<&RetryPolicy>,
     random: f64,
 ) -> Outcome {
+    outcome_with(execution, cancel_grace, |requested, error| {
+        after_retryable_failure(attempt, policy, requested, random, error)
+    })
+}
+
+/// Maps an execution to the states and error the worker records; a retryable failure's run
+/// end is `after_failure(requested delay, error)` (the worker asks the database:
+/// `chime_retry_decision`).
+pub(crate) fn outcome_with(
+    execution: Execution,
+    cancel_grace: Duration,
+    mut after_failure: impl FnMut(Option<Duration>, &str) -> RunEnd,
+) -> Outcome {
     let Execution {
         ending,
         timed_out,
         interrupted,
         cancel_requested,
     } = execution;
-    let retryable = |state, requested, error: String| Outcome {
+    let mut retryable = |state, requested, error: String| Outcome {
         attempt: state,
-        run: after_retryable_failure(attempt, policy, requested, random, &error),
+        run: after_failure(requested, &error),
         error: Some(error),
     };
     let abandoned = || {

@@ -80,6 +80,14 @@ const MARK_UNHANDLED_SQL: &str = "SELECT chime_mark_unhandled($1, $2, $3, $4, $5
 /// Whether another online worker of the group handles the job (`chime_handled_elsewhere`).
 const HANDLED_ELSEWHERE_SQL: &str = "SELECT chime_handled_elsewhere($1, $2, $3)";
 
+/// The retry-or-dead decision after a retryable failure (`chime_retry_decision`).
+const RETRY_DECISION_SQL: &str =
+    "SELECT run_state, next_attempt_at, reason FROM chime_retry_decision($1, $2, $3)";
+
+/// A run triggered from code (`chime_trigger`); params travel as JSON text.
+const TRIGGER_SQL: &str =
+    "SELECT run_id, created FROM chime_trigger($1, $2::text::jsonb, $3, $4, $5)";
+
 /// The worker registry (`chime_register_worker`, `chime_heartbeat`, `chime_worker_stopped`).
 const REGISTER_SQL: &str = "SELECT chime_register_worker($1, $2, $3, $4, $5, $6)";
 const HEARTBEAT_SQL: &str = "SELECT chime_heartbeat($1)";
@@ -406,6 +414,36 @@ impl Store {
             .into_iter()
             .map(|(id, db)| (id, ClaimClock { db, sent }))
             .collect())
+    }
+
+    /// Retry or dead after attempt `attempt` of run `run_id` failed retryably, by the run's
+    /// retry policy snapshot (`chime_retry_decision`); `requested` is the handler's own delay.
+    /// One try: a caller that gets an error decides by the trigger's policy instead (the same
+    /// rule, `chime_protocol::retry`). `None`: no such run.
+    pub(crate) async fn retry_decision(
+        &self,
+        run_id: i64,
+        attempt: u32,
+        requested: Option<Duration>,
+    ) -> Result<Option<RetryDecision>, sqlx::Error> {
+        let requested_ms = requested.map(duration_ms);
+        let row: Option<(String, Option<DateTime<Utc>>, Option<String>)> =
+            sqlx::query_as(RETRY_DECISION_SQL)
+                .bind(run_id)
+                .bind(attempt_i32(attempt))
+                .bind(requested_ms)
+                .fetch_optional(&self.pool)
+                .await?;
+        let Some((state, next_at, reason)) = row else {
+            return Ok(None);
+        };
+        match (run_state(&state)?, next_at, reason) {
+            (RunState::Retrying, Some(at), _) => Ok(Some(RetryDecision::Retry(at))),
+            (RunState::Dead, _, Some(reason)) => Ok(Some(RetryDecision::Dead(reason))),
+            (state, at, reason) => Err(sqlx::Error::Protocol(format!(
+                "chime_retry_decision answered {state:?}, {at:?}, {reason:?}"
+            ))),
+        }
     }
 
     /// The run as it is now (`None`: no such run).
@@ -822,6 +860,15 @@ fn snapshot(row: &sqlx::postgres::PgRow) -> Result<RunSnapshot, sqlx::Error> {
     })
 }
 
+/// What `chime_retry_decision` decided for a failed attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum RetryDecision {
+    /// `retrying`: the next attempt is due at this instant (database clock).
+    Retry(DateTime<Utc>),
+    /// `dead`, with the reason (`attempts exhausted (n of m)`).
+    Dead(String),
+}
+
 /// A run's `state` column as a [`RunState`]; a word the migrations do not allow is a decode
 /// error, never a guess.
 fn run_state(text: &str) -> Result<RunState, sqlx::Error> {
@@ -834,6 +881,34 @@ fn run_state(text: &str) -> Result<RunState, sqlx::Error> {
 
 fn attempt_i32(attempt: u32) -> i32 {
     i32::try_from(attempt).unwrap_or(i32::MAX)
+}
+
+/// Asks `chime_trigger` for a run of `job` (params as JSON text; `None` for the job's own);
+/// returns the run id and whether it was made now (false: the idempotency key's earlier run).
+pub(crate) async fn trigger_run(
+    pool: &PgPool,
+    job: &str,
+    params: Option<&str>,
+    at: Option<DateTime<Utc>>,
+    idempotency_key: Option<&str>,
+    actor: &str,
+) -> Result<(i64, bool), sqlx::Error> {
+    sqlx::query_as(TRIGGER_SQL)
+        .bind(job)
+        .bind(params)
+        .bind(at)
+        .bind(idempotency_key)
+        .bind(actor)
+        .fetch_one(pool)
+        .await
+}
+
+/// True for a refusal of the worker's database role (42501 `insufficient_privilege`): the run,
+/// worker or job is of an executor group the role may not act for (`chime_may_act_for`).
+pub(crate) fn is_forbidden(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .is_some_and(|db| db.code().as_deref() == Some("42501"))
 }
 
 /// True for errors that say "the database was unreachable, try again", not "your query is wrong".

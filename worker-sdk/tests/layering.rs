@@ -10,11 +10,12 @@ fn src() -> PathBuf {
 }
 
 /// The layer of each top-level module, top first; the leaves share the last one.
-const LAYERS: [(&str, usize); 11] = [
+const LAYERS: [(&str, usize); 12] = [
     ("runtime", 0),
     ("delivery", 1),
     ("link", 2),
     ("claims", 3),
+    ("client", 3),
     ("context", 3),
     ("handler", 3),
     ("outcome", 3),

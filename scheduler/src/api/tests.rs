@@ -359,6 +359,80 @@ async fn an_operator_triggers_with_params_and_the_audit_log_says_who(pool: PgPoo
     );
 }
 
+/// `at` and `idempotency_key`: a run for later, the same key answering its first run (200,
+/// `created: false`) with one audit entry per request, and each bad value refused naming its
+/// field.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_trigger_for_later_with_an_idempotency_key_makes_one_run(pool: PgPool) {
+    let app = app(pool).await;
+    app.config_jobs(&[manual_job("report")]).await;
+    let operator = app.token(Role::Operator).await;
+    let at = "2030-01-01T00:00:00Z";
+    let later = chrono::Utc::now() + chrono::TimeDelta::days(30);
+    let request = json!({"params": {"batch": 1}, "at": later.to_rfc3339(),
+                         "idempotency_key": "order-7"});
+    let (status, first) = app
+        .call(
+            Method::POST,
+            "/api/jobs/report/trigger",
+            Some(&operator),
+            Some(request.clone()),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{first}");
+    assert_eq!(first["created"], true);
+    let (status, again) = app
+        .call(
+            Method::POST,
+            "/api/jobs/report/trigger",
+            Some(&operator),
+            Some(request),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(
+        (&again["run_id"], &again["created"]),
+        (&first["run_id"], &json!(false))
+    );
+    let (scheduled, state): (chrono::DateTime<chrono::Utc>, String) =
+        sqlx::query_as("SELECT scheduled_at, state FROM chime_runs WHERE id = $1")
+            .bind(first["run_id"].as_i64().expect("run id"))
+            .fetch_one(&app.pool)
+            .await
+            .expect("run");
+    assert!((scheduled - later).abs() < chrono::TimeDelta::milliseconds(1));
+    assert_eq!(state, "pending");
+    assert_eq!(
+        app.count("SELECT count(*) FROM chime_audit WHERE action = 'jobs.trigger'")
+            .await,
+        2,
+        "one entry per request"
+    );
+
+    for (body, field) in [
+        (json!({"at": "tomorrow"}), "at"),
+        (json!({"at": 5}), "at"),
+        (json!({"at": at.replace("2030", "2099")}), "at"),
+        (json!({"idempotency_key": 7}), "idempotency_key"),
+        (
+            json!({"idempotency_key": "k".repeat(201)}),
+            "idempotency_key",
+        ),
+    ] {
+        let (status, answer) = app
+            .call(
+                Method::POST,
+                "/api/jobs/report/trigger",
+                Some(&operator),
+                Some(body.clone()),
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {answer}");
+        assert_eq!(answer["error"]["problems"][0]["field"], field, "{answer}");
+    }
+    assert_eq!(app.count("SELECT count(*) FROM chime_runs").await, 1);
+}
+
 #[sqlx::test(migrations = "../migrations")]
 async fn runs_are_filtered_and_paged_by_keyset(pool: PgPool) {
     let app = app(pool).await;

@@ -1270,7 +1270,7 @@ pub(super) fn webhook_problem(url: &str) -> Option<String> {
 }
 
 /// What is wrong with a job or group name (or queue prefix), or `None` if it is valid.
-pub(super) fn identifier_problem(text: &str) -> Option<String> {
+pub(crate) fn identifier_problem(text: &str) -> Option<String> {
     let Some(first) = text.chars().next() else {
         return Some("it is empty".to_owned());
     };

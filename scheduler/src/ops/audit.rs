@@ -136,6 +136,49 @@ impl Operations {
         result
     }
 
+    /// As [`Operations::audited`], for an action whose success the database records itself,
+    /// in the transaction that does it (`chime_trigger`): `body` gets the entry's details with
+    /// the secrets hidden, to pass on; only a refusal for the caller's role (`denied`) or for
+    /// its input or state (`failed`) is recorded here. So each call leaves exactly one entry.
+    pub(super) async fn audited_in_store<T>(
+        &self,
+        caller: &Caller,
+        action: Action,
+        mut entry: Entry,
+        body: impl AsyncFnOnce(&mut Entry, &Value) -> OpsResult<T>,
+    ) -> OpsResult<T> {
+        debug_assert!(action.changes_state());
+        self.allow(caller, action, &entry).await?;
+        let detail = self.redacted_detail(&entry).await;
+        let result = body(&mut entry, &detail).await;
+        match &result {
+            Ok(_) => {
+                tracing::info!(actor = %caller.actor, role = %caller.role,
+                               action = action.as_str(), outcome = "ok",
+                               job = entry.job.as_deref().unwrap_or_default(),
+                               run_id = entry.run_id, "operator action");
+            }
+            Err(OpsError::Internal(_)) | Err(OpsError::Forbidden { .. }) => {}
+            Err(e) => {
+                if let Some(map) = entry.detail.as_object_mut() {
+                    map.insert("error".into(), e.to_string().into());
+                }
+                self.audit_entry(caller, action, Outcome::Failed, entry)
+                    .await?;
+            }
+        }
+        result
+    }
+
+    /// `entry`'s details with the secrets of its job hidden, as the audit log keeps them.
+    async fn redacted_detail(&self, entry: &Entry) -> Value {
+        let declared = match entry.job.as_deref() {
+            Some(name) => self.declared_secrets(name).await,
+            None => Vec::new(),
+        };
+        without_nul(secrets::redact_audit_detail(&entry.detail, &declared))
+    }
+
     /// Allows `caller` to do `action` if its role is at least the action's; records a refusal
     /// about `entry`'s job and run.
     async fn allow(&self, caller: &Caller, action: Action, entry: &Entry) -> OpsResult<()> {

@@ -303,6 +303,7 @@ async fn every_static_statement_of_the_store_prepares(pool: PgPool) {
         include_str!("../store.rs"),
         include_str!("dead_letters.rs"),
         include_str!("failures.rs"),
+        include_str!("grants.rs"),
         include_str!("ops.rs"),
         include_str!("overdue.rs"),
         include_str!("report.rs"),

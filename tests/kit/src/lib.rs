@@ -2,7 +2,8 @@
 //! SDK's integration tests (`worker-sdk/tests/`): one way to wait for a condition
 //! ([`wait_for`]), one way to capture what a worker or handler did ([`Events`]), and one
 //! per-test setup ([`Setup`]: the test's own database, its own queue prefix and group, and the
-//! deletion of its exchanges and queues, also when the test fails).
+//! deletion of its exchanges and queues, also when the test fails), and database roles that are
+//! dropped when the test ends ([`RoleGuard`]).
 //!
 //! A test reads like this (tests/README.md has the longer version):
 //!
@@ -30,10 +31,12 @@
 
 mod broker;
 mod events;
+mod roles;
 mod setup;
 mod wait;
 
 pub use broker::{AMQP_URL, TopologyGuard, amqp_url, passive_declare, unique};
 pub use events::{Events, LogGuard, capture_logs};
+pub use roles::RoleGuard;
 pub use setup::{Setup, database_url, init_tracing};
 pub use wait::{Outcome, TimedOut, WAIT, done_if, try_wait_for, wait_for};

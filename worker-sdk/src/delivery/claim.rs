@@ -270,6 +270,19 @@ impl<'a> Claiming<'a> {
                 self.delivery.ack().await;
                 Alone::Settled
             }
+            Err(error) if crate::store::is_forbidden(&error) => {
+                // The run is of a group this worker's database role may not act for: the
+                // trigger names another group's run (forged or misrouted). Never retried.
+                let reason = format!(
+                    "implausible trigger: run {} is not of a group this worker may act for: {}",
+                    trigger.run_id,
+                    error
+                        .as_database_error()
+                        .map_or_else(|| error.to_string(), |db| db.message().to_owned())
+                );
+                dead_letter(shared, self.link, self.delivery, None, reason).await;
+                Alone::Settled
+            }
             Err(error) => {
                 tracing::error!(%error, "cannot claim the run (database unavailable); requeueing the delivery");
                 self.delivery.requeue().await;

@@ -21,7 +21,7 @@ use crate::handler::ErasedHandler;
 use crate::link::Inbound;
 use crate::outcome::{self, Ending, Execution, JobError, RunEnd};
 use crate::recording::Unrecorded;
-use crate::store::ClaimClock;
+use crate::store::{ClaimClock, RetryDecision};
 
 use super::clock::{deadline_after, due_after, hold_until, sleep_until};
 use super::shared::{InFlight, Shared};
@@ -101,12 +101,13 @@ pub(super) async fn run(
             ),
         });
     }
-    decide(shared, &trigger, execution, duration, lines, started_at)
+    decide(shared, &trigger, execution, duration, lines, started_at).await
 }
 
-/// What to record of an attempt: the outcome of `execution` under the job's retry policy (with
-/// the instant of the retry, if any), logged, and its timings and log lines.
-fn decide(
+/// What to record of an attempt: the outcome of `execution`, a retryable failure decided by
+/// the database from the run's retry policy snapshot (`chime_retry_decision`: retry when, or
+/// dead), logged, and its timings and log lines.
+async fn decide(
     shared: &Shared,
     trigger: &Trigger,
     execution: Execution,
@@ -114,30 +115,69 @@ fn decide(
     lines: Vec<LogLine>,
     started_at: Option<DateTime<Utc>>,
 ) -> Unrecorded {
-    let mut outcome = outcome::outcome(
-        trigger.attempt,
-        execution,
-        shared.cancel_grace,
-        trigger.retry.as_ref(),
-        fastrand::f64(),
-    );
-    let next_attempt_at = match &outcome.run {
-        RunEnd::Retry { delay } => match due_after(Utc::now(), *delay) {
-            Some(due) => Some(due),
-            None => {
-                // Unreachable for a checked trigger (delays are at most MAX_RETRY_DELAY); an
-                // instant past chrono's range must end the run, not panic the task.
-                outcome.run = RunEnd::Dead {
-                    reason: format!(
-                        "retry delay {delay:?} puts the next attempt beyond any representable \
-                         instant; not retried"
-                    ),
-                };
-                None
+    let mut failure: Option<(Option<Duration>, String)> = None;
+    let mut outcome = outcome::outcome_with(execution, shared.cancel_grace, |requested, error| {
+        failure = Some((requested, error.to_owned()));
+        // Replaced below by the decision.
+        RunEnd::Retry {
+            delay: Duration::ZERO,
+        }
+    });
+    let mut next_attempt_at = None;
+    if let Some((requested, error)) = failure {
+        let decided = shared
+            .store
+            .retry_decision(trigger.run_id, trigger.attempt, requested)
+            .await;
+        outcome.run = match decided {
+            Ok(Some(RetryDecision::Retry(at))) => {
+                next_attempt_at = Some(at);
+                RunEnd::Retry {
+                    delay: (at - Utc::now()).to_std().unwrap_or_default(),
+                }
             }
-        },
-        _ => None,
-    };
+            Ok(Some(RetryDecision::Dead(reason))) => RunEnd::Dead {
+                reason: format!("{reason}: {error}"),
+            },
+            other => {
+                // The database could not decide (unreachable; the run is gone): the same rule
+                // on the policy the trigger carries, which is the run's snapshot as the
+                // scheduler published it. Recording the outcome needs the database anyway.
+                match &other {
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot read the retry decision; deciding by the trigger's retry policy")
+                    }
+                    _ => tracing::warn!(
+                        "no run row for the retry decision; deciding by the trigger's retry policy"
+                    ),
+                }
+                match outcome::after_retryable_failure(
+                    trigger.attempt,
+                    trigger.retry.as_ref(),
+                    requested,
+                    fastrand::f64(),
+                    &error,
+                ) {
+                    RunEnd::Retry { delay } => match due_after(Utc::now(), delay) {
+                        Some(due) => {
+                            next_attempt_at = Some(due);
+                            RunEnd::Retry { delay }
+                        }
+                        // Unreachable for a checked trigger (delays are at most
+                        // MAX_RETRY_DELAY); an instant past chrono's range must end the run,
+                        // not panic the task.
+                        None => RunEnd::Dead {
+                            reason: format!(
+                                "retry delay {delay:?} puts the next attempt beyond any \
+                                 representable instant; not retried"
+                            ),
+                        },
+                    },
+                    dead => dead,
+                }
+            }
+        };
+    }
     match &outcome.error {
         None => tracing::info!(?duration, "run succeeded"),
         Some(error) => tracing::warn!(

@@ -182,7 +182,16 @@ impl Env {
     }
 
     /// Publishes a trigger with extra headers (a not-before instant, a forged delivery count).
+    /// As the scheduler publishes a run's retry policy snapshot, the run (if any) gets the
+    /// trigger's policy as its snapshot first: the worker's retry decision
+    /// (`chime_retry_decision`) reads the snapshot.
     pub async fn publish_with_headers(&self, trigger: &Trigger, mut headers: FieldTable) {
+        sqlx::query("UPDATE chime_runs SET retry_policy = $2 WHERE id = $1")
+            .bind(trigger.run_id)
+            .bind(snapshot_of(trigger.retry.as_ref()))
+            .execute(&self.pool)
+            .await
+            .unwrap();
         headers.insert(HEADER_ATTEMPT.into(), AMQPValue::LongUInt(trigger.attempt));
         self.publish_raw(&trigger.to_body(), Some(trigger.run_id), headers)
             .await;
@@ -341,6 +350,21 @@ impl Env {
     pub async fn cleanup(self) {
         let _ = self.connection.close(200, "test done".into()).await;
         self.setup.finish().await;
+    }
+}
+
+/// A run's `retry_policy` snapshot (the job file's form) for the policy a trigger carries
+/// (none: one attempt).
+pub fn snapshot_of(policy: Option<&RetryPolicy>) -> Value {
+    match policy {
+        None => serde_json::json!({"max_attempts": 1}),
+        Some(p) => serde_json::json!({
+            "max_attempts": p.max_attempts,
+            "initial": format!("{}ms", p.initial_ms),
+            "multiplier": p.multiplier,
+            "max": format!("{}ms", p.max_ms),
+            "jitter": p.jitter,
+        }),
     }
 }
 
