@@ -33,77 +33,6 @@ AMQP_URL = os.environ.get("CHIME_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5
 MIGRATIONS = Path(__file__).resolve().parents[3] / "migrations"
 T = TypeVar("T")
 
-# ---- stand-ins for database functions not on main yet (test fixtures only) -----------------
-#
-# TEST STAND-IN: `chime_retry_decision` is being added by another change in a migration; until
-# it is in migrations/, tests create this stand-in, computed from protocol/src/retry.rs's rules
-# (attempts in all from chime_retry_max_attempts; delay min(max, initial × multiplier^(n-1)),
-# or the handler's requested delay capped at max; jitter ±20 %). Created only when the
-# migrations did not create the real one.
-RETRY_DECISION_STAND_IN = """
-CREATE FUNCTION chime_retry_decision(run_id bigint, attempt integer, retry_after_ms bigint)
-RETURNS TABLE (run_state text, next_attempt_at timestamptz, reason text)
-LANGUAGE sql VOLATILE AS $$
-    WITH p AS (
-        SELECT coalesce(r.retry_policy, '{}'::jsonb) AS policy FROM chime_runs r
-         WHERE r.id = chime_retry_decision.run_id
-    ), d AS (
-        SELECT policy,
-               coalesce((policy->>'max_ms')::float8, 600000) AS max_ms,
-               least(coalesce((policy->>'max_ms')::float8, 600000),
-                     coalesce((policy->>'initial_ms')::float8, 10000)
-                     * power(greatest(coalesce((policy->>'multiplier')::float8, 2), 1),
-                             chime_retry_decision.attempt - 1)
-                     * CASE WHEN coalesce((policy->>'jitter')::boolean, true)
-                            THEN 0.8 + 0.4 * random() ELSE 1 END) AS backoff
-          FROM p
-    )
-    SELECT CASE WHEN chime_retry_exhausted(policy, chime_retry_decision.attempt)
-                THEN 'dead' ELSE 'retrying' END,
-           CASE WHEN NOT chime_retry_exhausted(policy, chime_retry_decision.attempt)
-                THEN now() + least(coalesce(retry_after_ms::float8, backoff), max_ms)
-                             * interval '1 millisecond' END,
-           CASE WHEN chime_retry_exhausted(policy, chime_retry_decision.attempt)
-                THEN format('attempts exhausted (%s of %s)', chime_retry_decision.attempt,
-                            chime_retry_max_attempts(policy)) END
-      FROM d
-$$;
-"""
-
-# TEST STAND-IN: `chime_trigger` (a manual run from code) is being added by another change;
-# this stand-in inserts a pending manual run and remembers idempotency keys in a test table.
-TRIGGER_STAND_IN = """
-CREATE TABLE py_test_trigger_keys (key text PRIMARY KEY, run_id bigint NOT NULL);
-CREATE FUNCTION chime_trigger(job text, params jsonb, run_at timestamptz, idempotency_key text,
-                              actor text)
-RETURNS TABLE (run_id bigint, created boolean)
-LANGUAGE plpgsql VOLATILE AS $$
-DECLARE
-    existing bigint;
-    new_id bigint;
-BEGIN
-    SELECT k.run_id INTO existing FROM py_test_trigger_keys k WHERE k.key = idempotency_key;
-    IF existing IS NOT NULL THEN
-        RETURN QUERY SELECT existing, false;
-        RETURN;
-    END IF;
-    INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, params, state,
-                            requested_by)
-    SELECT j.name, j.group_name, coalesce(run_at, now()), 'manual',
-           coalesce(params, j.spec->'params', 'null'::jsonb), 'pending', actor
-      FROM chime_jobs j WHERE j.name = job
-    RETURNING id INTO new_id;
-    IF new_id IS NULL THEN
-        RAISE EXCEPTION 'no job %', job;
-    END IF;
-    IF idempotency_key IS NOT NULL THEN
-        INSERT INTO py_test_trigger_keys VALUES (idempotency_key, new_id);
-    END IF;
-    RETURN QUERY SELECT new_id, true;
-END
-$$;
-"""
-
 
 async def wait_for(what: str, check: Callable[[], Awaitable[T | None]], timeout: float = 15.0,
                    every: float = 0.05) -> T:
@@ -133,9 +62,16 @@ class Env:
 
     async def insert_job(self, name: str, retry: dict[str, Any] | None = None,
                          group: str | None = None) -> None:
+        """A job whose `retry` is given as a trigger's `retry` object (`initial_ms`, `max_ms`,
+        …) and stored in the job file's form (`initial = "<n>ms"`), as the scheduler stores it:
+        the run's retry-policy snapshot, which `chime_retry_decision` reads, comes from it."""
         spec: dict[str, Any] = {"every": "1h"}
         if retry is not None:
-            spec["retry"] = retry
+            stored = {k: v for k, v in retry.items() if k not in ("initial_ms", "max_ms")}
+            for key in ("initial", "max"):
+                if f"{key}_ms" in retry:
+                    stored[key] = f"{retry[f'{key}_ms']}ms"
+            spec["retry"] = stored
         await self.db.execute(
             "INSERT INTO chime_jobs (name, group_name, spec) VALUES ($1, $2, $3::jsonb)",
             name, group or self.group, json.dumps(spec))
@@ -276,10 +212,6 @@ async def _migrated_template(admin: asyncpg.Connection) -> str:
         try:
             for path in sorted(MIGRATIONS.glob("*.sql")):
                 await conn.execute(path.read_text())
-            if await conn.fetchval("SELECT to_regproc('chime_retry_decision') IS NULL"):
-                await conn.execute(RETRY_DECISION_STAND_IN)
-            if await conn.fetchval("SELECT to_regproc('chime_trigger') IS NULL"):
-                await conn.execute(TRIGGER_STAND_IN)
         finally:
             await conn.close()
         _template = name
