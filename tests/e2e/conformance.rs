@@ -1,6 +1,6 @@
 //! The conformance suite (`chime-conformance`, docs/conformance.md) against the Rust SDK's
-//! conformance worker (`tests/bin/chime_conformance_worker.rs`): every scenario passes (the
-//! least-privilege one may be skipped when the schema cannot grant a worker role).
+//! conformance worker (`tests/bin/chime_conformance_worker.rs`) and `chime-runner`: every
+//! scenario passes. (The Python SDK's run is in `sdks/python/ci.sh`.)
 
 use std::time::Duration;
 
@@ -12,11 +12,43 @@ const SUITE_TIMEOUT: Duration = Duration::from_secs(300);
 #[tokio::test]
 async fn the_rust_sdk_passes_every_conformance_scenario() {
     let worker = env!("CARGO_BIN_EXE_chime-conformance-worker");
+    passes_every_scenario("rust", &quoted(worker)).await;
+}
+
+/// `chime-runner` under the suite through tests/conformance/runner-worker.sh (the wrapper of
+/// docs/conformance.md), with the runner `cargo test --workspace` builds next to this test.
+#[tokio::test]
+async fn chime_runner_passes_every_conformance_scenario() {
+    let runner = chime_e2e::process::sibling_binary("chime-runner").expect("chime-runner is built");
+    let wrapper = concat!(env!("CARGO_MANIFEST_DIR"), "/conformance/runner-worker.sh");
+    let command = format!(
+        "env CHIME_RUNNER={} {}",
+        quoted(&runner.to_string_lossy()),
+        quoted(wrapper)
+    );
+    passes_every_scenario("runner", &command).await;
+}
+
+/// `text` quoted for `sh`.
+fn quoted(text: &str) -> String {
+    format!("'{}'", text.replace('\'', r"'\''"))
+}
+
+/// Runs the whole suite against the worker `command` starts, as a role granted only its group,
+/// and asserts that every scenario passed.
+async fn passes_every_scenario(name: &str, command: &str) {
     let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_chime-conformance"))
         // Two at once: each scenario holds about 12 PostgreSQL connections at its peak, and the
         // other end-to-end tests share the server's 100.
-        .args(["--name", "rust", "--json", "--parallel", "2", "--worker"])
-        .arg(format!("'{}'", worker.replace('\'', r"'\''")))
+        .args([
+            "--name",
+            name,
+            "--json",
+            "--parallel",
+            "2",
+            "--worker",
+            command,
+        ])
         .env("RUST_LOG", "error")
         .kill_on_drop(true)
         .output();
@@ -34,19 +66,14 @@ async fn the_rust_sdk_passes_every_conformance_scenario() {
         .map(|s| s["scenario"].as_str().expect("name"))
         .collect();
     assert_eq!(names.len(), 15, "{names:?}");
-    let privileged = report["least_privilege"]
-        .as_bool()
-        .expect("least_privilege");
-    let unexpected: Vec<&Value> = scenarios
-        .iter()
-        .filter(|s| {
-            let allowed_skip = !privileged && s["scenario"] == "least-privilege";
-            !(s["result"] == "pass" || (allowed_skip && s["result"] == "skip"))
-        })
-        .collect();
+    assert_eq!(
+        report["least_privilege"], true,
+        "the workers ran as a role granted only their group"
+    );
+    let unexpected: Vec<&Value> = scenarios.iter().filter(|s| s["result"] != "pass").collect();
     assert!(
         unexpected.is_empty(),
-        "scenarios that did not pass: {unexpected:#?}\nstderr: {stderr}"
+        "{name}: scenarios that did not pass: {unexpected:#?}\nstderr: {stderr}"
     );
     assert!(output.status.success(), "exit status {}", output.status);
     assert_eq!(report["passed"], true);
