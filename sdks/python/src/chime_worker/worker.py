@@ -21,10 +21,11 @@ import time
 import typing
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, Coroutine, TypeVar
 
 from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
 
+from .batching import Collector, Failed
 from .broker import Broker, PublishFailed
 from .context import Context, JobLogger, LogLine
 from .errors import Cancel, ConfigError, Fail
@@ -35,7 +36,7 @@ from .protocol import (DEFAULT_DELIVERY_LIMIT, DEFAULT_PREFIX, HEADER_ATTEMPT,
                        WORK_KEY, DecodeError, Tier, Topology, Trigger, check_trigger,
                        decode_trigger, from_ms, header_int, ms_of, plan_wait, quote, rfc3339,
                        tier_for, unhandled_pause)
-from .store import Claim, OutcomeRow, Snapshot, Store, create_pool
+from .store import Claim, ClaimRequest, OutcomeRow, Snapshot, Store, create_pool
 
 log = logging.getLogger("chime_worker")
 
@@ -84,6 +85,25 @@ class _Active:
     interrupted: bool = False
     #: The attempt this worker claimed and has not recorded yet.
     claimed: int | None = None
+    #: Futures resolved by `cancel()` (what waits for a cancellation without a task).
+    waiters: list[asyncio.Future[None]] = field(default_factory=list)
+
+    def cancel(self) -> None:
+        """Signals the cancellation (the handler's `ctx.cancelled`, and every waiter)."""
+        self.cancelled.set()
+        waiters, self.waiters = self.waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def cancellation(self) -> asyncio.Future[None]:
+        """A future done when the run is cancelled."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.cancelled.is_set():
+            waiter.set_result(None)
+        else:
+            self.waiters.append(waiter)
+        return waiter
 
 
 def _env(name: str) -> str | None:
@@ -207,6 +227,10 @@ class Worker:
         self._shutting_down = False
         self._interrupting = False
         self._openings = 0
+        #: Claims and outcomes that arrive together go in one statement each
+        #: (docs/protocol.md section 4, steps 4 and 7); set by `run()`.
+        self._claims: Collector[ClaimRequest, Claim | None] | None = None
+        self._outcomes: Collector[OutcomeRow, tuple[int, bool, str | None]] | None = None
         #: Outcomes that could not be written, by (run id, attempt): the delivery was
         #: requeued, and its redelivery writes them (docs/protocol.md section 4, step 8).
         self._kept: dict[tuple[int, int], tuple[Outcome, int, datetime, list[LogLine]]] = {}
@@ -271,6 +295,12 @@ class Worker:
         self._slots = asyncio.Semaphore(self.capacity)
         pool = await create_pool(self.database_url, max_size=max(4, min(self.capacity + 4, 32)))
         self._store = Store(pool)
+        store = self._store
+        self._claims = Collector(
+            "claim", lambda batch: store.claim_many(batch, self.worker_id, self.group),
+            key=lambda c: c.run_id)
+        self._outcomes = Collector(
+            "outcome write", lambda rows: self._record_many(rows), key=lambda r: r.run_id)
         self._broker = Broker(self.amqp_url, self.topology, f"chime-worker-{self.worker_id}")
         heartbeat: asyncio.Task[None] | None = None
         try:
@@ -325,7 +355,7 @@ class Worker:
         self._interrupting = True
         for active in self._active.values():
             active.interrupted = True
-            active.cancelled.set()
+            active.cancel()
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=self.cancel_grace + 60)
         try:
@@ -366,7 +396,7 @@ class Worker:
         if active is not None:
             log.info("run %s: cancel requested by an operator", run_id)
             active.cancel_requested = True
-            active.cancelled.set()
+            active.cancel()
 
     async def _heartbeats(self) -> None:
         while True:
@@ -389,6 +419,12 @@ class Worker:
         except Exception as e:
             log.exception("delivery %s failed: %s; requeueing it", message.message_id, e)
             await self._requeue(message)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Runs `work` in a task the drain waits for."""
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _requeue(self, message: AbstractIncomingMessage, pause: float = REQUEUE_PAUSE
                        ) -> None:
@@ -509,26 +545,36 @@ class Worker:
             claim = Claim(None, datetime.now(timezone.utc), time.monotonic(),
                           await self.store.snapshot(trigger.run_id))
         else:
-            tries = 0
+            # With the deliveries that arrived together; one the batch did not claim is
+            # claimed alone, which reads why.
+            assert self._claims is not None
+            batched = await self._claims.submit(ClaimRequest(
+                trigger.run_id, trigger.attempt, trigger.job, starts_at))
+            if isinstance(batched, Claim):
+                claim = batched
+            else:
+                # A failed batch may have committed with its reply lost: count it as a try.
+                tries = 1 if isinstance(batched, Failed) and batched.maybe_ours else 0
 
-            def claim_once() -> Awaitable[Claim]:
-                nonlocal tries
-                tries += 1
-                return self.store.claim(trigger.run_id, trigger.attempt, self.worker_id,
-                                        trigger.job, starts_at, self.group)
+                def claim_once() -> Awaitable[Claim]:
+                    nonlocal tries
+                    tries += 1
+                    return self.store.claim(trigger.run_id, trigger.attempt, self.worker_id,
+                                            trigger.job, starts_at, self.group)
 
-            try:
-                claim = await self._with_retries("claim", claim_once)
-            except Exception as e:
-                log.error("run %s: claim failed (%s); requeueing", trigger.run_id, e)
-                await self._requeue(message)
-                return
-            # A retried claim whose first try committed with its reply lost: the run is
-            # `running` this attempt on this very worker.
-            if (tries > 1 and claim.claimed_at is None and claim.run is not None
-                    and claim.run.state == "running" and claim.run.attempt == trigger.attempt
-                    and claim.run.worker_id == self.worker_id):
-                claim = dataclasses.replace(claim, claimed_at=claim.claim_clock)
+                try:
+                    claim = await self._with_retries("claim", claim_once)
+                except Exception as e:
+                    log.error("run %s: claim failed (%s); requeueing", trigger.run_id, e)
+                    await self._requeue(message)
+                    return
+                # A retried claim whose first try committed with its reply lost: the run is
+                # `running` this attempt on this very worker.
+                if (tries > 1 and claim.claimed_at is None and claim.run is not None
+                        and claim.run.state == "running"
+                        and claim.run.attempt == trigger.attempt
+                        and claim.run.worker_id == self.worker_id):
+                    claim = dataclasses.replace(claim, claimed_at=claim.claim_clock)
         attempt = trigger.attempt
         if claim.claimed_at is None:
             taken = await self._refused(message, trigger, claim, last, count)
@@ -717,16 +763,16 @@ class Worker:
                       cancelled=active.cancelled, timeout_ms=trigger.timeout_ms)
         acked = False
 
-        async def early_ack() -> None:
+        def early_ack() -> None:
             # Before the broker's consumer_timeout: from then on the heartbeat protects the run.
+            # A timer, not a task sleeping per delivery.
             nonlocal acked
-            await asyncio.sleep(self.ack_after)
             acked = True
             log.info("run %s: delivery held for %ss; acking early", trigger.run_id,
                      self.ack_after)
-            await self._ack(message)
+            self._spawn(self._ack(message))
 
-        early = asyncio.create_task(early_ack())
+        early = asyncio.get_running_loop().call_later(self.ack_after, early_ack)
         flusher: asyncio.Task[None] | None = None
         execution: Execution | None = None
         start_mono = time.monotonic()
@@ -734,16 +780,18 @@ class Worker:
             # Hold until the instant (claimed already), then take a handler slot.
             if starts_at is not None:
                 delay = (starts_at - datetime.now(timezone.utc)).total_seconds()
-                if delay > 0:
+                if delay > 0 and not active.cancelled.is_set():
+                    # A timer on this task, not a task per held delivery.
                     try:
-                        await asyncio.wait_for(active.cancelled.wait(), delay)
-                    except asyncio.TimeoutError:
+                        async with asyncio.timeout(delay):
+                            await active.cancellation()
+                    except TimeoutError:
                         pass
             async with self._slots:
                 start_mono = time.monotonic()
                 if self._shutting_down and not active.cancelled.is_set():
                     active.interrupted = True
-                    active.cancelled.set()
+                    active.cancel()
                 if active.cancelled.is_set():
                     # Cancelled (operator, shutdown) while held or waiting for a slot: recorded
                     # as a handler that returned "cancel" at once.
@@ -751,14 +799,20 @@ class Worker:
                                           cancel_requested=active.cancel_requested,
                                           interrupted=active.interrupted)
                 else:
-                    flusher = asyncio.create_task(logger.flush_loop(
-                        lambda lines: self.store.append_logs(trigger.run_id, attempt, lines)))
+                    def start_flusher() -> None:
+                        # Only for a handler that logs: no task per delivery otherwise.
+                        nonlocal flusher
+                        flusher = asyncio.create_task(logger.flush_loop(
+                            lambda lines: self.store.append_logs(trigger.run_id, attempt,
+                                                                 lines)))
+
+                    logger.on_first_line = start_flusher
                     execution = await self._execute(registered, ctx, trigger, active)
         finally:
             early.cancel()
         duration_ms = max(0, int(round((time.monotonic() - start_mono) * 1000)))
+        logger.close()
         if flusher is not None:
-            logger.close()
             await flusher
         handler_start = claim.claim_clock + timedelta(
             seconds=max(0.0, start_mono - claim.sent_monotonic))
@@ -776,14 +830,14 @@ class Worker:
         task: asyncio.Task[None] = asyncio.create_task(_call(registered.fn, ctx, params))
         timeout = None if trigger.timeout_ms is None else trigger.timeout_ms / 1000
         timed_out: int | None = None
-        cancel_wait = asyncio.create_task(active.cancelled.wait())
+        cancel_wait = active.cancellation()
         try:
             done, _ = await asyncio.wait({task, cancel_wait}, timeout=timeout,
                                          return_when=asyncio.FIRST_COMPLETED)
             if task not in done:
                 if not active.cancelled.is_set():
                     timed_out = trigger.timeout_ms
-                    active.cancelled.set()
+                    active.cancel()
                 done, _ = await asyncio.wait({task}, timeout=self.cancel_grace)
         finally:
             cancel_wait.cancel()
@@ -839,8 +893,9 @@ class Worker:
             if not acked:
                 await self._ack(message)
             return
-        log.info("run %s attempt %s: %s, run %s", trigger.run_id, attempt,
-                 result.attempt_state, state)
+        # Every delivery passes here: at debug, so that INFO logging costs nothing per run.
+        log.debug("run %s attempt %s: %s, run %s", trigger.run_id, attempt,
+                  result.attempt_state, state)
         if acked:  # acked early (a long handler): publish the copies, ack nothing
             try:
                 if state == "retrying":
@@ -864,8 +919,25 @@ class Worker:
         if active is not None and active.claimed == attempt:
             active.claimed = None
 
+    async def _record_many(self, rows: list[OutcomeRow]) -> list[tuple[int, bool, str | None]]:
+        answers = {run_id: (run_id, recorded, state) for run_id, recorded, state
+                   in await self.store.record_outcomes(rows, self.worker_id)}
+        return [answers[r.run_id] for r in rows]
+
     async def _record(self, row: OutcomeRow) -> tuple[bool, str | None]:
+        """Records `row` with the outcomes that finish together; one whose batch failed is
+        recorded alone (with retries), so a failing run is found out and the others are not
+        held back."""
         first = True
+        if self._outcomes is not None:
+            batched = await self._outcomes.submit(row)
+            if not isinstance(batched, Failed):
+                _, recorded, state = batched
+                return recorded, state
+            first = not batched.maybe_ours
+        return await self._record_alone(row, first)
+
+    async def _record_alone(self, row: OutcomeRow, first: bool) -> tuple[bool, str | None]:
         deadline = time.monotonic() + self.db_retry_budget
         pause = 0.1
         while True:
