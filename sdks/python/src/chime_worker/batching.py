@@ -51,8 +51,9 @@ class Collector(Generic[T, R]):
         self.max_batch = max_batch
         self._waiting: list[tuple[T, asyncio.Future[R | Failed]]] = []
         self._runner: asyncio.Task[None] | None = None
-        #: Statements sent so far (the tests count them).
+        #: Statements sent so far, and the most items one carried (the tests read them).
         self.statements = 0
+        self.largest = 0
 
     async def submit(self, item: T) -> R | Failed:
         """`item`'s result from the statement that carried it, or `Failed`."""
@@ -86,6 +87,7 @@ class Collector(Generic[T, R]):
                 if not batch:
                     continue
                 self.statements += 1
+                self.largest = max(self.largest, len(batch))
                 try:
                     results = list(await self._send([item for item, _ in batch]))
                     if len(results) != len(batch):
