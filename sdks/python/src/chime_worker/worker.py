@@ -781,12 +781,14 @@ class Worker:
             if starts_at is not None:
                 delay = (starts_at - datetime.now(timezone.utc)).total_seconds()
                 if delay > 0 and not active.cancelled.is_set():
-                    # A timer on this task, not a task per held delivery.
+                    # A timer resolving a future: no task per held delivery, and no
+                    # exception at the instant, when hundreds wake together.
+                    woken = active.cancellation()
+                    timer = asyncio.get_running_loop().call_later(delay, _resolve, woken)
                     try:
-                        async with asyncio.timeout(delay):
-                            await active.cancellation()
-                    except TimeoutError:
-                        pass
+                        await woken
+                    finally:
+                        timer.cancel()
             async with self._slots:
                 start_mono = time.monotonic()
                 if self._shutting_down and not active.cancelled.is_set():
@@ -808,6 +810,9 @@ class Worker:
 
                     logger.on_first_line = start_flusher
                     execution = await self._execute(registered, ctx, trigger, active)
+            # Let the deliveries waiting for the slot just freed start their handlers before
+            # this one records: a start is due now, a record can wait a moment.
+            await asyncio.sleep(0)
         finally:
             early.cancel()
         duration_ms = max(0, int(round((time.monotonic() - start_mono) * 1000)))
@@ -828,19 +833,24 @@ class Worker:
         except Exception as e:  # Fail, or the params type's own error: the handler's
             return Execution(e)
         task: asyncio.Task[None] = asyncio.create_task(_call(registered.fn, ctx, params))
-        timeout = None if trigger.timeout_ms is None else trigger.timeout_ms / 1000
         timed_out: int | None = None
-        cancel_wait = active.cancellation()
+        # The first of: the handler returns, the run is cancelled, the timeout. One future and
+        # callbacks (asyncio.wait would add a waiter and a set per handler).
+        first = active.cancellation()
+        task.add_done_callback(lambda _: _resolve(first))
+        timer = None if trigger.timeout_ms is None else asyncio.get_running_loop().call_later(
+            trigger.timeout_ms / 1000, _resolve, first)
         try:
-            done, _ = await asyncio.wait({task, cancel_wait}, timeout=timeout,
-                                         return_when=asyncio.FIRST_COMPLETED)
-            if task not in done:
-                if not active.cancelled.is_set():
-                    timed_out = trigger.timeout_ms
-                    active.cancel()
-                done, _ = await asyncio.wait({task}, timeout=self.cancel_grace)
+            await first
         finally:
-            cancel_wait.cancel()
+            if timer is not None:
+                timer.cancel()
+        done: set[asyncio.Task[None]] = {task} if task.done() else set()
+        if not done:
+            if not active.cancelled.is_set():
+                timed_out = trigger.timeout_ms
+                active.cancel()
+            done, _ = await asyncio.wait({task}, timeout=self.cancel_grace)
         if task not in done:
             task.cancel()
             error: BaseException | str | None = "abandoned"
@@ -994,6 +1004,11 @@ def _transient(error: BaseException) -> bool:
                               asyncpg.exceptions.OperatorInterventionError,
                               asyncpg.exceptions.InterfaceError,
                               asyncpg.exceptions.ConnectionDoesNotExistError))
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 async def _call(fn: Handler, ctx: Context, params: Any) -> None:
