@@ -9,6 +9,7 @@ record the outcome with the remaining log lines, then publish the retry, park, o
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import json
 import logging
@@ -85,25 +86,95 @@ class _Active:
     interrupted: bool = False
     #: The attempt this worker claimed and has not recorded yet.
     claimed: int | None = None
-    #: Futures resolved by `cancel()` (what waits for a cancellation without a task).
-    waiters: list[asyncio.Future[None]] = field(default_factory=list)
+    #: Called by `cancel()` (what waits for a cancellation without a task).
+    hooks: list[Callable[[], None]] = field(default_factory=list)
 
     def cancel(self) -> None:
-        """Signals the cancellation (the handler's `ctx.cancelled`, and every waiter)."""
+        """Signals the cancellation (the handler's `ctx.cancelled`, and every hook)."""
         self.cancelled.set()
-        waiters, self.waiters = self.waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+        hooks, self.hooks = self.hooks, []
+        for hook in hooks:
+            hook()
+
+    def on_cancel(self, hook: Callable[[], None]) -> None:
+        """Calls `hook` at the cancellation (at once if it was signalled already)."""
+        if self.cancelled.is_set():
+            hook()
+        else:
+            self.hooks.append(hook)
 
     def cancellation(self) -> asyncio.Future[None]:
         """A future done when the run is cancelled."""
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if self.cancelled.is_set():
-            waiter.set_result(None)
-        else:
-            self.waiters.append(waiter)
+        self.on_cancel(lambda: _resolve(waiter))
         return waiter
+
+
+class _Slots:
+    """The handler slots. A delivery asks for one when it is due (at once, or from a timer at
+    its instant, or at its cancellation), and only a delivery given a slot is woken: hundreds
+    due at one instant cost a callback each, not a wake-up each to wait for a slot again.
+    Slots go in the order deliveries became due."""
+
+    def __init__(self, capacity: int) -> None:
+        self.free = capacity
+        self._due: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def due(self, granted: asyncio.Future[None]) -> None:
+        """Resolves `granted` when a slot is this delivery's."""
+        if self.free > 0 and not self._due:
+            self.free -= 1
+            granted.set_result(None)
+        else:
+            self._due.append(granted)
+
+    def release(self) -> None:
+        while self._due:
+            granted = self._due.popleft()
+            if not granted.done():  # not given up (its task cancelled)
+                granted.set_result(None)
+                return
+        self.free += 1
+
+    async def take(self, active: _Active, starts_at: datetime | None) -> None:
+        """Waits until the delivery is due (at `starts_at` on the wall clock, or at its
+        cancellation) and a slot is free; the caller releases the slot."""
+        loop = asyncio.get_running_loop()
+        granted: asyncio.Future[None] = loop.create_future()
+        asked = False
+        timer: asyncio.TimerHandle | None = None
+
+        def ask() -> None:
+            nonlocal asked
+            if not asked:
+                asked = True
+                self.due(granted)
+
+        def at_instant() -> None:
+            # The loop's timers may fire up to a clock tick early (uvloop: 1 ms): a handler
+            # never starts before its instant, so look at the wall clock again.
+            nonlocal timer
+            assert starts_at is not None
+            left = (starts_at - datetime.now(timezone.utc)).total_seconds()
+            if left > 0:
+                timer = loop.call_later(left, at_instant)
+            else:
+                ask()
+
+        if starts_at is not None and not active.cancelled.is_set():
+            at_instant()
+            active.on_cancel(ask)
+        else:
+            ask()
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():
+                self.release()  # given, then cancelled before it woke
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
 
 
 def _env(name: str) -> str | None:
@@ -221,7 +292,7 @@ class Worker:
         self._stop = asyncio.Event() if _loop_running() else None
         self._store: Store | None = None
         self._broker: Broker | None = None
-        self._slots: asyncio.Semaphore | None = None
+        self._slots: _Slots | None = None
         self._active: dict[int, _Active] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._shutting_down = False
@@ -292,7 +363,7 @@ class Worker:
         if not self.handlers:
             raise ConfigError("the worker has no handlers: register one with @worker.handler")
         self._stop = self._stop or asyncio.Event()
-        self._slots = asyncio.Semaphore(self.capacity)
+        self._slots = _Slots(self.capacity)
         pool = await create_pool(self.database_url, max_size=max(4, min(self.capacity + 4, 32)))
         self._store = Store(pool)
         store = self._store
@@ -778,18 +849,8 @@ class Worker:
         start_mono = time.monotonic()
         try:
             # Hold until the instant (claimed already), then take a handler slot.
-            if starts_at is not None:
-                delay = (starts_at - datetime.now(timezone.utc)).total_seconds()
-                if delay > 0 and not active.cancelled.is_set():
-                    # A timer resolving a future: no task per held delivery, and no
-                    # exception at the instant, when hundreds wake together.
-                    woken = active.cancellation()
-                    timer = asyncio.get_running_loop().call_later(delay, _resolve, woken)
-                    try:
-                        await woken
-                    finally:
-                        timer.cancel()
-            async with self._slots:
+            await self._slots.take(active, starts_at)
+            try:
                 start_mono = time.monotonic()
                 if self._shutting_down and not active.cancelled.is_set():
                     active.interrupted = True
@@ -810,6 +871,8 @@ class Worker:
 
                     logger.on_first_line = start_flusher
                     execution = await self._execute(registered, ctx, trigger, active)
+            finally:
+                self._slots.release()
             # Let the deliveries waiting for the slot just freed start their handlers before
             # this one records: a start is due now, a record can wait a moment.
             await asyncio.sleep(0)
