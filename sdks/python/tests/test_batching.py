@@ -1,11 +1,14 @@
-"""Batched claims and outcome writes (docs/protocol.md section 4, steps 4 and 7), against the
-real PostgreSQL and RabbitMQ."""
+"""Batched claims and outcome writes (docs/protocol.md section 4, steps 4 and 7) and the
+handler slots of held deliveries (step 3), against the real PostgreSQL and RabbitMQ."""
 
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timezone
+import json
+from datetime import datetime, timedelta, timezone
 from typing import Any
+
+import aio_pika
 
 from chime_worker import Context
 from chime_worker.batching import Collector, Failed
@@ -172,3 +175,60 @@ async def _noop(ctx: Context, params: Any) -> None:
 
 async def _async(value: Any) -> Any:
     return value
+
+
+async def test_held_deliveries_start_at_their_instant_within_capacity(env: Env) -> None:
+    await env.insert_job("held")
+    w = env.worker(capacity=2)
+    running = 0
+    most = 0
+    starts: dict[int, datetime] = {}
+
+    @w.handler("held")
+    async def held(ctx: Context, params: Any) -> None:
+        nonlocal running, most
+        starts[ctx.run_id] = datetime.now(timezone.utc)
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.1)
+        running -= 1
+
+    await env.start_worker(w)
+    at = datetime.now(timezone.utc) + timedelta(seconds=1.5)  # published ahead: held
+    runs = [await env.insert_run("held", None, at) for _ in range(6)]
+    for run_id in runs:
+        await env.publish(env.trigger_body(run_id, "held", scheduled_at=at), run_id=run_id,
+                          scheduled_at=at)
+    for run_id in runs:
+        await env.wait_run(run_id, "succeeded")
+    assert most == 2  # the slots, not the instant, bound the handlers
+    assert all(starts[r] >= at for r in runs)  # never before the instant
+    for run_id in runs:
+        [attempt] = await env.attempts(run_id)
+        assert attempt["started_at"] >= at
+
+
+async def test_a_run_cancelled_while_held_is_recorded_without_running(env: Env) -> None:
+    await env.insert_job("later")
+    w = env.worker()
+    ran: list[int] = []
+
+    @w.handler("later")
+    async def later_(ctx: Context, params: Any) -> None:
+        ran.append(ctx.run_id)
+
+    await env.start_worker(w)
+    at = datetime.now(timezone.utc) + timedelta(seconds=3)
+    run_id = await env.insert_run("later", None, at)
+    await env.publish(env.trigger_body(run_id, "later", scheduled_at=at), run_id=run_id,
+                      scheduled_at=at)
+    await env.wait_run(run_id, "running")  # claimed ahead, held until the instant
+    async with env.amqp.channel() as ch:
+        control = await ch.get_exchange(env.topology.control_exchange)
+        await control.publish(aio_pika.Message(
+            json.dumps({"cancel_run": {"run_id": run_id}}).encode()), "")
+    run = await env.wait_run(run_id, "cancelled")
+    assert datetime.now(timezone.utc) < at  # woken by the cancel, not the instant
+    assert ran == []
+    assert run["error"] == ("cancelled by an operator; handler returned: cancelled before the "
+                            "handler started")
