@@ -10,9 +10,11 @@ ack), not a handler. Runs until SIGTERM or SIGINT, then drains.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import os
 import sys
+from typing import Any, Callable
 
 from . import Context, Worker
 
@@ -39,11 +41,25 @@ def build() -> Worker:
     return worker
 
 
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop when it is installed (the `fast` extra) and CHIME_UVLOOP is not
+    0, else None (asyncio's own)."""
+    if os.environ.get("CHIME_UVLOOP", "1") == "0":
+        return None
+    try:
+        uvloop: Any = importlib.import_module("uvloop")
+    except ImportError:
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
 def main() -> None:
     logging.basicConfig(level=os.environ.get("CHIME_LOG", "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s",
                         stream=sys.stderr)
-    asyncio.run(build().run_until_signal())
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        runner.run(build().run_until_signal())
 
 
 if __name__ == "__main__":

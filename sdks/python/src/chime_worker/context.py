@@ -49,6 +49,8 @@ class JobLogger:
         self._closing = False
         self.lines: list[LogLine] = []  # every line kept (the testing helper reads it)
         self.keep_all = False
+        #: Called once, at the first line kept (the worker starts the writing task then).
+        self.on_first_line: Callable[[], None] | None = None
 
     def log(self, level: str, message: str) -> None:
         if level not in LEVELS:
@@ -64,6 +66,9 @@ class JobLogger:
         if self.keep_all:
             self.lines.append(line)
         self._pending.append((time.monotonic(), line))
+        if self.on_first_line is not None:
+            start, self.on_first_line = self.on_first_line, None
+            start()
         if self._wake is not None and (len(self._pending) == 1
                                        or len(self._pending) >= FLUSH_EVERY):
             self._wake.set()
@@ -123,6 +128,7 @@ class JobLogger:
     def close(self) -> None:
         """Ends `flush_loop` after the batch it is writing, if any."""
         self._closing = True
+        self.on_first_line = None
         if self._wake is not None:
             self._wake.set()
 

@@ -24,6 +24,21 @@ WITH claimed AS MATERIALIZED (
 SELECT (SELECT started_at FROM claimed) AS claimed_at, statement_timestamp() AS claim_clock, s.*
   FROM chime_run_snapshot($1) s
 """
+#: Several claims in one statement; answers the runs claimed (docs/protocol.md section 4, step 4).
+CLAIM_MANY = """
+SELECT run_id, started_at, claim_clock
+  FROM chime_claim($1::bigint[], $2::int[], $3::text[], $4::timestamptz[], $5, $6)
+"""
+
+
+@dataclass(frozen=True)
+class ClaimRequest:
+    """One delivery's claim, for `Store.claim_many`."""
+
+    run_id: int
+    attempt: int
+    job: str
+    starts_at: datetime | None
 
 
 @dataclass(frozen=True)
@@ -101,6 +116,24 @@ class Store:
                 clock = await conn.fetchval("SELECT statement_timestamp()")
             return Claim(None, clock, sent, None)
         return Claim(row["claimed_at"], row["claim_clock"], sent, _snapshot(row))
+
+    async def claim_many(self, claims: Sequence[ClaimRequest], worker: str, group: str
+                         ) -> list[Claim | None]:
+        """Claims several attempts in one statement, without retries: one answer per claim, in
+        order, None for a claim refused (claim it alone to learn why). A claimed run's `Claim`
+        has no snapshot."""
+        async with self.pool.acquire() as conn:
+            sent = time.monotonic()
+            rows = await conn.fetch(CLAIM_MANY, [c.run_id for c in claims],
+                                    [c.attempt for c in claims], [c.job for c in claims],
+                                    [c.starts_at for c in claims], worker, group)
+        claimed = {r["run_id"]: r for r in rows}
+        answers: list[Claim | None] = []
+        for c in claims:
+            r = claimed.get(c.run_id)
+            answers.append(None if r is None else
+                           Claim(r["started_at"], r["claim_clock"], sent, None))
+        return answers
 
     async def snapshot(self, run_id: int) -> Snapshot | None:
         row = await self.pool.fetchrow("SELECT * FROM chime_run_snapshot($1)", run_id)

@@ -9,6 +9,7 @@ record the outcome with the remaining log lines, then publish the retry, park, o
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import json
 import logging
@@ -21,10 +22,11 @@ import time
 import typing
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, Coroutine, TypeVar
 
 from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
 
+from .batching import Collector, Failed
 from .broker import Broker, PublishFailed
 from .context import Context, JobLogger, LogLine
 from .errors import Cancel, ConfigError, Fail
@@ -35,7 +37,7 @@ from .protocol import (DEFAULT_DELIVERY_LIMIT, DEFAULT_PREFIX, HEADER_ATTEMPT,
                        WORK_KEY, DecodeError, Tier, Topology, Trigger, check_trigger,
                        decode_trigger, from_ms, header_int, ms_of, plan_wait, quote, rfc3339,
                        tier_for, unhandled_pause)
-from .store import Claim, OutcomeRow, Snapshot, Store, create_pool
+from .store import Claim, ClaimRequest, OutcomeRow, Snapshot, Store, create_pool
 
 log = logging.getLogger("chime_worker")
 
@@ -84,6 +86,95 @@ class _Active:
     interrupted: bool = False
     #: The attempt this worker claimed and has not recorded yet.
     claimed: int | None = None
+    #: Called by `cancel()` (what waits for a cancellation without a task).
+    hooks: list[Callable[[], None]] = field(default_factory=list)
+
+    def cancel(self) -> None:
+        """Signals the cancellation (the handler's `ctx.cancelled`, and every hook)."""
+        self.cancelled.set()
+        hooks, self.hooks = self.hooks, []
+        for hook in hooks:
+            hook()
+
+    def on_cancel(self, hook: Callable[[], None]) -> None:
+        """Calls `hook` at the cancellation (at once if it was signalled already)."""
+        if self.cancelled.is_set():
+            hook()
+        else:
+            self.hooks.append(hook)
+
+    def cancellation(self) -> asyncio.Future[None]:
+        """A future done when the run is cancelled."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.on_cancel(lambda: _resolve(waiter))
+        return waiter
+
+
+class _Slots:
+    """The handler slots. A delivery asks for one when it is due (at once, or from a timer at
+    its instant, or at its cancellation), and only a delivery given a slot is woken: hundreds
+    due at one instant cost a callback each, not a wake-up each to wait for a slot again.
+    Slots go in the order deliveries became due."""
+
+    def __init__(self, capacity: int) -> None:
+        self.free = capacity
+        self._due: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def due(self, granted: asyncio.Future[None]) -> None:
+        """Resolves `granted` when a slot is this delivery's."""
+        if self.free > 0 and not self._due:
+            self.free -= 1
+            granted.set_result(None)
+        else:
+            self._due.append(granted)
+
+    def release(self) -> None:
+        while self._due:
+            granted = self._due.popleft()
+            if not granted.done():  # not given up (its task cancelled)
+                granted.set_result(None)
+                return
+        self.free += 1
+
+    async def take(self, active: _Active, starts_at: datetime | None) -> None:
+        """Waits until the delivery is due (at `starts_at` on the wall clock, or at its
+        cancellation) and a slot is free; the caller releases the slot."""
+        loop = asyncio.get_running_loop()
+        granted: asyncio.Future[None] = loop.create_future()
+        asked = False
+        timer: asyncio.TimerHandle | None = None
+
+        def ask() -> None:
+            nonlocal asked
+            if not asked:
+                asked = True
+                self.due(granted)
+
+        def at_instant() -> None:
+            # The loop's timers may fire up to a clock tick early (uvloop: 1 ms): a handler
+            # never starts before its instant, so look at the wall clock again.
+            nonlocal timer
+            assert starts_at is not None
+            left = (starts_at - datetime.now(timezone.utc)).total_seconds()
+            if left > 0:
+                timer = loop.call_later(left, at_instant)
+            else:
+                ask()
+
+        if starts_at is not None and not active.cancelled.is_set():
+            at_instant()
+            active.on_cancel(ask)
+        else:
+            ask()
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():
+                self.release()  # given, then cancelled before it woke
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
 
 
 def _env(name: str) -> str | None:
@@ -201,12 +292,16 @@ class Worker:
         self._stop = asyncio.Event() if _loop_running() else None
         self._store: Store | None = None
         self._broker: Broker | None = None
-        self._slots: asyncio.Semaphore | None = None
+        self._slots: _Slots | None = None
         self._active: dict[int, _Active] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._shutting_down = False
         self._interrupting = False
         self._openings = 0
+        #: Claims and outcomes that arrive together go in one statement each
+        #: (docs/protocol.md section 4, steps 4 and 7); set by `run()`.
+        self._claims: Collector[ClaimRequest, Claim | None] | None = None
+        self._outcomes: Collector[OutcomeRow, tuple[int, bool, str | None]] | None = None
         #: Outcomes that could not be written, by (run id, attempt): the delivery was
         #: requeued, and its redelivery writes them (docs/protocol.md section 4, step 8).
         self._kept: dict[tuple[int, int], tuple[Outcome, int, datetime, list[LogLine]]] = {}
@@ -268,9 +363,15 @@ class Worker:
         if not self.handlers:
             raise ConfigError("the worker has no handlers: register one with @worker.handler")
         self._stop = self._stop or asyncio.Event()
-        self._slots = asyncio.Semaphore(self.capacity)
+        self._slots = _Slots(self.capacity)
         pool = await create_pool(self.database_url, max_size=max(4, min(self.capacity + 4, 32)))
         self._store = Store(pool)
+        store = self._store
+        self._claims = Collector(
+            "claim", lambda batch: store.claim_many(batch, self.worker_id, self.group),
+            key=lambda c: c.run_id)
+        self._outcomes = Collector(
+            "outcome write", lambda rows: self._record_many(rows), key=lambda r: r.run_id)
         self._broker = Broker(self.amqp_url, self.topology, f"chime-worker-{self.worker_id}")
         heartbeat: asyncio.Task[None] | None = None
         try:
@@ -325,7 +426,7 @@ class Worker:
         self._interrupting = True
         for active in self._active.values():
             active.interrupted = True
-            active.cancelled.set()
+            active.cancel()
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=self.cancel_grace + 60)
         try:
@@ -366,7 +467,7 @@ class Worker:
         if active is not None:
             log.info("run %s: cancel requested by an operator", run_id)
             active.cancel_requested = True
-            active.cancelled.set()
+            active.cancel()
 
     async def _heartbeats(self) -> None:
         while True:
@@ -389,6 +490,12 @@ class Worker:
         except Exception as e:
             log.exception("delivery %s failed: %s; requeueing it", message.message_id, e)
             await self._requeue(message)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Runs `work` in a task the drain waits for."""
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _requeue(self, message: AbstractIncomingMessage, pause: float = REQUEUE_PAUSE
                        ) -> None:
@@ -509,26 +616,36 @@ class Worker:
             claim = Claim(None, datetime.now(timezone.utc), time.monotonic(),
                           await self.store.snapshot(trigger.run_id))
         else:
-            tries = 0
+            # With the deliveries that arrived together; one the batch did not claim is
+            # claimed alone, which reads why.
+            assert self._claims is not None
+            batched = await self._claims.submit(ClaimRequest(
+                trigger.run_id, trigger.attempt, trigger.job, starts_at))
+            if isinstance(batched, Claim):
+                claim = batched
+            else:
+                # A failed batch may have committed with its reply lost: count it as a try.
+                tries = 1 if isinstance(batched, Failed) and batched.maybe_ours else 0
 
-            def claim_once() -> Awaitable[Claim]:
-                nonlocal tries
-                tries += 1
-                return self.store.claim(trigger.run_id, trigger.attempt, self.worker_id,
-                                        trigger.job, starts_at, self.group)
+                def claim_once() -> Awaitable[Claim]:
+                    nonlocal tries
+                    tries += 1
+                    return self.store.claim(trigger.run_id, trigger.attempt, self.worker_id,
+                                            trigger.job, starts_at, self.group)
 
-            try:
-                claim = await self._with_retries("claim", claim_once)
-            except Exception as e:
-                log.error("run %s: claim failed (%s); requeueing", trigger.run_id, e)
-                await self._requeue(message)
-                return
-            # A retried claim whose first try committed with its reply lost: the run is
-            # `running` this attempt on this very worker.
-            if (tries > 1 and claim.claimed_at is None and claim.run is not None
-                    and claim.run.state == "running" and claim.run.attempt == trigger.attempt
-                    and claim.run.worker_id == self.worker_id):
-                claim = dataclasses.replace(claim, claimed_at=claim.claim_clock)
+                try:
+                    claim = await self._with_retries("claim", claim_once)
+                except Exception as e:
+                    log.error("run %s: claim failed (%s); requeueing", trigger.run_id, e)
+                    await self._requeue(message)
+                    return
+                # A retried claim whose first try committed with its reply lost: the run is
+                # `running` this attempt on this very worker.
+                if (tries > 1 and claim.claimed_at is None and claim.run is not None
+                        and claim.run.state == "running"
+                        and claim.run.attempt == trigger.attempt
+                        and claim.run.worker_id == self.worker_id):
+                    claim = dataclasses.replace(claim, claimed_at=claim.claim_clock)
         attempt = trigger.attempt
         if claim.claimed_at is None:
             taken = await self._refused(message, trigger, claim, last, count)
@@ -717,33 +834,27 @@ class Worker:
                       cancelled=active.cancelled, timeout_ms=trigger.timeout_ms)
         acked = False
 
-        async def early_ack() -> None:
+        def early_ack() -> None:
             # Before the broker's consumer_timeout: from then on the heartbeat protects the run.
+            # A timer, not a task sleeping per delivery.
             nonlocal acked
-            await asyncio.sleep(self.ack_after)
             acked = True
             log.info("run %s: delivery held for %ss; acking early", trigger.run_id,
                      self.ack_after)
-            await self._ack(message)
+            self._spawn(self._ack(message))
 
-        early = asyncio.create_task(early_ack())
+        early = asyncio.get_running_loop().call_later(self.ack_after, early_ack)
         flusher: asyncio.Task[None] | None = None
         execution: Execution | None = None
         start_mono = time.monotonic()
         try:
             # Hold until the instant (claimed already), then take a handler slot.
-            if starts_at is not None:
-                delay = (starts_at - datetime.now(timezone.utc)).total_seconds()
-                if delay > 0:
-                    try:
-                        await asyncio.wait_for(active.cancelled.wait(), delay)
-                    except asyncio.TimeoutError:
-                        pass
-            async with self._slots:
+            await self._slots.take(active, starts_at)
+            try:
                 start_mono = time.monotonic()
                 if self._shutting_down and not active.cancelled.is_set():
                     active.interrupted = True
-                    active.cancelled.set()
+                    active.cancel()
                 if active.cancelled.is_set():
                     # Cancelled (operator, shutdown) while held or waiting for a slot: recorded
                     # as a handler that returned "cancel" at once.
@@ -751,14 +862,25 @@ class Worker:
                                           cancel_requested=active.cancel_requested,
                                           interrupted=active.interrupted)
                 else:
-                    flusher = asyncio.create_task(logger.flush_loop(
-                        lambda lines: self.store.append_logs(trigger.run_id, attempt, lines)))
+                    def start_flusher() -> None:
+                        # Only for a handler that logs: no task per delivery otherwise.
+                        nonlocal flusher
+                        flusher = asyncio.create_task(logger.flush_loop(
+                            lambda lines: self.store.append_logs(trigger.run_id, attempt,
+                                                                 lines)))
+
+                    logger.on_first_line = start_flusher
                     execution = await self._execute(registered, ctx, trigger, active)
+            finally:
+                self._slots.release()
+            # Let the deliveries waiting for the slot just freed start their handlers before
+            # this one records: a start is due now, a record can wait a moment.
+            await asyncio.sleep(0)
         finally:
             early.cancel()
         duration_ms = max(0, int(round((time.monotonic() - start_mono) * 1000)))
+        logger.close()
         if flusher is not None:
-            logger.close()
             await flusher
         handler_start = claim.claim_clock + timedelta(
             seconds=max(0.0, start_mono - claim.sent_monotonic))
@@ -774,19 +896,24 @@ class Worker:
         except Exception as e:  # Fail, or the params type's own error: the handler's
             return Execution(e)
         task: asyncio.Task[None] = asyncio.create_task(_call(registered.fn, ctx, params))
-        timeout = None if trigger.timeout_ms is None else trigger.timeout_ms / 1000
         timed_out: int | None = None
-        cancel_wait = asyncio.create_task(active.cancelled.wait())
+        # The first of: the handler returns, the run is cancelled, the timeout. One future and
+        # callbacks (asyncio.wait would add a waiter and a set per handler).
+        first = active.cancellation()
+        task.add_done_callback(lambda _: _resolve(first))
+        timer = None if trigger.timeout_ms is None else asyncio.get_running_loop().call_later(
+            trigger.timeout_ms / 1000, _resolve, first)
         try:
-            done, _ = await asyncio.wait({task, cancel_wait}, timeout=timeout,
-                                         return_when=asyncio.FIRST_COMPLETED)
-            if task not in done:
-                if not active.cancelled.is_set():
-                    timed_out = trigger.timeout_ms
-                    active.cancelled.set()
-                done, _ = await asyncio.wait({task}, timeout=self.cancel_grace)
+            await first
         finally:
-            cancel_wait.cancel()
+            if timer is not None:
+                timer.cancel()
+        done: set[asyncio.Task[None]] = {task} if task.done() else set()
+        if not done:
+            if not active.cancelled.is_set():
+                timed_out = trigger.timeout_ms
+                active.cancel()
+            done, _ = await asyncio.wait({task}, timeout=self.cancel_grace)
         if task not in done:
             task.cancel()
             error: BaseException | str | None = "abandoned"
@@ -839,8 +966,9 @@ class Worker:
             if not acked:
                 await self._ack(message)
             return
-        log.info("run %s attempt %s: %s, run %s", trigger.run_id, attempt,
-                 result.attempt_state, state)
+        # Every delivery passes here: at debug, so that INFO logging costs nothing per run.
+        log.debug("run %s attempt %s: %s, run %s", trigger.run_id, attempt,
+                  result.attempt_state, state)
         if acked:  # acked early (a long handler): publish the copies, ack nothing
             try:
                 if state == "retrying":
@@ -864,8 +992,25 @@ class Worker:
         if active is not None and active.claimed == attempt:
             active.claimed = None
 
+    async def _record_many(self, rows: list[OutcomeRow]) -> list[tuple[int, bool, str | None]]:
+        answers = {run_id: (run_id, recorded, state) for run_id, recorded, state
+                   in await self.store.record_outcomes(rows, self.worker_id)}
+        return [answers[r.run_id] for r in rows]
+
     async def _record(self, row: OutcomeRow) -> tuple[bool, str | None]:
+        """Records `row` with the outcomes that finish together; one whose batch failed is
+        recorded alone (with retries), so a failing run is found out and the others are not
+        held back."""
         first = True
+        if self._outcomes is not None:
+            batched = await self._outcomes.submit(row)
+            if not isinstance(batched, Failed):
+                _, recorded, state = batched
+                return recorded, state
+            first = not batched.maybe_ours
+        return await self._record_alone(row, first)
+
+    async def _record_alone(self, row: OutcomeRow, first: bool) -> tuple[bool, str | None]:
         deadline = time.monotonic() + self.db_retry_budget
         pause = 0.1
         while True:
@@ -922,6 +1067,11 @@ def _transient(error: BaseException) -> bool:
                               asyncpg.exceptions.OperatorInterventionError,
                               asyncpg.exceptions.InterfaceError,
                               asyncpg.exceptions.ConnectionDoesNotExistError))
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 async def _call(fn: Handler, ctx: Context, params: Any) -> None:
