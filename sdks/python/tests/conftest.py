@@ -145,7 +145,10 @@ class Env:
                 async with conn.channel() as ch:
                     q = await ch.declare_queue(queue, passive=True)
                     return await q.get(no_ack=True, fail=False)
-            except (aio_pika.exceptions.AMQPError, ConnectionError):
+            except (aio_pika.exceptions.AMQPError, ConnectionError, RuntimeError):
+                # RuntimeError: aio-pika's "connection closed" when the broker closed it
+                # between the check above and the channel's opening. Start afresh next poll.
+                conn = None
                 return None
 
         try:

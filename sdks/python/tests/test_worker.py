@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import time
+import urllib.parse
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import aio_pika
 
-from chime_worker import Cancel, Context, Fail, Retry
+from chime_worker import Cancel, Context, Fail, Retry, Worker
 from chime_worker.protocol import ms_of, rfc3339
 
-from conftest import Env, LogCapture, later, wait_for
+from conftest import AMQP_URL, Env, LogCapture, later, wait_for
 
 
 async def test_success_records_the_attempt_and_its_log_lines(env: Env) -> None:
@@ -499,3 +501,55 @@ async def test_a_bug_outside_the_handler_ends_the_claimed_run_dead_and_parks_it(
     assert attempt["state"] == "failed" and attempt["error"] == reason
     parked = await env.get_message(env.topology.parking_queue)
     assert parked.headers["x-chime-dead-reason"] == reason
+
+
+async def test_a_worker_role_granted_its_group_runs_its_jobs_and_parks_another_groups_run(
+        env: Env) -> None:
+    """Connected as a login role granted only its group (docs/protocol.md section 11), the
+    worker runs its group's job end to end, and a trigger naming a run of another group (which
+    the role may not act for: 42501) is parked with its reason and changes nothing."""
+    role = f"chime_py_{secrets.token_hex(5)}"
+    await env.db.execute(f'CREATE ROLE "{role}" LOGIN')
+    try:
+        await env.db.execute("SELECT chime_grant_worker($1, $2, 'pytest')", role, env.group)
+        await env.insert_job("mine")
+        await env.insert_job("theirs", group="another-group")
+        theirs = await env.insert_run("theirs", group="another-group")
+        url = urllib.parse.urlsplit(env.db_url)
+        user_url = url._replace(netloc=f"{role}@{url.hostname}:{url.port or 5432}").geturl()
+        w = Worker(env.group, database_url=user_url, amqp_url=AMQP_URL, prefix=env.prefix,
+                   worker_id=f"py-{secrets.token_hex(3)}", heartbeat_interval=0.2)
+        ran: list[int] = []
+
+        @w.handler("mine")
+        async def mine(ctx: Context, params: Any) -> None:
+            ctx.log.info("ran as a least-privileged role")
+            ran.append(ctx.run_id)
+
+        @w.handler("theirs")
+        async def not_mine(ctx: Context, params: Any) -> None:
+            ran.append(ctx.run_id)
+
+        await env.start_worker(w)
+        sessions = await env.db.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE usename = $1", role)
+        assert sessions > 0, "the worker connects as the granted role"
+        run_id = await env.trigger("mine")
+        await env.wait_run(run_id, "succeeded")
+        assert await env.db.fetchval(
+            "SELECT message FROM chime_run_logs WHERE run_id = $1", run_id) == \
+            "ran as a least-privileged role"
+        await env.publish(env.trigger_body(theirs, "theirs"), run_id=theirs)
+        parked = await env.get_message(env.topology.parking_queue)
+        reason = parked.headers["x-chime-dead-reason"]
+        assert reason.startswith(f"implausible trigger: run {theirs} is not of a group this "
+                                 "worker may act for: "), reason
+        assert ran == [run_id]
+        assert await env.run_state(theirs) == "queued"
+        assert await env.attempts(theirs) == []
+        await env.stop_workers()
+    finally:
+        await env.db.execute(f'DROP OWNED BY "{role}"')
+        await env.db.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1", role)
+        await env.db.execute(f'DROP ROLE IF EXISTS "{role}"')

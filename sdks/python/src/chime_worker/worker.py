@@ -636,6 +636,14 @@ class Worker:
                 try:
                     claim = await self._with_retries("claim", claim_once)
                 except Exception as e:
+                    if _forbidden(e):
+                        # The run is of a group this worker's database role may not act for:
+                        # the trigger names another group's run (forged or misrouted). The
+                        # refusal changes nothing; never retried.
+                        await self._park(message, "implausible trigger: run "
+                                         f"{trigger.run_id} is not of a group this worker may "
+                                         f"act for: {e}")
+                        return
                     log.error("run %s: claim failed (%s); requeueing", trigger.run_id, e)
                     await self._requeue(message)
                     return
@@ -1056,6 +1064,12 @@ class Worker:
 
 def _tier(name: str) -> Tier:
     return next(t for t in RETRY_TIERS if t.name == name)
+
+
+def _forbidden(error: BaseException) -> bool:
+    """A refusal of the worker's database role (SQLSTATE 42501, insufficient_privilege): the
+    run, worker or job is of a group the role may not act for (docs/protocol.md section 11)."""
+    return getattr(error, "sqlstate", None) == "42501"
 
 
 def _transient(error: BaseException) -> bool:
