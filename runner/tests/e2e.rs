@@ -13,9 +13,9 @@ use chime_protocol::Trigger;
 use chime_protocol::topology::{Topology, WORK_KEY};
 use chime_protocol::wire::{CONTENT_TYPE, HEADER_ATTEMPT, PROTOCOL_VERSION};
 use chime_test_kit::{Setup, done_if, wait_for};
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::options::ConfirmSelectOptions;
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
@@ -99,26 +99,8 @@ async fn submit(
         .with_message_id(run_id.to_string().into())
         .with_headers(headers);
     let body = trigger.to_body();
-    let (exchange, properties, body) = (&topology.exchange(), &properties, &body);
-    wait_for(WAIT, "the trigger to be routed", || async move {
-        let confirm = channel
-            .basic_publish(
-                exchange.as_str().into(),
-                WORK_KEY.into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..BasicPublishOptions::default()
-                },
-                body,
-                properties.clone(),
-            )
-            .await
-            .unwrap()
-            .await
-            .unwrap();
-        matches!(confirm, Confirmation::Ack(None)).then_some(())
-    })
-    .await;
+    chime_test_kit::publish_routed(channel, &topology.exchange(), WORK_KEY, &body, &properties)
+        .await;
     run_id
 }
 
@@ -212,14 +194,19 @@ kill_grace = "1s"
     )
     .await;
     assert_eq!(wait_state(&pool, run_id, "succeeded").await, None);
+    // Each stream's lines keep their order; stdout and stderr are two pipes, read as they come.
+    let (stdout, stderr): (Vec<_>, Vec<_>) = logs(&pool, run_id)
+        .await
+        .into_iter()
+        .partition(|(level, _)| level == "info");
     assert_eq!(
-        logs(&pool, run_id).await,
+        stdout,
         [
             ("info".to_owned(), "hello, Ada; rm -rf /".to_owned()),
             ("info".to_owned(), format!("run {run_id}")),
-            ("warn".to_owned(), "warned".to_owned()),
         ]
     );
+    assert_eq!(stderr, [("warn".to_owned(), "warned".to_owned())]);
 
     // A job still running at SIGTERM, ignoring SIGTERM itself: after the drain timeout its
     // process group gets SIGTERM, then SIGKILL after kill_grace, within the SDK's cancel grace;

@@ -6,9 +6,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use chime_protocol::Topology;
-use lapin::options::{ExchangeDeleteOptions, QueueDeclareOptions};
+use lapin::options::{BasicPublishOptions, ExchangeDeleteOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
-use lapin::{Connection, ConnectionProperties};
+use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties};
+
+use crate::wait::{WAIT, wait_for};
 
 /// The local RabbitMQ.
 pub const AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
@@ -46,6 +48,37 @@ pub async fn passive_declare(
             FieldTable::default(),
         )
         .await
+}
+
+/// Publishes `body` to `exchange` with `routing_key` (mandatory, on `channel` in confirm mode)
+/// until the broker acks it routed: a worker may still be declaring (or re-declaring) the queue.
+/// Fails the test after [`WAIT`].
+pub async fn publish_routed(
+    channel: &lapin::Channel,
+    exchange: &str,
+    routing_key: &str,
+    body: &[u8],
+    properties: &BasicProperties,
+) {
+    wait_for(WAIT, "the message to be routed to a queue", || async move {
+        let confirm = channel
+            .basic_publish(
+                exchange.into(),
+                routing_key.into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                body,
+                properties.clone(),
+            )
+            .await
+            .expect("publish")
+            .await
+            .expect("confirm");
+        matches!(confirm, Confirmation::Ack(None)).then_some(())
+    })
+    .await;
 }
 
 /// How long dropping an undeleted [`TopologyGuard`] waits for the broker before giving up.

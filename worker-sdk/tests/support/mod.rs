@@ -243,32 +243,14 @@ impl Env {
         if let Some(id) = message_id {
             properties = properties.with_message_id(id.to_string().into());
         }
-        let exchange = &self.topology.exchange();
-        let properties = &properties;
-        wait_for(
-            WAIT,
-            "the trigger to be routed to the work queue",
-            || async move {
-                let confirm = self
-                    .channel
-                    .basic_publish(
-                        exchange.as_str().into(),
-                        chime_protocol::topology::WORK_KEY.into(),
-                        BasicPublishOptions {
-                            mandatory: true,
-                            ..BasicPublishOptions::default()
-                        },
-                        body,
-                        properties.clone(),
-                    )
-                    .await
-                    .unwrap()
-                    .await
-                    .unwrap();
-                matches!(confirm, Confirmation::Ack(None)).then_some(())
-            },
+        chime_test_kit::publish_routed(
+            &self.channel,
+            &self.topology.exchange(),
+            chime_protocol::topology::WORK_KEY,
+            body,
+            &properties,
         )
-        .await
+        .await;
     }
 
     /// Whether `queue` exists (a passive declare on a channel of its own, since a missing
