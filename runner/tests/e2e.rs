@@ -13,9 +13,8 @@ use chime_protocol::Trigger;
 use chime_protocol::topology::{Topology, WORK_KEY};
 use chime_protocol::wire::{CONTENT_TYPE, HEADER_ATTEMPT, PROTOCOL_VERSION};
 use chime_test_kit::{Setup, done_if, wait_for};
-use lapin::options::ConfirmSelectOptions;
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use lapin::{BasicProperties, Channel};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
@@ -134,14 +133,7 @@ async fn logs(pool: &PgPool, run_id: i64) -> Vec<(String, String)> {
 async fn the_runner_binary_runs_a_triggered_shell_job_and_stores_its_output(pool: PgPool) {
     let setup = Setup::new(&pool);
     let topology = Topology::new(setup.prefix.as_str(), setup.group.as_str());
-    let connection = Connection::connect(&setup.amqp_url, ConnectionProperties::default())
-        .await
-        .expect("RabbitMQ at AMQP_URL (default 127.0.0.1:5672)");
-    let channel = connection.create_channel().await.unwrap();
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .unwrap();
+    let (connection, channel) = chime_test_kit::confirm_channel(&setup.amqp_url).await;
     topology.declare(&channel).await.unwrap();
 
     let dir = tempfile::tempdir().unwrap();

@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use chime_protocol::Topology;
-use lapin::options::{BasicPublishOptions, ExchangeDeleteOptions, QueueDeclareOptions};
+use lapin::options::{
+    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeleteOptions, QueueDeclareOptions,
+};
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties};
 
@@ -48,6 +50,20 @@ pub async fn passive_declare(
             FieldTable::default(),
         )
         .await
+}
+
+/// A connection to the broker at `amqp_url` and a channel on it in confirm mode, for a test that
+/// publishes as the scheduler does (keep the connection: dropping it closes the channel).
+pub async fn confirm_channel(amqp_url: &str) -> (Connection, lapin::Channel) {
+    let connection = Connection::connect(amqp_url, ConnectionProperties::default())
+        .await
+        .expect("RabbitMQ at AMQP_URL (default 127.0.0.1:5672)");
+    let channel = connection.create_channel().await.expect("a channel");
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirm mode");
+    (connection, channel)
 }
 
 /// Publishes `body` to `exchange` with `routing_key` (mandatory, on `channel` in confirm mode)

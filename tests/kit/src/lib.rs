@@ -35,7 +35,9 @@ mod roles;
 mod setup;
 mod wait;
 
-pub use broker::{AMQP_URL, TopologyGuard, amqp_url, passive_declare, publish_routed, unique};
+pub use broker::{
+    AMQP_URL, TopologyGuard, amqp_url, confirm_channel, passive_declare, publish_routed, unique,
+};
 pub use events::{Events, LogGuard, capture_logs};
 pub use roles::RoleGuard;
 pub use setup::{Setup, database_url, init_tracing};

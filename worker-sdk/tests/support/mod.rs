@@ -15,9 +15,9 @@ use chime_test_kit::{Setup, done_if, passive_declare, wait_for};
 use chime_worker::{CancellationToken, Worker, WorkerBuilder, WorkerError};
 use chrono::{DateTime, Utc};
 use lapin::message::Delivery;
-use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions};
+use lapin::options::{BasicGetOptions, BasicPublishOptions};
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use lapin::{BasicProperties, Channel, Confirmation, Connection};
 use serde_json::Value;
 use sqlx::PgPool;
 use tokio::task::JoinHandle;
@@ -96,14 +96,7 @@ impl Env {
     pub async fn new(pool: PgPool) -> Env {
         let setup = Setup::new(&pool);
         let topology = Topology::new(setup.prefix.as_str(), setup.group.as_str());
-        let connection = Connection::connect(&setup.amqp_url, ConnectionProperties::default())
-            .await
-            .expect("RabbitMQ at AMQP_URL (default 127.0.0.1:5672)");
-        let channel = connection.create_channel().await.unwrap();
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .unwrap();
+        let (connection, channel) = chime_test_kit::confirm_channel(&setup.amqp_url).await;
         topology.declare(&channel).await.unwrap();
         Env {
             setup,
