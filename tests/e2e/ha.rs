@@ -20,9 +20,12 @@ async fn three_instances_fire_each_instant_once_under_one_leader(pool: PgPool) {
         job(json!({"name": "c", "group": "ha", "schedule": "* * * * * *"})),
     ];
     let worker = RecordingWorker::start(&db, AMQP_URL, &prefix, "ha", &["a", "b", "c"]);
-    let instances: Vec<Scheduler> = ["s1", "s2", "s3"]
+    let instances: Vec<(&str, Scheduler)> = ["s1", "s2", "s3"]
         .into_iter()
-        .map(|id| Scheduler::start(service_config(&db, AMQP_URL, id, &prefix), jobs.clone()))
+        .map(|id| {
+            let config = service_config(&db, AMQP_URL, id, &prefix);
+            (id, Scheduler::start(config, jobs.clone()))
+        })
         .collect();
 
     // Watch the lease for 15 s: at any moment at most one holder, and it never changes hands
@@ -35,15 +38,20 @@ async fn three_instances_fire_each_instant_once_under_one_leader(pool: PgPool) {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    for s in instances {
-        s.stop().await.expect("graceful stop");
-    }
     assert_eq!(
         holders.len(),
         1,
         "exactly one leader and term for the whole run: {holders:?}"
     );
-    let (_, term) = holders.into_iter().next().expect("one leader");
+    let (holder, term) = holders.into_iter().next().expect("one leader");
+    // Followers first: a leader stopped before them hands over, and the next term would
+    // rightly write runs of its own.
+    let (lead, followers): (Vec<_>, Vec<_>) =
+        instances.into_iter().partition(|(id, _)| *id == holder);
+    assert_eq!(lead.len(), 1, "the lease holder {holder} is one of the instances");
+    for (_, s) in followers.into_iter().chain(lead) {
+        s.stop().await.expect("graceful stop");
+    }
 
     for name in ["a", "b", "c"] {
         let all = runs(&pool, name).await;
