@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 /// State of a run (`chime_runs.state`):
 /// `pending → queued → running [→ retrying → running …] → succeeded | failed | dead | cancelled`,
-/// or `skipped` (never published; its `reason` says why).
+/// or `skipped` (never published; its `reason` says why), or for a broadcast task `lost`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RunState {
@@ -35,6 +35,9 @@ pub enum RunState {
     Cancelled,
     /// Never published (a misfire policy or a concurrency policy skipped it).
     Skipped,
+    /// A broadcast task whose worker was lost (or has no queue): broadcast means "on each
+    /// worker", so it is not moved to another one.
+    Lost,
 }
 
 /// State of an attempt (`chime_attempts.state`).
@@ -79,7 +82,7 @@ impl UnknownState {
 
 impl RunState {
     /// Every run state, in the state machine's order.
-    pub const ALL: [RunState; 9] = [
+    pub const ALL: [RunState; 10] = [
         RunState::Pending,
         RunState::Queued,
         RunState::Running,
@@ -89,11 +92,12 @@ impl RunState {
         RunState::Dead,
         RunState::Cancelled,
         RunState::Skipped,
+        RunState::Lost,
     ];
 
     /// [`RunState::ALL`] as text (what filters and the dashboard offer).
-    pub const NAMES: [&'static str; 9] = {
-        let mut names = [""; 9];
+    pub const NAMES: [&'static str; 10] = {
+        let mut names = [""; 10];
         let mut i = 0;
         while i < names.len() {
             names[i] = RunState::ALL[i].as_str();
@@ -114,6 +118,7 @@ impl RunState {
             RunState::Dead => "dead",
             RunState::Cancelled => "cancelled",
             RunState::Skipped => "skipped",
+            RunState::Lost => "lost",
         }
     }
 
@@ -127,7 +132,7 @@ impl RunState {
     }
 
     /// Ended: no attempt will start or run any more (`succeeded`, `failed`, `dead`,
-    /// `cancelled`, `skipped`).
+    /// `cancelled`, `skipped`, `lost`): `chime_run_ended` in SQL.
     pub const fn is_finished(self) -> bool {
         !self.is_waiting() && !matches!(self, RunState::Running)
     }

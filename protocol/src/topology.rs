@@ -9,6 +9,7 @@
 //! | work queue | `P.G.work` | quorum, bound with key `work`; explicit `x-delivery-limit`; dead-letters to `P.G` with key `parking` (at-least-once) |
 //! | parking lot | `P.G.parking` | quorum, bound with key `parking`; runs that cannot go on wait here for an operator |
 //! | delay tiers | `P.G.retry.<tier>` for each of [`RETRY_TIERS`] | quorum, fixed `x-message-ttl`, bound with key `retry.<tier>`; dead-letter back to `P.G` with key `work` (at-least-once) |
+//! | worker queues | `P.G.worker.<id>` for each worker `<id>` | quorum, bound with key `worker.<id>`; a broadcast task for that worker only; same delivery limit and parking as the work queue; declared by the worker, kept across its restarts |
 //!
 //! `Topology::declare` (feature `amqp`) declares the exchange, work queue and parking lot. A
 //! delay tier is declared by the worker that first sends a message through it
@@ -39,6 +40,8 @@ use lapin::{Channel, ExchangeKind};
 pub const WORK_KEY: &str = "work";
 /// Routing key of the parking-lot queue.
 pub const PARKING_KEY: &str = "parking";
+/// Routing keys of workers' own queues start with this ([`Topology::worker_key`]).
+pub const WORKER_KEY_PREFIX: &str = "worker.";
 /// Default name prefix of every exchange and queue Chime declares.
 pub const DEFAULT_PREFIX: &str = "chime";
 /// One delay tier: a queue whose messages wait `ttl`, then go back to the work queue.
@@ -165,6 +168,18 @@ impl Topology {
     /// The queue of delay tier `tier`: `P.G.retry.<tier>`.
     pub fn retry_queue(&self, tier: &RetryTier) -> String {
         format!("{}.{}.retry.{}", self.prefix, self.group, tier.name)
+    }
+
+    /// Worker `worker_id`'s own queue, `P.G.worker.<id>`: the broadcast tasks for that worker
+    /// (declared by the worker with [`Topology::work_queue_arguments`], durable, so a worker
+    /// that restarts under the same id finds the tasks waiting for it).
+    pub fn worker_queue(&self, worker_id: &str) -> String {
+        format!("{}.{}.worker.{}", self.prefix, self.group, worker_id)
+    }
+
+    /// The routing key of worker `worker_id`'s own queue: `worker.<id>`.
+    pub fn worker_key(worker_id: &str) -> String {
+        format!("{WORKER_KEY_PREFIX}{worker_id}")
     }
 
     /// The work queue's arguments.

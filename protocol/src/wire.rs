@@ -87,6 +87,66 @@ pub struct Trigger {
     /// The job's retry policy. Absent means no retry (one attempt).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryPolicy>,
+    /// Which task of its run this is, for a run of a broadcast, sharded or map/reduce job;
+    /// absent for a single run. A worker that does not know the field runs the task as a
+    /// single run of the job with `params` (its claim and outcome work all the same).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<Task>,
+}
+
+/// One task of a run with several: its parent run and its place in it (docs/protocol.md, "Job
+/// kinds"). `Trigger::run_id` is the task's own run id; claims, outcomes, logs and heartbeats use
+/// it as for any run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Task {
+    /// The run (the fire) this task belongs to: what `chime runs show` lists and a cancel names.
+    pub parent_run_id: i64,
+    /// The task's key, unique in its run: `worker/<id>`, `shard/<n>`, `root`, `reduce`, or
+    /// `<caller>/<step>/<call>/<n>` for a mapped sub-task.
+    pub key: String,
+    /// What the task is.
+    pub kind: TaskKind,
+    /// A shard's place: index, total and its parameter (sharded jobs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<Shard>,
+    /// The worker a broadcast task is for: its trigger is routed to that worker's own queue,
+    /// and a worker forwards one that reaches it otherwise (after a delay tier).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<String>,
+    /// A mapped sub-task's step name, as its caller named it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
+    /// A map/reduce task's depth: the root task 0, what it maps 1, and so on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub depth: Option<u32>,
+}
+
+/// What a task is ([`Task::kind`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskKind {
+    /// A broadcast job's task for one worker.
+    Broadcast,
+    /// A sharded job's shard.
+    Shard,
+    /// A map/reduce job's first task: its handler maps the work.
+    Root,
+    /// A sub-task mapped by the root or another mapped task; its `params` is the item.
+    Map,
+    /// A map/reduce job's last task: runs the job's reducer once every other task has ended.
+    Reduce,
+}
+
+/// A shard's place in its run ([`Task::shard`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Shard {
+    /// 0-based index.
+    pub index: u32,
+    /// How many shards the run has.
+    pub total: u32,
+    /// The job's `shard_params` entry for this index, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub param: Option<serde_json::Value>,
 }
 
 /// A job's retry policy as it travels in the trigger (durations in milliseconds). See
@@ -178,7 +238,33 @@ mod tests {
                 max_ms: 600_000,
                 jitter: true,
             }),
+            task: None,
         }
+    }
+
+    #[test]
+    fn a_task_trigger_round_trips_and_a_single_run_has_no_task_field() {
+        let mut t = trigger();
+        assert!(!String::from_utf8(t.to_body()).unwrap().contains("task"));
+        t.task = Some(Task {
+            parent_run_id: 41,
+            key: "shard/2".into(),
+            kind: TaskKind::Shard,
+            shard: Some(Shard {
+                index: 2,
+                total: 3,
+                param: Some(serde_json::json!("Guangzhou")),
+            }),
+            worker: None,
+            step: None,
+            depth: None,
+        });
+        let body = String::from_utf8(t.to_body()).unwrap();
+        assert!(
+            body.contains(r#""task":{"parent_run_id":41,"key":"shard/2","kind":"shard","shard":{"index":2,"total":3,"param":"Guangzhou"}}"#),
+            "{body}"
+        );
+        assert_eq!(Trigger::from_body(body.as_bytes()).unwrap(), t);
     }
 
     #[test]

@@ -89,6 +89,7 @@ async fn submit(
         params,
         timeout_ms: None,
         retry: None,
+        task: None,
     };
     let mut headers = FieldTable::default();
     headers.insert(HEADER_ATTEMPT.into(), AMQPValue::LongUInt(1));

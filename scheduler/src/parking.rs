@@ -711,6 +711,7 @@ mod tests {
             params: serde_json::Value::Null,
             timeout_ms: None,
             retry: None,
+            task: None,
         };
         let properties = BasicProperties::default().with_headers(headers);
         let m = ParkedMessage::from_delivery("g", &delivery(properties, &trigger.to_body()));

@@ -333,6 +333,7 @@ async fn publish_copy(w: &World, id: i64, job: &str, params: Value) -> anyhow::R
         params,
         timeout_ms: None,
         retry: None,
+        task: None,
     };
     let mut headers = FieldTable::default();
     headers.insert("x-chime-attempt".into(), attempt_value(1));

@@ -304,6 +304,7 @@ pub(crate) async fn park(
         params: json!({}),
         timeout_ms: None,
         retry: None,
+        task: None,
     };
     let mut headers = FieldTable::default();
     headers.insert(HEADER_ATTEMPT.into(), AMQPValue::LongUInt(attempt));

@@ -1094,6 +1094,7 @@ mod tests {
             params: serde_json::Value::Null,
             timeout_ms: None,
             retry: None,
+            task: None,
         }
     }
 

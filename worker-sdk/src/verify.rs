@@ -190,6 +190,7 @@ mod tests {
                 max_ms: 60_000,
                 jitter: true,
             }),
+            task: None,
         }
     }
 

@@ -157,6 +157,7 @@ impl Env {
             params,
             timeout_ms: None,
             retry: None,
+            task: None,
         }
     }
 
