@@ -298,6 +298,58 @@ impl Store {
         Ok(result)
     }
 
+    /// Ends `lost` up to `limit` broadcast tasks still waiting (`pending`, `queued`, `retrying`)
+    /// for a worker lost for longer than `rescue_after`, under the leader's fence: a broadcast
+    /// task is for its worker only, so nobody else would ever start it and its run would never
+    /// end. Returns `None` if the fence no longer holds.
+    pub async fn rescue_stranded_broadcasts(
+        &self,
+        fence: &Fence,
+        rescue_after: Duration,
+        limit: i64,
+    ) -> anyhow::Result<Option<Vec<Rescued>>> {
+        let sql = format!(
+            "WITH {LEASE_CTE}, stranded AS (
+                 SELECT r.id,
+                        'its worker ' || r.target_worker || ' was lost before it started (' ||
+                        CASE WHEN w.id IS NULL THEN 'not registered'
+                             WHEN w.stopped_at IS NOT NULL THEN 'stopped at ' || {stopped}
+                             ELSE 'no heartbeat since ' || {heartbeat} END
+                        || '); a broadcast task is not moved to another worker' AS detail
+                 FROM chime_runs r
+                 LEFT JOIN chime_workers w ON w.id = r.target_worker
+                 WHERE r.target_worker IS NOT NULL AND EXISTS (SELECT 1 FROM lease)
+                   AND r.state IN ('pending', 'queued', 'retrying')
+                   AND {lost_since} < now() - make_interval(secs => $3)
+                 ORDER BY r.id
+                 LIMIT $4
+                 FOR UPDATE OF r SKIP LOCKED
+             ), runs AS (
+                 UPDATE chime_runs r SET state = 'lost', reason = s.detail, finished_at = now(),
+                                         next_attempt_at = NULL
+                 FROM stranded s
+                 WHERE r.id = s.id
+                 RETURNING r.id, r.job_name, r.attempt, r.state, s.detail
+             )
+             SELECT 'lease' AS kind, NULL::bigint AS id, NULL::text AS job_name,
+                    NULL::int AS attempt, NULL::text AS state, NULL::text AS detail FROM lease
+             UNION ALL
+             SELECT 'run', id, job_name, attempt, state, detail FROM runs",
+            stopped = ts_sql("w.stopped_at"),
+            heartbeat = ts_sql("w.heartbeat_at"),
+            lost_since = LOST_SINCE_SQL,
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(&fence.holder)
+            .bind(fence.term)
+            .bind(rescue_after.as_secs_f64())
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await
+            .context("ending broadcast tasks of lost workers")?;
+        rescued(rows)
+    }
+
     /// Puts back in the outbox up to `limit` runs still `retrying` more than `slack` after their
     /// `next_attempt_at` (their retry message was lost), under the leader's fence. They are
     /// published as the next attempt; a late retry message then finds nothing to claim.

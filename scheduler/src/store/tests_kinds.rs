@@ -456,3 +456,43 @@ async fn cancel_reaches_every_task_and_retry_failed_reruns_only_the_failed(pool:
     set_states(&pool, &u[2..], "succeeded").await;
     assert_eq!(state(&pool, q.id).await.0, "succeeded");
 }
+
+/// A broadcast task still waiting for a worker that is lost ends `lost` (nobody else would
+/// start it, and its run would never end); one waiting for an online worker stays.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_broadcast_task_waiting_for_a_lost_worker_ends_lost(pool: PgPool) {
+    let store = Store::from_pool(pool.clone());
+    job(&pool, "b", json!({"kind": "broadcast"})).await;
+    worker(&pool, "w1", &["b"], true).await;
+    worker(&pool, "w2", &["b"], true).await;
+    let fence = store.lead_for_test("me").await;
+    let p = parent(&pool, "b").await;
+    let tasks = store.expand_run(&fence, &p).await.unwrap().unwrap();
+    store
+        .tasks_published(&fence, &confirmed(&tasks))
+        .await
+        .unwrap();
+    sqlx::query(
+        "UPDATE chime_workers SET heartbeat_at = now() - interval '1 hour' WHERE id = 'w2'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let ended = store
+        .rescue_stranded_broadcasts(&fence, std::time::Duration::from_secs(60), 100)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        ended.iter().map(|r| r.id).collect::<Vec<_>>(),
+        [tasks[1].id]
+    );
+    let (s, reason) = state(&pool, tasks[1].id).await;
+    assert_eq!(s, "lost");
+    assert!(
+        reason
+            .unwrap()
+            .starts_with("its worker w2 was lost before it started (no heartbeat since ")
+    );
+    assert_eq!(state(&pool, tasks[0].id).await.0, "queued");
+}

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use chime_protocol::Topology;
 use lapin::options::{
-    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeleteOptions, QueueDeclareOptions, QueueDeleteOptions,
+    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeleteOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties};
