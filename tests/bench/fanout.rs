@@ -126,7 +126,9 @@ async fn measure(sandbox: &Sandbox, params: &Params) -> anyhow::Result<Report> {
 
 async fn read_fire(sandbox: &Sandbox, id: i64) -> anyhow::Result<Fire> {
     let ms = |field: &str| {
-        format!("extract(epoch FROM (SELECT max(t.{field}) FROM chime_runs t WHERE t.parent_id = p.id) - p.created_at) * 1000")
+        format!(
+            "extract(epoch FROM (SELECT max(t.{field}) FROM chime_runs t WHERE t.parent_id = p.id) - p.created_at) * 1000"
+        )
     };
     let row = sqlx::query(sqlx::AssertSqlSafe(format!(
         "SELECT p.state,
@@ -177,9 +179,20 @@ fn report(params: &Params, fires: &[Fire]) -> Report {
             format!("{}", fires.len()),
             whole == fires.len(),
         ),
-        Row::judged("tasks with a second attempt", rerun.to_string(), "0", rerun == 0),
-        Row::info("created → last task published", summary(&series(|f| f.published_ms))),
-        Row::info("created → last task started", summary(&series(|f| f.started_ms))),
+        Row::judged(
+            "tasks with a second attempt",
+            rerun.to_string(),
+            "0",
+            rerun == 0,
+        ),
+        Row::info(
+            "created → last task published",
+            summary(&series(|f| f.published_ms)),
+        ),
+        Row::info(
+            "created → last task started",
+            summary(&series(|f| f.started_ms)),
+        ),
         Row::info("created → run ended", summary(&series(|f| f.ended_ms))),
         Row::info("tasks per second, each fire", rates.join(", ")),
     ];

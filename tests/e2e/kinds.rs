@@ -86,7 +86,11 @@ async fn parent(pool: &PgPool, id: i64) -> (String, Option<String>, (i32, i32, i
     (
         r.get("state"),
         r.get("reason"),
-        (r.get("tasks_total"), r.get("tasks_ended"), r.get("tasks_failed")),
+        (
+            r.get("tasks_total"),
+            r.get("tasks_ended"),
+            r.get("tasks_failed"),
+        ),
     )
 }
 
@@ -94,7 +98,11 @@ async fn parent(pool: &PgPool, id: i64) -> (String, Option<String>, (i32, i32, i
 async fn ended(pool: &PgPool, id: i64) -> String {
     wait_for(PATIENCE, &format!("run {id} to end"), || async {
         let (state, _, _) = parent(pool, id).await;
-        (!matches!(state.as_str(), "pending" | "queued" | "running" | "retrying")).then_some(state)
+        (!matches!(
+            state.as_str(),
+            "pending" | "queued" | "running" | "retrying"
+        ))
+        .then_some(state)
     })
     .await
 }
@@ -107,7 +115,12 @@ async fn tasks(pool: &PgPool, parent: i64) -> BTreeMap<i64, (String, String, Opt
         .await
         .expect("read tasks")
         .into_iter()
-        .map(|r| (r.get("id"), (r.get("task_key"), r.get("state"), r.get("worker_id"))))
+        .map(|r| {
+            (
+                r.get("id"),
+                (r.get("task_key"), r.get("state"), r.get("worker_id")),
+            )
+        })
         .collect()
 }
 
@@ -139,8 +152,10 @@ fn counts(seen: &Events<Seen>) -> HashMap<i64, usize> {
 #[sqlx::test(migrations = "../migrations")]
 async fn a_sharded_fire_runs_each_shard_once_with_its_parameter(pool: PgPool) {
     let t = Setup::new(&pool);
-    let spec = job(json!({"name": "cities", "group": t.group, "kind": "sharded", "shards": 4,
-                          "shard_params": ["Beijing", "Shanghai", null, "Guangzhou"]}));
+    let spec = job(
+        json!({"name": "cities", "group": t.group, "kind": "sharded", "shards": 4,
+                          "shard_params": ["Beijing", "Shanghai", null, "Guangzhou"]}),
+    );
     let scheduler = Scheduler::on(&t, "s1", vec![spec]);
     let seen = Events::new();
     let a = KindWorker::recording(&t, "shard-a", "cities", &seen);
@@ -152,7 +167,11 @@ async fn a_sharded_fire_runs_each_shard_once_with_its_parameter(pool: PgPool) {
     assert_eq!((reason, counters), (None, (4, 4, 0)));
     let tasks = tasks(&pool, id).await;
     assert_eq!(tasks.len(), 4);
-    assert!(counts(&seen).iter().all(|(run, n)| tasks.contains_key(run) && *n == 1));
+    assert!(
+        counts(&seen)
+            .iter()
+            .all(|(run, n)| tasks.contains_key(run) && *n == 1)
+    );
     let mut shards: Vec<_> = seen.all().into_iter().filter_map(|s| s.shard).collect();
     shards.sort_by_key(|s| s.0);
     assert_eq!(
@@ -173,8 +192,10 @@ async fn a_sharded_fire_runs_each_shard_once_with_its_parameter(pool: PgPool) {
 #[sqlx::test(migrations = "../migrations")]
 async fn a_broadcast_runs_once_on_each_online_worker_and_nowhere_else(pool: PgPool) {
     let t = Setup::new(&pool);
-    let spec = job(json!({"name": "purge-cache", "group": t.group, "kind": "broadcast",
-                          "min_workers": 3}));
+    let spec = job(
+        json!({"name": "purge-cache", "group": t.group, "kind": "broadcast",
+                          "min_workers": 3}),
+    );
     let scheduler = Scheduler::on(&t, "s1", vec![spec]);
     let seen = Events::new();
     let workers: Vec<_> = ["node-1", "node-2", "node-3"]
@@ -205,7 +226,11 @@ async fn a_broadcast_runs_once_on_each_online_worker_and_nowhere_else(pool: PgPo
     );
     let mut by_worker: Vec<String> = seen.all().into_iter().map(|s| s.worker).collect();
     by_worker.sort();
-    assert_eq!(by_worker, ["node-1", "node-2", "node-3"], "once on each worker");
+    assert_eq!(
+        by_worker,
+        ["node-1", "node-2", "node-3"],
+        "once on each worker"
+    );
 
     // One worker stops for good: the next fire needs three and fails, saying why.
     let mut workers = workers;
@@ -214,8 +239,9 @@ async fn a_broadcast_runs_once_on_each_online_worker_and_nowhere_else(pool: PgPo
     assert_eq!(ended(&pool, id).await, "failed");
     let (_, reason, _) = parent(&pool, id).await;
     assert!(
-        reason.as_deref().is_some_and(|r| r.starts_with("2 workers of group")
-            && r.ends_with("3 needed (min_workers)")),
+        reason.as_deref().is_some_and(
+            |r| r.starts_with("2 workers of group") && r.ends_with("3 needed (min_workers)")
+        ),
         "{reason:?}"
     );
     for w in workers {
@@ -275,7 +301,11 @@ async fn map_reduce_maps_a_thousand_sub_tasks_and_reduces_their_outputs_once(poo
     let id = trigger(&pool, "totals", json!({})).await;
     assert_eq!(ended(&pool, id).await, "succeeded");
     let expected: i64 = (0..ITEMS).map(|n| n * 2).sum();
-    assert_eq!(reductions.all(), [(1_001, expected)], "one reduction over the root and every item");
+    assert_eq!(
+        reductions.all(),
+        [(1_001, expected)],
+        "one reduction over the root and every item"
+    );
     let (_, _, counters) = parent(&pool, id).await;
     assert_eq!(counters, (1_002, 1_002, 0));
     let output: Value = sqlx::query_scalar(
@@ -294,8 +324,10 @@ async fn map_reduce_maps_a_thousand_sub_tasks_and_reduces_their_outputs_once(poo
 #[sqlx::test(migrations = "../migrations")]
 async fn the_failed_shard_of_a_finished_run_reruns_alone_in_the_same_run(pool: PgPool) {
     let t = Setup::new(&pool);
-    let spec = job(json!({"name": "flaky", "group": t.group, "kind": "sharded", "shards": 3,
-                          "retry": {"max_attempts": 1}}));
+    let spec = job(
+        json!({"name": "flaky", "group": t.group, "kind": "sharded", "shards": 3,
+                          "retry": {"max_attempts": 1}}),
+    );
     let scheduler = Scheduler::on(&t, "s1", vec![spec]);
     let seen = Events::new();
     let recorded = seen.clone();
@@ -323,10 +355,17 @@ async fn the_failed_shard_of_a_finished_run_reruns_alone_in_the_same_run(pool: P
     assert_eq!(rerun, 1);
     assert_eq!(ended(&pool, id).await, "succeeded");
     let all = seen.all();
-    assert_eq!(all.len(), 4, "three shards, then the failed one again: {all:?}");
+    assert_eq!(
+        all.len(),
+        4,
+        "three shards, then the failed one again: {all:?}"
+    );
     let again: Vec<_> = all.iter().filter(|(_, attempt)| *attempt == 2).collect();
     assert_eq!(again.len(), 1);
-    let (_, state, _) = tasks(&pool, id).await.remove(&again[0].0).expect("a task of the run");
+    let (_, state, _) = tasks(&pool, id)
+        .await
+        .remove(&again[0].0)
+        .expect("a task of the run");
     assert_eq!(state, "succeeded");
     worker.stop().await;
     scheduler.stop().await.expect("graceful stop");
@@ -336,8 +375,10 @@ async fn the_failed_shard_of_a_finished_run_reruns_alone_in_the_same_run(pool: P
 #[sqlx::test(migrations = "../migrations")]
 async fn a_leader_killed_while_it_expands_fires_runs_no_task_twice(pool: PgPool) {
     let t = Setup::new(&pool);
-    let spec = job(json!({"name": "wide", "group": t.group, "kind": "sharded", "shards": 50,
-                          "every": "1s"}));
+    let spec = job(
+        json!({"name": "wide", "group": t.group, "kind": "sharded", "shards": 50,
+                          "every": "1s"}),
+    );
     let seen = Events::new();
     let worker = KindWorker::recording(&t, "wide-1", "wide", &seen);
     let first = Scheduler::on(&t, "s1", vec![spec.clone()]);
@@ -386,10 +427,18 @@ async fn a_leader_killed_while_it_expands_fires_runs_no_task_twice(pool: PgPool)
     let counts = wait_for(PATIENCE, "every published task run", || {
         let counts = counts(&seen);
         let published = published.clone();
-        async move { published.iter().all(|id| counts.contains_key(id)).then_some(counts) }
+        async move {
+            published
+                .iter()
+                .all(|id| counts.contains_key(id))
+                .then_some(counts)
+        }
     })
     .await;
-    assert!(counts.values().all(|&n| n == 1), "a task ran twice: {counts:?}");
+    assert!(
+        counts.values().all(|&n| n == 1),
+        "a task ran twice: {counts:?}"
+    );
     let shapes: Vec<(i64, i64)> = sqlx::query_as(
         "SELECT count(*), count(DISTINCT shard_index) FROM chime_runs
           WHERE parent_id IS NOT NULL GROUP BY parent_id",

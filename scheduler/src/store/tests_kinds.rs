@@ -496,3 +496,37 @@ async fn a_broadcast_task_waiting_for_a_lost_worker_ends_lost(pool: PgPool) {
     );
     assert_eq!(state(&pool, tasks[0].id).await.0, "queued");
 }
+
+/// The bounds the migration's functions check are the documented limits.
+#[test]
+fn the_sql_bounds_of_job_kinds_are_the_limits() {
+    use chime_protocol::limits;
+    let sql = include_str!("../../../migrations/20261201000013_job_kinds.sql");
+    let limits: [(&str, u64); 3] = [
+        (
+            "MAX_MAP_ITEMS_PER_CALL",
+            u64::from(limits::MAX_MAP_ITEMS_PER_CALL),
+        ),
+        ("MAX_TASKS_PER_RUN", u64::from(limits::MAX_TASKS_PER_RUN)),
+        (
+            "MAX_TASK_OUTPUT_BYTES",
+            limits::MAX_TASK_OUTPUT_BYTES as u64,
+        ),
+    ];
+    for (name, value) in limits {
+        let line = sql
+            .lines()
+            .find(|l| l.contains("constant integer") && l.contains(&format!("-- limits::{name}")))
+            .unwrap_or_else(|| panic!("the migration checks {name}"));
+        assert!(line.contains(&format!(":= {value};")), "{name}: {line}");
+    }
+    assert!(sql.contains(&format!(
+        "least((spec->>'shards')::numeric, {})",
+        limits::MAX_SHARDS
+    )));
+    assert!(sql.contains(&format!("{{1,{}}}", limits::MAX_MAP_STEP_LEN)));
+    assert!(sql.contains(&format!(
+        ":= {}; -- limits::MAX_PARAMS_BYTES",
+        limits::MAX_PARAMS_BYTES
+    )));
+}
