@@ -13,8 +13,8 @@ from typing import Any
 
 import aio_pika
 
-from chime_worker import Cancel, Context, Shard, TaskResult
-from chime_worker.protocol import MAX_MAP_ITEMS_PER_CALL
+from chime_worker import Cancel, Context, Shard, TaskCallError, TaskResult
+from chime_worker.protocol import MAX_MAP_ITEMS_PER_CALL, MAX_TASK_OUTPUT_BYTES
 
 from conftest import Env, LogCapture, jsonb
 
@@ -170,6 +170,10 @@ async def test_outputs_are_stored_and_the_reducer_reads_every_task(env: Env) -> 
         assert ctx.task is not None
         if ctx.task.kind == "root":
             assert await ctx.map("count", ["a b", "c", "d e f"]) == 3
+            # The client-side cap measures JSON as the database does: the largest output
+            # the SDK lets through is stored.
+            room = MAX_TASK_OUTPUT_BYTES - len(json.dumps({"x": ""}))
+            assert await ctx.set_output({"x": "a" * (room % 2) + "é" * (room // 2)})
             assert await ctx.set_output({"mapped": 3})
         else:
             assert ctx.task.kind == "map" and ctx.task.step == "count" and ctx.task.depth == 1
@@ -267,3 +271,31 @@ async def test_a_cancel_naming_the_parent_cancels_its_running_tasks(env: Env) ->
     assert await env.run_state(other) == "running"  # a run of another parent is left alone
     bystander_done.set()
     await env.wait_run(other, "succeeded")
+
+
+async def test_a_map_the_database_refuses_fails_the_task_without_retry(env: Env) -> None:
+    await env.insert_kind_job("nested", "map_reduce", map_depth=1, retry={"max_attempts": 3})
+    w = env.worker()
+    refused: list[TaskCallError] = []
+
+    @w.handler("nested")
+    async def nested(ctx: Context, params: Any) -> None:
+        try:
+            await ctx.map("deeper", [1])
+        except TaskCallError as e:
+            refused.append(e)
+            raise
+
+    await env.start_worker(w)
+    parent, [root] = await env.expand("nested")
+    await env.publish_tasks("nested", parent, [root])
+    await env.wait_run(root["id"], "succeeded")
+    [mapped] = await env.pending_tasks(parent, "map")
+    await env.publish_tasks("nested", parent, [mapped])
+    row = await env.wait_run(mapped["id"], "failed")
+    assert row["attempt"] == 1 and row["next_attempt_at"] is None
+    [e] = refused
+    assert str(e) == row["error"]
+    assert str(e).startswith(f"ctx.map of run {mapped['id']} refused: invalid map_depth: "
+                             "sub-tasks nest deeper than the job's map_depth 1; raise map_depth")
+    assert "(map_depth = 2)" in str(e)
