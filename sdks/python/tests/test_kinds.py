@@ -13,7 +13,7 @@ from typing import Any
 
 import aio_pika
 
-from chime_worker import Cancel, Context, Shard, TaskCallError, TaskResult
+from chime_worker import Cancel, Context, Retry, Shard, TaskCallError, TaskResult
 from chime_worker.protocol import MAX_MAP_ITEMS_PER_CALL, MAX_TASK_OUTPUT_BYTES
 
 from conftest import Env, LogCapture, jsonb
@@ -81,24 +81,30 @@ async def test_broadcast_tasks_run_on_their_worker_and_are_forwarded_to_it(
         assert (await env.task_row(t["id"]))["worker_id"] == t["target_worker"]
 
 
-async def test_a_broadcast_task_from_the_work_queue_runs_on_its_worker_only(env: Env) -> None:
-    await env.insert_kind_job("rotate-logs", "broadcast")
-    ran: list[tuple[int, str]] = []
+async def test_a_broadcast_task_and_its_retries_run_on_its_worker_only(env: Env) -> None:
+    await env.insert_kind_job("rotate-logs", "broadcast",
+                              retry={"max_attempts": 3, "initial": "300ms"})
+    ran: list[tuple[int, int, str]] = []
     workers = [env.worker(), env.worker()]
     for w in workers:
         def bind(me: str) -> Any:
             async def rotate(ctx: Context, params: Any) -> None:
-                ran.append((ctx.run_id, me))
+                ran.append((ctx.run_id, ctx.attempt, me))
+                if ctx.attempt == 1:
+                    raise Retry("again at once", after=0)  # straight to its worker's queue
+                if ctx.attempt == 2:
+                    raise RuntimeError("again in 300 ms")  # a delay tier, then the work queue
             return rotate
 
         w.handle("rotate-logs", bind(w.worker_id))
         await env.start_worker(w)
     parent, tasks = await env.expand("rotate-logs")
-    # Both through the work queue (a retry back from a delay tier): whoever takes one
-    # forwards it unless it is its own.
+    # Both through the work queue (as back from a delay tier): whoever takes one forwards it
+    # unless it is its own.
     await env.publish_tasks("rotate-logs", parent, tasks, routing_key="work")
     await env.wait_run(parent, "succeeded")
-    assert sorted(ran) == sorted((t["id"], t["target_worker"]) for t in tasks)
+    assert sorted(ran) == sorted((t["id"], n, t["target_worker"]) for t in tasks
+                                 for n in (1, 2, 3))
 
 
 async def test_a_broadcast_task_for_a_worker_without_a_queue_is_parked(env: Env) -> None:

@@ -163,3 +163,21 @@ async def test_a_context_without_a_worker_names_the_fix() -> None:
                   params=None, log=JobLogger(), cancelled=asyncio.Event(), task=root_task())
     with pytest.raises(TaskCallError, match="no worker behind it: run the handler in a Worker"):
         await ctx.map("s", [1])
+
+
+async def test_the_example_map_reduce_job_counts_words() -> None:
+    from chime_worker.example import build
+
+    worker = build("examples")
+    root = await run_handler(worker.handlers["word-count"].fn, {"texts": ["a b", "c"]},
+                             task=root_task())
+    assert root.ok and root.maps == [MapCall("count", 1, ["a b", "c"])]
+    mapped = await run_handler(worker.handlers["word-count"].fn, "a b c",
+                               task=Task(100, "1/count/1/0", "map", step="count", depth=1))
+    assert mapped.ok and mapped.output == 3
+    results = [TaskResult(1, "root", "root", None, None, "succeeded", None, None, None),
+               TaskResult(3, "1/count/1/0", "map", "count", None, "succeeded", 3, None, "a b c"),
+               TaskResult(4, "1/count/1/1", "map", "count", None, "failed", None, "x", "d")]
+    total = await run_handler(worker.reducers["word-count"].fn, task=reduce_task(),
+                              results=results)
+    assert total.ok and total.output == {"words": 3}

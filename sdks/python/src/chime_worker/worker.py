@@ -577,11 +577,11 @@ class Worker:
 
     async def _send_through(self, message: AbstractIncomingMessage, tier: Tier | None,
                             extra: dict[str, Any] | None = None,
-                            body: bytes | None = None) -> None:
-        """A confirmed copy through `tier` (None: straight to work), then ack; requeue on
-        failure."""
+                            body: bytes | None = None, due_key: str = WORK_KEY) -> None:
+        """A confirmed copy through `tier` (None: straight to `due_key`, the work queue's),
+        then ack; requeue on failure."""
         try:
-            await self.broker.copy(message, tier.routing_key if tier else WORK_KEY,
+            await self.broker.copy(message, tier.routing_key if tier else due_key,
                                    body=body, extra=extra)
         except PublishFailed as e:
             log.error("sending delivery %s through a delay tier failed (%s); requeueing it",
@@ -1158,15 +1158,20 @@ class Worker:
         remaining = ms_of(due) - ms_of(datetime.now(timezone.utc))
         extra = {HEADER_ATTEMPT: failed_attempt + 1, HEADER_NOT_BEFORE: ms_of(due)}
         tier = tier_for(remaining)
+        # A retry due now goes to the work queue, or a broadcast task's to its worker's queue
+        # (a delay tier dead-letters into the work queue, where it is forwarded).
+        task = trigger.task
+        due_key = (self.topology.worker_key(task.worker)
+                   if task is not None and task.kind == "broadcast" and task.worker else WORK_KEY)
         if message is None:
             try:
-                await self.broker.copy(original, tier.routing_key if tier else WORK_KEY,
+                await self.broker.copy(original, tier.routing_key if tier else due_key,
                                        body=body, extra=extra)
             except PublishFailed as e:
                 log.error("run %s: publishing the retry failed after an early ack (%s); the "
                           "scheduler's rescuer republishes it", trigger.run_id, e)
             return
-        await self._send_through(message, tier, extra, body)
+        await self._send_through(message, tier, extra, body, due_key)
 
 
 class _StoreTaskCalls:
