@@ -415,9 +415,9 @@ class Worker:
                                       self.capacity, self.jobs(),
                                       int(self.heartbeat_interval * 1000))
             heartbeat = asyncio.create_task(self._heartbeats())
-            log.info("worker %s of group %s consuming %s (capacity %d, hold %d)",
-                     self.worker_id, self.group, self.topology.work_queue, self.capacity,
-                     self.hold)
+            log.info("worker %s of group %s consuming %s and %s (capacity %d, hold %d)",
+                     self.worker_id, self.group, self.topology.work_queue,
+                     self.topology.worker_queue(self.worker_id), self.capacity, self.hold)
             await self._consume_until_stopped()
         finally:
             if heartbeat is not None:
