@@ -107,7 +107,8 @@ async def test_a_broadcast_task_and_its_retries_run_on_its_worker_only(env: Env)
                                  for n in (1, 2, 3))
 
 
-async def test_a_broadcast_task_for_a_worker_without_a_queue_is_parked(env: Env) -> None:
+async def test_a_broadcast_task_for_a_worker_without_a_queue_is_parked_and_dead(
+        env: Env) -> None:
     await env.insert_kind_job("warm-up", "broadcast")
     w = env.worker()
     ran: list[int] = []
@@ -123,12 +124,23 @@ async def test_a_broadcast_task_for_a_worker_without_a_queue_is_parked(env: Env)
     await env.publish(env.task_body(task, worker="py-gone"), run_id=task["id"],
                       scheduled_at=env._at, not_before=False)
     msg = await env.get_message(env.topology.parking_queue)
-    reason = msg.headers["x-chime-dead-reason"]
-    assert isinstance(reason, str)
-    assert f"broadcast task {task['id']} of run {parent} is for worker `py-gone`" in reason
-    assert "no queue is bound to routing key `worker.py-gone`" in reason
+    reason = (f"broadcast task for worker `py-gone`: its queue "
+              f"`{env.topology.worker_queue('py-gone')}` does not exist (the worker is gone); "
+              "a broadcast task runs on its own worker only, so it is not run elsewhere")
+    assert msg.headers["x-chime-dead-reason"] == reason
     assert json.loads(msg.body)["task"]["worker"] == "py-gone"  # the body unchanged
-    assert ran == [] and (await env.task_row(task["id"]))["state"] == "queued"
+    row = await env.wait_run(task["id"], "dead")
+    assert row["reason"] == reason and ran == []
+    # A worker id no queue name can hold: implausible, the run left as it is.
+    other = await env.insert_run("warm-up", None, env._at, state="queued")
+    await env.publish(env.task_body({**dict(task), "id": other}, worker="w" * 250),
+                      run_id=other, scheduled_at=env._at, not_before=False)
+    msg = await env.get_message(env.topology.parking_queue)
+    assert str(msg.headers["x-chime-dead-reason"]).startswith(
+        "implausible trigger: broadcast task for worker `")
+    assert "over RabbitMQ's 255, so no such worker exists" in str(
+        msg.headers["x-chime-dead-reason"])
+    assert await env.run_state(other) == "queued"
 
 
 async def test_map_creates_sub_tasks_once_per_call_number_across_attempts(env: Env) -> None:
@@ -154,10 +166,10 @@ async def test_map_creates_sub_tasks_once_per_call_number_across_attempts(env: E
         "SELECT task_key, task_kind, map_step, map_depth, params, state FROM chime_runs "
         "WHERE parent_id = $1 AND task_kind = 'map' ORDER BY id", parent)
     assert len(rows) == len(items)
-    # 10,001 items are two chime_map calls: numbered 1 and 2 within the attempt.
-    assert rows[0]["task_key"] == f"{root['id']}/docs/1/0"
-    assert rows[-2]["task_key"] == f"{root['id']}/docs/1/{MAX_MAP_ITEMS_PER_CALL - 1}"
-    assert rows[-1]["task_key"] == f"{root['id']}/docs/2/0"
+    # 10,001 items are two chime_map calls: numbered 0 and 1 within the attempt.
+    assert rows[0]["task_key"] == f"{root['id']}/docs/0/0"
+    assert rows[-2]["task_key"] == f"{root['id']}/docs/0/{MAX_MAP_ITEMS_PER_CALL - 1}"
+    assert rows[-1]["task_key"] == f"{root['id']}/docs/1/0"
     assert [jsonb(r["params"]) for r in rows[:2]] == [{"doc": 0}, {"doc": 1}]
     assert jsonb(rows[-1]["params"]) == {"doc": MAX_MAP_ITEMS_PER_CALL}
     assert {(r["task_kind"], r["map_step"], r["map_depth"], r["state"]) for r in rows} == {
@@ -230,8 +242,9 @@ async def test_a_reduce_task_without_a_reducer_fails_without_retry(env: Env) -> 
     await env.publish_tasks("no-reduce", parent, [reduce])
     row = await env.wait_run(reduce["id"], "failed")
     assert row["attempt"] == 1 and row["next_attempt_at"] is None
-    assert f"job `no-reduce` has no reducer on worker `{w.worker_id}`" in row["error"]
-    assert "@worker.reducer(\"no-reduce\")" in row["error"]
+    assert row["error"] == (
+        "job `no-reduce` has a reduce task but this worker registers no reducer for it: "
+        "register one with @worker.reducer(\"no-reduce\") on the workers handling the job")
     run = await env.wait_run(parent, "failed")
     assert run["reason"] == "the reduce task ended failed"
 

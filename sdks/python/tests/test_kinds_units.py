@@ -80,9 +80,9 @@ async def test_map_is_recorded_in_calls_of_at_most_10000_items_numbered_per_atte
     run = await run_handler(root, task=root_task())
     assert run.ok, run.error
     assert [(m.step, m.call_no, len(m.items)) for m in run.maps] == [
-        ("pages", 1, MAX_MAP_ITEMS_PER_CALL), ("pages", 2, 2), ("extra", 3, 1)]
+        ("pages", 0, MAX_MAP_ITEMS_PER_CALL), ("pages", 1, 2), ("extra", 2, 1)]
     assert run.maps[1].items == [MAX_MAP_ITEMS_PER_CALL, MAX_MAP_ITEMS_PER_CALL + 1]
-    assert run.maps[2] == MapCall("extra", 3, [{"id": "x"}])
+    assert run.maps[2] == MapCall("extra", 2, [{"id": "x"}])
 
 
 @pytest.mark.parametrize("task,step,items,message", [
@@ -171,7 +171,7 @@ async def test_the_example_map_reduce_job_counts_words() -> None:
     worker = build("examples")
     root = await run_handler(worker.handlers["word-count"].fn, {"texts": ["a b", "c"]},
                              task=root_task())
-    assert root.ok and root.maps == [MapCall("count", 1, ["a b", "c"])]
+    assert root.ok and root.maps == [MapCall("count", 0, ["a b", "c"])]
     mapped = await run_handler(worker.handlers["word-count"].fn, "a b c",
                                task=Task(100, "1/count/1/0", "map", step="count", depth=1))
     assert mapped.ok and mapped.output == 3

@@ -56,6 +56,10 @@ class Broker:
                                                                   ensure=False)
 
     async def close(self) -> None:
+        # The worker's own queue stays (durable): a worker restarted under the same id finds
+        # its broadcast tasks there. RabbitMQ (3.10) refuses `queue.delete` with `if-empty` on
+        # a quorum queue (it closes the connection, 540 NOT_IMPLEMENTED), and a delete after
+        # reading the queue empty could drop a task published in between.
         if self.connection is not None:
             await self.connection.close()
 

@@ -231,8 +231,9 @@ class Context:
         created = 0
         async with self._map_lock:
             for chunk in chunks(materialized):
+                call_no = self._map_calls  # from 0, as every SDK numbers them
                 self._map_calls += 1
-                created += await calls.map(step, self._map_calls, chunk)
+                created += await calls.map(step, call_no, chunk)
         return created
 
     async def set_output(self, value: Any) -> bool:

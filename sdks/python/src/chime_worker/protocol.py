@@ -61,6 +61,9 @@ MAX_SHARDS = 10_000
 #: Rows per `chime_task_results` page (the function caps a page at 1000).
 TASK_RESULTS_PAGE = 1000
 TASK_KINDS = ("broadcast", "shard", "root", "map", "reduce")
+#: RabbitMQ's longest queue name: a `task.worker` whose queue name would be longer names no
+#: worker.
+MAX_QUEUE_NAME_BYTES = 255
 TRIGGER_HOLD_MAX_MS = 4000
 IMPLAUSIBLE = "implausible trigger: "
 TRUNCATED_MARK = "…[truncated]"

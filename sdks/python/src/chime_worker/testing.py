@@ -14,7 +14,7 @@ for a sharded job's shard); `ctx.map` and `ctx.set_output` are recorded (`result
 `result.output`) with the worker's checks, and `ctx.results()` yields `results=[...]`:
 
     result = await run_handler(split, {"day": "2026-12-01"}, task=root_task())
-    assert result.maps == [MapCall("orders", 1, [{"id": 1}, {"id": 2}])]
+    assert result.maps == [MapCall("orders", 0, [{"id": 1}, {"id": 2}])]
 """
 
 from __future__ import annotations

@@ -37,10 +37,10 @@ from .errors import Cancel, ConfigError, Fail
 from .outcome import Execution, Outcome, outcome
 from .protocol import (DEFAULT_DELIVERY_LIMIT, DEFAULT_PREFIX, HEADER_ATTEMPT,
                        HEADER_DELIVERY_COUNT, HEADER_NOT_BEFORE, HOLD_MAX_MS, IMPLAUSIBLE,
-                       MAX_NAME_BYTES, MAX_UNHANDLED_WAIT_MS, RETRY_TIERS, TRIGGER_HOLD_MAX_MS,
-                       WORK_KEY, DecodeError, Tier, Topology, Trigger, check_trigger,
-                       decode_trigger, from_ms, header_int, ms_of, plan_wait, quote, rfc3339,
-                       tier_for, unhandled_pause)
+                       MAX_NAME_BYTES, MAX_QUEUE_NAME_BYTES, MAX_UNHANDLED_WAIT_MS, RETRY_TIERS,
+                       TRIGGER_HOLD_MAX_MS, WORK_KEY, DecodeError, Tier, Topology, Trigger,
+                       check_trigger, decode_trigger, from_ms, header_int, ms_of, plan_wait,
+                       quote, rfc3339, tier_for, unhandled_pause)
 from .store import Claim, ClaimRequest, OutcomeRow, Snapshot, Store, create_pool
 from .tasks import TaskCallError, TaskResult
 
@@ -609,8 +609,7 @@ class Worker:
             await message.nack(requeue=True)
             return
         task = trigger.task
-        if (task is not None and task.kind == "broadcast" and task.worker is not None
-                and task.worker != self.worker_id):
+        if task is not None and task.worker is not None and task.worker != self.worker_id:
             # Another worker's broadcast task (back from a delay tier through the work queue):
             # it runs there only.
             await self._forward(message, trigger, task.worker)
@@ -733,10 +732,9 @@ class Worker:
         reducer = self.reducers.get(trigger.job)
         if reducer is not None or trigger.job not in self.handlers:
             return reducer
-        message = (f"job {quote(trigger.job)} has no reducer on worker {quote(self.worker_id)}: "
-                   f"the reduce task (run {trigger.run_id} of run {task.parent_run_id}) of a "
-                   f"map_reduce job runs the job's reducer; register one with "
-                   f"@worker.reducer(\"{trigger.job}\") where the job's handler is registered")
+        message = (f"job {quote(trigger.job)} has a reduce task but this worker registers no "
+                   f"reducer for it: register one with @worker.reducer({json.dumps(trigger.job)})"
+                   " on the workers handling the job")
 
         async def no_reducer(ctx: Context, params: Any) -> None:
             raise Fail(message)
@@ -746,19 +744,28 @@ class Worker:
     async def _forward(self, message: AbstractIncomingMessage, trigger: Trigger,
                        target: str) -> None:
         """Republishes another worker's broadcast task unchanged to that worker's queue
-        (mandatory, confirmed), then acks; parks it when no queue takes it."""
+        (mandatory, confirmed), then acks. When no queue takes it (that worker is gone for
+        good) it is parked and its run ended dead: it never runs on another worker."""
         key = self.topology.worker_key(target)
+        queue = self.topology.worker_queue(target)
         parent = trigger.task.parent_run_id if trigger.task is not None else None
+        size = len(queue.encode("utf-8"))
+        if size > MAX_QUEUE_NAME_BYTES:
+            await self._park(message, (
+                f"{IMPLAUSIBLE}broadcast task for worker {quote(target)}: its queue name would "
+                f"be {size} bytes, over RabbitMQ's {MAX_QUEUE_NAME_BYTES}, so no such worker "
+                "exists: the run is left as it is"))
+            return
         try:
             await self.broker.copy(message, key)
         except PublishFailed as e:
             if e.returned:
-                await self._park(message, (
-                    f"broadcast task {trigger.run_id} of run {parent} is for worker "
-                    f"{quote(target)}, which has no queue in group {quote(self.group)} (no "
-                    f"queue is bound to routing key {quote(key)}: the worker stopped for good, "
-                    f"or its SDK does not take broadcast tasks); worker {quote(self.worker_id)} "
-                    "did not run it"))
+                reason = (f"broadcast task for worker {quote(target)}: its queue {quote(queue)} "
+                          "does not exist (the worker is gone); a broadcast task runs on its "
+                          "own worker only, so it is not run elsewhere")
+                if await self._park(message, reason):
+                    await self.store.mark_dead(trigger.run_id, self.group, reason,
+                                               self.worker_id, trigger.job, trigger.attempt)
                 return
             log.error("forwarding broadcast task %s to worker %s failed (%s); requeueing it",
                       trigger.run_id, target, e)
@@ -910,7 +917,7 @@ class Worker:
             await self._send_through(message, _tier("5s"), keep)
             return
         task = trigger.task
-        if task is not None and task.kind == "broadcast" and task.worker == self.worker_id:
+        if task is not None and task.worker == self.worker_id:
             elsewhere = False  # it is for this worker only: another would forward it back
         if elsewhere:
             await self._send_through(message, RETRY_TIERS[0], keep)
