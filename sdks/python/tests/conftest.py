@@ -48,6 +48,11 @@ async def wait_for(what: str, check: Callable[[], Awaitable[T | None]], timeout:
         await asyncio.sleep(every)
 
 
+def jsonb(value: Any) -> Any:
+    """A jsonb column as the test pool returns it (its text), decoded."""
+    return json.loads(value) if isinstance(value, str) else value
+
+
 @dataclass
 class Env:
     """One test's database, broker prefix and group, with helpers that act as the scheduler."""
@@ -59,6 +64,11 @@ class Env:
     group: str
     topology: Topology
     workers: list[tuple[Worker, asyncio.Task[None]]] = field(default_factory=list)
+    #: Every worker id started (their own queues are deleted at the end).
+    worker_ids: list[str] = field(default_factory=list)
+    _job: str = ""
+    _parent: int = 0
+    _at: datetime | None = None
 
     async def insert_job(self, name: str, retry: dict[str, Any] | None = None,
                          group: str | None = None) -> None:
@@ -75,6 +85,72 @@ class Env:
         await self.db.execute(
             "INSERT INTO chime_jobs (name, group_name, spec) VALUES ($1, $2, $3::jsonb)",
             name, group or self.group, json.dumps(spec))
+
+    async def insert_kind_job(self, name: str, kind: str, **spec: Any) -> None:
+        """A job of kind `kind` (`broadcast`, `sharded`, `map_reduce`) with the job file's
+        other keys (`shards`, `shard_params`, `min_workers`, `retry`, ...) as given."""
+        await self.db.execute(
+            "INSERT INTO chime_jobs (name, group_name, spec) VALUES ($1, $2, $3::jsonb)",
+            name, self.group, json.dumps({"every": "1h", "kind": kind, "name": name,
+                                          "group": self.group, **spec}))
+
+    async def expand(self, job: str, params: Any = None) -> tuple[int, list[asyncpg.Record]]:
+        """As the leader does at a fire of `job`: a pending parent run, expanded under the
+        lease (`chime_expand_run`); returns the parent's id and its tasks to publish."""
+        at = datetime.now(timezone.utc)
+        parent = await self.insert_run(job, params, at, state="pending")
+        await self.db.execute("UPDATE chime_leader SET holder = 't', term = 1, "
+                              "expires_at = now() + interval '1 hour' WHERE name = 'default'")
+        rows = await self.db.fetch("SELECT * FROM chime_expand_run('t', 1, $1)", parent)
+        return parent, list(rows)
+
+    async def task_row(self, task_id: int) -> asyncpg.Record:
+        row = await self.db.fetchrow("SELECT * FROM chime_runs WHERE id = $1", task_id)
+        assert row is not None
+        return row
+
+    def task_body(self, task: asyncpg.Record, *, worker: str | None = None,
+                  attempt: int = 1) -> bytes:
+        """The trigger of task row `task` (a chime_runs row or a chime_expand_run row) with
+        its `task` object, as the leader publishes it; `worker` overrides a broadcast's."""
+        row = dict(task)
+        body = json.loads(self.trigger_body(row["id"], row.get("job_name") or self._job,
+                                            jsonb(row["params"]), attempt=attempt,
+                                            scheduled_at=self._at))
+        t: dict[str, Any] = {"parent_run_id": self._parent, "key": row["task_key"],
+                             "kind": row["task_kind"]}
+        if row["shard_index"] is not None:
+            t["shard"] = {"index": row["shard_index"], "total": row["shard_total"]}
+            if row["shard_param"] is not None:
+                t["shard"]["param"] = jsonb(row["shard_param"])
+        if worker is not None or row["target_worker"] is not None:
+            t["worker"] = worker or row["target_worker"]
+        if row["map_step"] is not None:
+            t["step"] = row["map_step"]
+        if row["map_depth"] is not None:
+            t["depth"] = row["map_depth"]
+        body["task"] = t
+        return json.dumps(body).encode()
+
+    async def publish_tasks(self, job: str, parent: int, tasks: list[asyncpg.Record],
+                            routing_key: str | None = None) -> None:
+        """Publishes the triggers of `tasks` of run `parent` as the leader does: a broadcast
+        task with key `worker.<id>`, any other with `work` (or all with `routing_key`)."""
+        self._job = job
+        self._parent = parent
+        self._at = await self.db.fetchval("SELECT scheduled_at FROM chime_runs WHERE id = $1",
+                                          parent)
+        for t in tasks:
+            key = routing_key or (self.topology.worker_key(t["target_worker"])
+                                  if t["target_worker"] else "work")
+            await self.publish(self.task_body(t), run_id=t["id"], scheduled_at=self._at,
+                               not_before=False, routing_key=key)
+
+    async def pending_tasks(self, parent: int, kind: str) -> list[asyncpg.Record]:
+        """Run `parent`'s tasks of `kind` the outbox would publish (pending, in id order)."""
+        return list(await self.db.fetch(
+            "SELECT * FROM chime_runs WHERE parent_id = $1 AND task_kind = $2 "
+            "AND state = 'pending' ORDER BY id", parent, kind))
 
     async def insert_run(self, job: str, params: Any = None, scheduled_at: datetime | None = None,
                          state: str = "queued", group: str | None = None) -> int:
@@ -103,7 +179,7 @@ class Env:
                       scheduled_at: datetime | None = None,
                       not_before: int | None | bool = True,
                       headers: dict[str, Any] | None = None,
-                      message_id: str | None = None) -> None:
+                      message_id: str | None = None, routing_key: str = "work") -> None:
         """Publishes as the scheduler does (docs/protocol.md section 2): to `P.G` with key
         `work`, mandatory, confirmed, persistent; `x-chime-not-before` = the scheduled instant
         unless `not_before` says otherwise."""
@@ -120,7 +196,7 @@ class Env:
                 body, content_type="application/json",
                 delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
                 message_id=message_id if run_id is None else str(run_id),
-                timestamp=int(at.timestamp()), headers=h), "work", mandatory=True)
+                timestamp=int(at.timestamp()), headers=h), routing_key, mandatory=True)
 
     async def trigger(self, job: str, params: Any = None, **kw: Any) -> int:
         """Inserts a run and publishes its first trigger; returns the run id."""
@@ -174,6 +250,7 @@ class Env:
     async def start_worker(self, worker: Worker) -> Worker:
         task = asyncio.create_task(worker.run())
         self.workers.append((worker, task))
+        self.worker_ids.append(worker.worker_id)
 
         async def registered() -> bool:
             if task.done():
@@ -244,6 +321,7 @@ async def env() -> AsyncIterator[Env]:
     db_url = _db_url(name)
     pool = None
     amqp = None
+    e: Env | None = None
     prefix = f"chimepy{secrets.token_hex(4)}"
     group = "g" + secrets.token_hex(3)
     topology = Topology(prefix, group)
@@ -265,8 +343,9 @@ async def env() -> AsyncIterator[Env]:
         cleanup = await aio_pika.connect(AMQP_URL)
         try:
             async with cleanup.channel() as ch:
+                own = [] if e is None else [topology.worker_queue(w) for w in e.worker_ids]
                 for q in [topology.work_queue, topology.parking_queue,
-                          *(topology.retry_queue(t) for t in RETRY_TIERS)]:
+                          *(topology.retry_queue(t) for t in RETRY_TIERS), *own]:
                     await ch.queue_delete(q)
                 await ch.exchange_delete(topology.exchange)
                 await ch.exchange_delete(topology.control_exchange)

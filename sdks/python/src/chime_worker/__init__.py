@@ -18,9 +18,11 @@ from .client import Client, Triggered
 from .context import Context, JobLogger, LogLine
 from .errors import Cancel, ConfigError, Fail, JobError, Retry
 from .outcome import Outcome
-from .protocol import PROTOCOL_VERSION
+from .protocol import PROTOCOL_VERSION, Shard, Task
+from .tasks import TaskCallError, TaskResult
 from .worker import Worker
 
 __all__ = ["Cancel", "Client", "ConfigError", "Context", "Fail", "JobError", "JobLogger",
-           "LogLine", "Outcome", "PROTOCOL_VERSION", "Retry", "Triggered", "Worker"]
+           "LogLine", "Outcome", "PROTOCOL_VERSION", "Retry", "Shard", "Task", "TaskCallError",
+           "TaskResult", "Triggered", "Worker"]
 __version__ = "0.1.0"

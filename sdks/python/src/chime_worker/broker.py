@@ -21,7 +21,12 @@ from .protocol import (CONTENT_TYPE, HEADER_DEAD_BY, HEADER_DEAD_REASON, HEADER_
 
 
 class PublishFailed(Exception):
-    """The broker did not confirm a publish (returned, nacked, or the channel failed)."""
+    """The broker did not confirm a publish (returned, nacked, or the channel failed);
+    `returned` when the broker returned it: no queue is bound to its routing key."""
+
+    def __init__(self, message: str, *, returned: bool = False) -> None:
+        super().__init__(message)
+        self.returned = returned
 
 
 class Broker:
@@ -51,6 +56,10 @@ class Broker:
                                                                   ensure=False)
 
     async def close(self) -> None:
+        # The worker's own queue stays (durable): a worker restarted under the same id finds
+        # its broadcast tasks there. RabbitMQ (3.10) refuses `queue.delete` with `if-empty` on
+        # a quorum queue (it closes the connection, 540 NOT_IMPLEMENTED), and a delete after
+        # reading the queue empty could drop a task published in between.
         if self.connection is not None:
             await self.connection.close()
 
@@ -88,6 +97,10 @@ class Broker:
             assert exchange is not None
             confirm = await exchange.publish(message, routing_key, mandatory=True,
                                              timeout=30)
+        except aiormq.exceptions.PublishError as e:
+            raise PublishFailed(f"publish to {self.topology.exchange} with key {routing_key} "
+                                "returned by the broker: no queue is bound to that key",
+                                returned=True) from e
         except (aio_pika.exceptions.AMQPError, aiormq.exceptions.AMQPError,
                 asyncio.TimeoutError, ConnectionError, RuntimeError) as e:
             raise PublishFailed(f"publish to {self.topology.exchange} with key "
@@ -95,6 +108,20 @@ class Broker:
         if not isinstance(confirm, aiormq.spec.Basic.Ack):
             raise PublishFailed(f"publish to {self.topology.exchange} with key {routing_key} "
                                 f"not confirmed: {confirm!r}")
+
+    async def declare_worker_queue(self, worker_id: str) -> str:
+        """Declares worker `worker_id`'s own queue `P.G.worker.<id>` (durable, the work
+        queue's arguments) bound with `worker.<id>`: its broadcast tasks. Returns its name."""
+        assert self.connection is not None
+        name = self.topology.worker_queue(worker_id)
+        channel = await self.connection.channel()
+        try:
+            queue = await channel.declare_queue(
+                name, durable=True, arguments=self.topology.work_queue_arguments())
+            await queue.bind(self.topology.exchange, self.topology.worker_key(worker_id))
+        finally:
+            await channel.close()
+        return name
 
     async def copy(self, message: AbstractIncomingMessage, routing_key: str, *,
                    body: bytes | None = None, extra: Mapping[str, Any] | None = None) -> None:

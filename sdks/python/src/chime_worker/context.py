@@ -1,4 +1,6 @@
-"""What a handler gets: `Context` (run id, attempt, instant, params, cancellation, log).
+"""What a handler gets: `Context` (run id, attempt, instant, params, cancellation, log, and
+for a task of a broadcast, sharded or map/reduce job its place in the run, map, output and the
+other tasks' results).
 
 Log lines written through `ctx.log` reach `chime_run_logs` while the handler runs: the worker
 writes a batch when 100 lines wait or the oldest waiting line is 250 ms old, and the rest with
@@ -12,9 +14,11 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable
 
-from .protocol import MAX_LOG_LINES_PER_ATTEMPT, cap_bytes
+from .protocol import MAX_LOG_LINES_PER_ATTEMPT, TASK_RESULTS_PAGE, Shard, Task, cap_bytes
+from .tasks import (TaskCallError, TaskCalls, TaskResult, check_map, check_output,
+                    check_results, chunks)
 
 FLUSH_EVERY = 100
 FLUSH_AFTER_S = 0.25
@@ -156,7 +160,8 @@ class Context:
 
     def __init__(self, *, run_id: int, job: str, attempt: int, scheduled_at: datetime,
                  params: Any, log: JobLogger, cancelled: asyncio.Event,
-                 timeout_ms: int | None = None) -> None:
+                 timeout_ms: int | None = None, task: Task | None = None,
+                 calls: TaskCalls | None = None) -> None:
         self.run_id = run_id
         self.job = job
         self.attempt = attempt
@@ -165,6 +170,12 @@ class Context:
         self.log = log
         self.cancelled = cancelled
         self.timeout_ms = timeout_ms
+        #: Which task of its run this is (None for a single run): `kind` is `broadcast`,
+        #: `shard`, `root`, `map` or `reduce`; `run_id` is the task's own run id.
+        self.task = task
+        self._calls = calls
+        self._map_calls = 0
+        self._map_lock = asyncio.Lock()
 
     @property
     def logger(self) -> JobLogger:
@@ -183,3 +194,66 @@ class Context:
             return True
         except asyncio.TimeoutError:
             return False
+
+    # ---- job kinds ---------------------------------------------------------------------
+
+    @property
+    def shard(self) -> Shard | None:
+        """A sharded job's shard: `index` (0-based), `total`, and `param` (the job's
+        `shard_params` entry for the index, None without one); None for other runs."""
+        return None if self.task is None else self.task.shard
+
+    @property
+    def parent_run_id(self) -> int | None:
+        """The run (the fire) this task belongs to; None for a single run."""
+        return None if self.task is None else self.task.parent_run_id
+
+    def _backend(self, what: str) -> TaskCalls:
+        if self._calls is None:
+            raise TaskCallError(f"{what}: this context has no worker behind it: run the handler "
+                                "in a Worker, or with chime_worker.testing.run_handler")
+        return self._calls
+
+    async def map(self, step: str, items: Iterable[Any]) -> int:
+        """Maps `items` to sub-tasks of this run under `step` (1-64 of A-Z a-z 0-9 _ . -),
+        one per item, the item being the sub-task's params; its handler is the job's handler
+        again, with `ctx.task.kind == "map"` and `ctx.task.step == step`. Only the root task
+        of a map_reduce job and the tasks it mapped map. Returns how many sub-tasks were new.
+
+        The sub-tasks are stored before this returns (the leader publishes them); a retried
+        attempt that maps the same items in the same order makes no duplicate: each call to
+        the database (10,000 items at most; more are split) is numbered within the attempt.
+        Await map calls one after another, not concurrently, so the numbering is the same on
+        every attempt."""
+        materialized = list(items)
+        check_map(self.task, self.run_id, step, materialized)
+        calls = self._backend("ctx.map")
+        created = 0
+        async with self._map_lock:
+            for chunk in chunks(materialized):
+                call_no = self._map_calls  # from 0, as every SDK numbers them
+                self._map_calls += 1
+                created += await calls.map(step, call_no, chunk)
+        return created
+
+    async def set_output(self, value: Any) -> bool:
+        """Stores `value` (JSON, at most 64 KiB as text) as this run's output: what a reducer
+        reads in `ctx.results()` and the API shows. A later call replaces it. False when this
+        attempt is not running any more (nothing written)."""
+        check_output(value)
+        return await self._backend("ctx.set_output").set_output(value)
+
+    async def results(self) -> AsyncIterator[TaskResult]:
+        """The other tasks of this run, in creation order, with their state and output: what
+        a reduce task's reducer reads (it runs once every other task has ended). Read in pages
+        of 1000 as the iteration goes."""
+        check_results(self.task, self.run_id)
+        calls = self._backend("ctx.results")
+        after = 0
+        while True:
+            page = await calls.results_page(after, TASK_RESULTS_PAGE)
+            for result in page:
+                yield result
+            if len(page) < TASK_RESULTS_PAGE:
+                return
+            after = page[-1].id

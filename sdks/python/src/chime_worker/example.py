@@ -3,7 +3,8 @@
 Settings from the environment: CHIME_DATABASE_URL, CHIME_AMQP_URL, CHIME_QUEUE_PREFIX,
 CHIME_GROUP (or the first argument; default `examples`), CHIME_WORKER_ID, CHIME_CAPACITY,
 CHIME_HOLD, and CHIME_DRAIN_TIMEOUT (seconds). Add a job with one more `@worker.handler`
-function in `build()`.
+function in `build()`. `shard-echo` is a sharded job's handler and `word-count` a map/reduce
+job's handler and reducer (their job files set `kind`).
 """
 
 from __future__ import annotations
@@ -69,6 +70,40 @@ def build(group: str | None = None) -> Worker:
     async def crash(ctx: Context, params: object) -> None:
         """Raises an ordinary exception: a retryable failure."""
         raise RuntimeError("the example crashed on purpose")
+
+    @worker.handler("shard-echo")
+    async def shard_echo(ctx: Context, params: object) -> None:
+        """A sharded job's shard (`kind = "sharded"`): logs its place in the run."""
+        if ctx.shard is None:
+            raise Fail("shard-echo is a sharded job: set kind = \"sharded\" and shards = N in "
+                       "its job file")
+        ctx.log.info(f"shard {ctx.shard.index} of {ctx.shard.total} (param "
+                     f"{ctx.shard.param!r}) of run {ctx.parent_run_id}: {params!r}")
+        await ctx.set_output({"shard": ctx.shard.index})
+
+    @worker.handler("word-count")
+    async def word_count(ctx: Context, params: object) -> None:
+        """A map/reduce job (`kind = "map_reduce"`): the root maps each text of
+        `params["texts"]` to a sub-task, which counts its words."""
+        if ctx.task is None:
+            raise Fail("word-count is a map/reduce job: set kind = \"map_reduce\" in its job "
+                       "file")
+        if ctx.task.kind == "root":
+            texts = params.get("texts", []) if isinstance(params, dict) else []
+            mapped = await ctx.map("count", [str(t) for t in texts])
+            ctx.log.info(f"mapped {mapped} texts")
+        else:
+            await ctx.set_output(len(str(params).split()))
+
+    @worker.reducer("word-count")
+    async def word_total(ctx: Context, params: object) -> None:
+        """Sums the counts of every sub-task that succeeded."""
+        words = 0
+        async for r in ctx.results():
+            if r.kind == "map" and r.state == "succeeded" and isinstance(r.output, int):
+                words += r.output
+        ctx.log.info(f"{words} words")
+        await ctx.set_output({"words": words})
 
     return worker
 

@@ -31,6 +31,8 @@ PARKING_HEADERS = (HEADER_DEAD_REASON, HEADER_DEAD_BY, HEADER_PARKED_AT, HEADER_
                    HEADER_HEADERS_DROPPED)
 
 WORK_KEY = "work"
+#: Routing keys of workers' own queues start with this (`Topology.worker_key`).
+WORKER_KEY_PREFIX = "worker."
 PARKING_KEY = "parking"
 DEFAULT_PREFIX = "chime"
 DEFAULT_DELIVERY_LIMIT = 5
@@ -49,6 +51,19 @@ MAX_LOG_LINES_PER_ATTEMPT = 10_000
 MAX_HEADER_VALUE_BYTES = 4 * 1024
 MAX_COPIED_HEADER_BYTES = 16 * 1024
 HOLD_MAX_MS = 250
+#: Job kinds (docs/protocol.md, "Job kinds and tasks"). The bounds the database enforces in
+#: `chime_map` / `chime_set_output` / `chime_expand_run` (migration job_kinds), checked here too
+#: so a handler's mistake is named before a round trip.
+MAX_MAP_ITEMS_PER_CALL = 10_000
+MAX_TASK_OUTPUT_BYTES = 64 * 1024
+MAX_TASKS_PER_RUN = 100_000
+MAX_SHARDS = 10_000
+#: Rows per `chime_task_results` page (the function caps a page at 1000).
+TASK_RESULTS_PAGE = 1000
+TASK_KINDS = ("broadcast", "shard", "root", "map", "reduce")
+#: RabbitMQ's longest queue name: a `task.worker` whose queue name would be longer names no
+#: worker.
+MAX_QUEUE_NAME_BYTES = 255
 TRIGGER_HOLD_MAX_MS = 4000
 IMPLAUSIBLE = "implausible trigger: "
 TRUNCATED_MARK = "…[truncated]"
@@ -100,6 +115,16 @@ class Topology:
     def control_exchange(self) -> str:
         return f"{self.prefix}.control"
 
+    def worker_queue(self, worker_id: str) -> str:
+        """Worker `worker_id`'s own queue, `P.G.worker.<id>`: the broadcast tasks for that
+        worker (durable, with the work queue's arguments)."""
+        return f"{self.prefix}.{self.group}.worker.{worker_id}"
+
+    @staticmethod
+    def worker_key(worker_id: str) -> str:
+        """The routing key of worker `worker_id`'s own queue: `worker.<id>`."""
+        return f"{WORKER_KEY_PREFIX}{worker_id}"
+
     def retry_queue(self, tier: Tier) -> str:
         return f"{self.prefix}.{self.group}.retry.{tier.name}"
 
@@ -137,6 +162,38 @@ class RetryPolicy:
 
 
 @dataclass(frozen=True)
+class Shard:
+    """A shard's place in its run: 0-based `index`, `total` shards, and the job's
+    `shard_params` entry for this index (`param`, None when it has none)."""
+
+    index: int
+    total: int
+    param: Any = None
+
+
+@dataclass(frozen=True)
+class Task:
+    """Which task of its run a trigger is (a broadcast, sharded or map/reduce job's fire);
+    absent for a single run. The trigger's `run_id` is the task's own run id."""
+
+    #: The run (the fire) this task belongs to: what `chime runs show` lists, what a cancel
+    #: names.
+    parent_run_id: int
+    #: Unique in the run: `worker/<id>`, `shard/<n>`, `root`, `reduce`, or
+    #: `<caller>/<step>/<call>/<n>` for a mapped sub-task.
+    key: str
+    #: One of `broadcast`, `shard`, `root`, `map`, `reduce`.
+    kind: str
+    shard: Shard | None = None
+    #: A broadcast task's worker (its trigger goes to that worker's own queue).
+    worker: str | None = None
+    #: A mapped sub-task's step name, as its caller named it.
+    step: str | None = None
+    #: A map/reduce task's depth: the root 0, what it maps 1, and so on.
+    depth: int | None = None
+
+
+@dataclass(frozen=True)
 class Trigger:
     """A decoded trigger message body (section 2)."""
 
@@ -149,6 +206,7 @@ class Trigger:
     params: Any
     timeout_ms: int | None
     retry: RetryPolicy | None
+    task: Task | None = None
 
 
 class DecodeError(ValueError):
@@ -266,10 +324,35 @@ def decode_trigger(body: bytes) -> Trigger:
             max_ms=_int(r, "max_ms", U64),
             jitter=jitter,
         )
+    task = None if obj.get("task") is None else _decode_task(obj["task"])
     if attempt < 1:
         raise DecodeError("trigger attempt must be at least 1")
     return Trigger(v, run_id, job, group, attempt, scheduled_at, obj.get("params"), timeout_ms,
-                   retry)
+                   retry, task)
+
+
+def _decode_task(t: object) -> Task:
+    """The trigger's `task` object; unknown keys are ignored (a newer scheduler's fields)."""
+    bad = "message body is not a Chime trigger: "
+    if not isinstance(t, dict):
+        raise DecodeError(f"{bad}invalid type: {_kind(t)}, expected an object (field `task`)")
+    kind = _str(t, "kind")
+    if kind not in TASK_KINDS:
+        raise DecodeError(f"{bad}unknown variant `{kind[:80]}`, expected one of "
+                          f"{', '.join(f'`{k}`' for k in TASK_KINDS)} (field `task.kind`)")
+    shard = None
+    if t.get("shard") is not None:
+        s = t["shard"]
+        if not isinstance(s, dict):
+            raise DecodeError(f"{bad}invalid type: {_kind(s)}, expected an object (field "
+                              "`task.shard`)")
+        shard = Shard(_int(s, "index", U32), _int(s, "total", U32), s.get("param"))
+    optional: dict[str, str | None] = {}
+    for name in ("worker", "step"):
+        optional[name] = None if t.get(name) is None else _str(t, name)
+    depth = None if t.get("depth") is None else _int(t, "depth", U32)
+    return Task(_int(t, "parent_run_id", I64), _str(t, "key"), kind, shard,
+                optional["worker"], optional["step"], depth)
 
 
 def cap_bytes(value: str, limit: int) -> str:

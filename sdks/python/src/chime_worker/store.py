@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import asyncpg
 
 from .context import LogLine
+from .tasks import TaskResult
 
 CLAIM_ALONE = """
 WITH claimed AS MATERIALIZED (
@@ -216,6 +217,29 @@ class Store:
         await self.pool.execute("SELECT FROM chime_register_worker($1, $2, $3, $4, $5, $6)",
                                 worker, group, hostname, capacity, jobs,
                                 heartbeat_interval_ms)
+
+    async def map(self, caller: int, attempt: int, worker: str, step: str, call_no: int,
+                  items: Sequence[Any]) -> int:
+        """`chime_map`: the sub-tasks of one map call; how many were new."""
+        return int(await self.pool.fetchval(
+            "SELECT chime_map($1::bigint, $2::int, $3, $4, $5::int, $6::jsonb[])",
+            caller, attempt, worker, step, call_no, list(items)))
+
+    async def set_output(self, run_id: int, attempt: int, worker: str, output: Any) -> bool:
+        """`chime_set_output`; False when that attempt is not running on `worker`."""
+        return bool(await self.pool.fetchval(
+            "SELECT chime_set_output($1::bigint, $2::int, $3, $4::jsonb)",
+            run_id, attempt, worker, output))
+
+    async def task_results(self, reduce_run: int, after_id: int, page: int
+                           ) -> list[TaskResult]:
+        """`chime_task_results`: the other tasks of `reduce_run`'s run after `after_id`."""
+        rows = await self.pool.fetch(
+            "SELECT * FROM chime_task_results($1::bigint, $2::bigint, $3::int)",
+            reduce_run, after_id, page)
+        return [TaskResult(r["id"], r["task_key"], r["task_kind"], r["map_step"],
+                           r["shard_index"], r["state"], r["output"], r["error"], r["params"])
+                for r in rows]
 
     async def heartbeat(self, worker: str) -> None:
         await self.pool.execute("SELECT FROM chime_heartbeat($1)", worker)

@@ -8,19 +8,70 @@
 
 The handler gets a real `Context` (params decoded as the worker decodes them, a logger, a
 cancellation event) and the test gets the outcome the worker would record and the log lines.
+
+A task of a broadcast, sharded or map/reduce job: pass `task=Task(...)` (or `shard=Shard(...)`
+for a sharded job's shard); `ctx.map` and `ctx.set_output` are recorded (`result.maps`,
+`result.output`) with the worker's checks, and `ctx.results()` yields `results=[...]`:
+
+    result = await run_handler(split, {"day": "2026-12-01"}, task=root_task())
+    assert result.maps == [MapCall("orders", 0, [{"id": 1}, {"id": 2}])]
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from .context import Context, JobLogger
 from .errors import Fail
 from .outcome import Execution, Outcome, outcome
+from .protocol import Shard, Task
+from .tasks import TaskResult
 from .worker import Handler, decode_params
+
+
+@dataclass(frozen=True)
+class MapCall:
+    """One `chime_map` call a handler's `ctx.map` made: its step, its number within the
+    attempt (a map of more than 10,000 items is several calls) and its items."""
+
+    step: str
+    call_no: int
+    items: list[Any]
+
+
+class RecordingTaskCalls:
+    """`ctx.map`, `ctx.set_output` and `ctx.results` without a database: records the calls,
+    yields the given results. `map` counts every item as new, as a first attempt's would."""
+
+    def __init__(self, results: Iterable[TaskResult] = ()) -> None:
+        self.maps: list[MapCall] = []
+        self.outputs: list[Any] = []
+        self.results = sorted(results, key=lambda r: r.id)
+
+    async def map(self, step: str, call_no: int, items: list[Any]) -> int:
+        self.maps.append(MapCall(step, call_no, list(items)))
+        return len(items)
+
+    async def set_output(self, output: Any) -> bool:
+        self.outputs.append(output)
+        return True
+
+    async def results_page(self, after_id: int, page: int) -> list[TaskResult]:
+        return [r for r in self.results if r.id > after_id][:page]
+
+
+def root_task(parent_run_id: int = 100) -> Task:
+    """A map/reduce job's root task, for `run_handler(task=...)`."""
+    return Task(parent_run_id, "root", "root", depth=0)
+
+
+def reduce_task(parent_run_id: int = 100) -> Task:
+    """A map/reduce job's reduce task, for `run_handler(task=...)`."""
+    return Task(parent_run_id, "reduce", "reduce")
 
 
 @dataclass(frozen=True)
@@ -36,6 +87,15 @@ class TestRun:
     outcome: Outcome
     #: The lines the handler logged, in order: (level, message).
     logs: list[tuple[str, str]]
+    #: The `chime_map` calls `ctx.map` made, in order.
+    maps: list[MapCall] = dataclasses.field(default_factory=list)
+    #: Every value `ctx.set_output` stored, in order (the run keeps the last).
+    outputs: list[Any] = dataclasses.field(default_factory=list)
+
+    @property
+    def output(self) -> Any:
+        """The output the run would keep (the last `ctx.set_output`), or None."""
+        return self.outputs[-1] if self.outputs else None
 
     @property
     def ok(self) -> bool:
@@ -53,17 +113,26 @@ async def run_handler(
     params_type: type | None = None,
     timeout: float | None = None,
     cancel: Callable[[asyncio.Event], None] | None = None,
+    task: Task | None = None,
+    shard: Shard | None = None,
+    results: Iterable[TaskResult] = (),
 ) -> TestRun:
     """Runs `handler` once and returns its outcome and log lines. `cancel`, if given, is
     called with the cancellation event (set it to test a handler's cancel path); `timeout`
-    (seconds) fires it like the job's timeout would."""
+    (seconds) fires it like the job's timeout would. `task` places the run in a parent run
+    (`shard` alone: a sharded job's shard of parent run 100); `results` is what
+    `ctx.results()` yields (a reducer's test)."""
+    if task is None and shard is not None:
+        task = Task(100, f"shard/{shard.index}", "shard", shard=shard)
+    calls = RecordingTaskCalls(results)
     logger = JobLogger(run_id, attempt)
     logger.keep_all = True
     cancelled = asyncio.Event()
     ctx = Context(run_id=run_id, job=job, attempt=attempt,
                   scheduled_at=scheduled_at or datetime.now(timezone.utc), params=params,
                   log=logger, cancelled=cancelled,
-                  timeout_ms=None if timeout is None else int(timeout * 1000))
+                  timeout_ms=None if timeout is None else int(timeout * 1000), task=task,
+                  calls=calls)
     if cancel is not None:
         cancel(cancelled)
     error: BaseException | None = None
@@ -73,18 +142,19 @@ async def run_handler(
         if timeout is None:
             await handler(ctx, decoded)
         else:
-            task = asyncio.ensure_future(handler(ctx, decoded))
-            done, _ = await asyncio.wait({task}, timeout=timeout)
+            running = asyncio.ensure_future(handler(ctx, decoded))
+            done, _ = await asyncio.wait({running}, timeout=timeout)
             if not done:
                 timed_out = int(timeout * 1000)
                 cancelled.set()
-                await task
+                await running
             else:
-                task.result()
+                running.result()
     except Fail as e:
         error = e
     except Exception as e:
         error = e
     result = outcome(Execution(error, timed_out_ms=timed_out,
                                cancel_requested=cancel is not None), 5000)
-    return TestRun(error, result, [(line.level, line.message) for line in logger.lines])
+    return TestRun(error, result, [(line.level, line.message) for line in logger.lines],
+                   calls.maps, calls.outputs)

@@ -1,9 +1,13 @@
 """The worker: register handlers, consume the group's work queue, run, record, drain.
 
-One delivery's path, in the order of docs/protocol.md section 4: decode and check, find the
-handler (or send the trigger back for another worker), hold an early trigger, claim the attempt
-(or take a lost worker's run over), run the handler under its timeout and cancellation, decide,
-record the outcome with the remaining log lines, then publish the retry, park, or ack.
+One delivery's path, in the order of docs/protocol.md section 4: decode and check (forward
+another worker's broadcast task to its queue), find the handler (or send the trigger back for
+another worker), hold an early trigger, claim the attempt (or take a lost worker's run over),
+run the handler under its timeout and cancellation, decide, record the outcome with the
+remaining log lines, then publish the retry, park, or ack.
+
+The worker consumes two queues the same way: the group's work queue and its own queue
+`P.G.worker.<id>` (the broadcast tasks for it, docs/protocol.md "Job kinds and tasks").
 """
 
 from __future__ import annotations
@@ -33,11 +37,12 @@ from .errors import Cancel, ConfigError, Fail
 from .outcome import Execution, Outcome, outcome
 from .protocol import (DEFAULT_DELIVERY_LIMIT, DEFAULT_PREFIX, HEADER_ATTEMPT,
                        HEADER_DELIVERY_COUNT, HEADER_NOT_BEFORE, HOLD_MAX_MS, IMPLAUSIBLE,
-                       MAX_NAME_BYTES, MAX_UNHANDLED_WAIT_MS, RETRY_TIERS, TRIGGER_HOLD_MAX_MS,
-                       WORK_KEY, DecodeError, Tier, Topology, Trigger, check_trigger,
-                       decode_trigger, from_ms, header_int, ms_of, plan_wait, quote, rfc3339,
-                       tier_for, unhandled_pause)
+                       MAX_NAME_BYTES, MAX_QUEUE_NAME_BYTES, MAX_UNHANDLED_WAIT_MS, RETRY_TIERS,
+                       TRIGGER_HOLD_MAX_MS, WORK_KEY, DecodeError, Tier, Topology, Trigger,
+                       check_trigger, decode_trigger, from_ms, header_int, ms_of, plan_wait,
+                       quote, rfc3339, tier_for, unhandled_pause)
 from .store import Claim, ClaimRequest, OutcomeRow, Snapshot, Store, create_pool
+from .tasks import TaskCallError, TaskResult
 
 log = logging.getLogger("chime_worker")
 
@@ -80,6 +85,8 @@ class _Active:
     """A run this worker holds a delivery of."""
 
     attempt: int
+    #: The run this task belongs to (a cancel naming it cancels the task); None: a single run.
+    parent_run_id: int | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     cancel_requested: bool = False
@@ -289,6 +296,8 @@ class Worker:
         self.db_retry_budget = db_retry_budget
         self.topology = Topology(self.prefix, group, delivery_limit)
         self.handlers: dict[str, _Registered] = {}
+        #: Map/reduce jobs' reducers: what runs a run's reduce task.
+        self.reducers: dict[str, _Registered] = {}
         self._stop = asyncio.Event() if _loop_running() else None
         self._store: Store | None = None
         self._broker: Broker | None = None
@@ -329,6 +338,29 @@ class Worker:
         """`handler(job)(fn)` without the decorator."""
         self.handler(job, params=params)(fn)
 
+    def reducer(self, job: str, *, params: type | None = None) -> Callable[[H], H]:
+        """Registers an async `fn(ctx, params)` as map_reduce job `job`'s reducer: it runs the
+        run's reduce task once every other task has ended, reads their results with
+        `ctx.results()`, and its outcome is the run's. `params` are the run's params (decoded
+        as for a handler). The job's handler (`@worker.handler`) runs its other tasks."""
+        if not job or len(job.encode()) > MAX_NAME_BYTES:
+            raise ConfigError(f"job name {job!r} must be 1 to {MAX_NAME_BYTES} bytes")
+
+        def register(fn: H) -> H:
+            if job in self.reducers:
+                raise ConfigError(f"job {job!r} already has a reducer")
+            untyped: Any = fn
+            if not asyncio.iscoroutinefunction(untyped):
+                raise ConfigError(f"the reducer of {job!r} must be an async function")
+            self.reducers[job] = _Registered(fn, params)
+            return fn
+
+        return register
+
+    def reduce(self, job: str, fn: Handler, *, params: type | None = None) -> None:
+        """`reducer(job)(fn)` without the decorator."""
+        self.reducer(job, params=params)(fn)
+
     @property
     def store(self) -> Store:
         assert self._store is not None, "the worker is not running"
@@ -360,7 +392,7 @@ class Worker:
 
     async def run(self) -> None:
         """Registers, consumes until `stop()`, drains, and marks the worker stopped."""
-        if not self.handlers:
+        if not self.handlers and not self.reducers:
             raise ConfigError("the worker has no handlers: register one with @worker.handler")
         self._stop = self._stop or asyncio.Event()
         self._slots = _Slots(self.capacity)
@@ -376,13 +408,16 @@ class Worker:
         heartbeat: asyncio.Task[None] | None = None
         try:
             await self._broker.connect()
+            # Before registering: a broadcast expanded once this worker is online is routed
+            # to this queue.
+            await self._broker.declare_worker_queue(self.worker_id)
             await self.store.register(self.worker_id, self.group, self.hostname,
-                                      self.capacity, sorted(self.handlers),
+                                      self.capacity, self.jobs(),
                                       int(self.heartbeat_interval * 1000))
             heartbeat = asyncio.create_task(self._heartbeats())
-            log.info("worker %s of group %s consuming %s (capacity %d, hold %d)",
-                     self.worker_id, self.group, self.topology.work_queue, self.capacity,
-                     self.hold)
+            log.info("worker %s of group %s consuming %s and %s (capacity %d, hold %d)",
+                     self.worker_id, self.group, self.topology.work_queue,
+                     self.topology.worker_queue(self.worker_id), self.capacity, self.hold)
             await self._consume_until_stopped()
         finally:
             if heartbeat is not None:
@@ -398,6 +433,10 @@ class Worker:
             await pool.close()
             log.info("worker %s stopped", self.worker_id)
 
+    def jobs(self) -> list[str]:
+        """The jobs this worker handles (a handler or a reducer), as it registers them."""
+        return sorted(set(self.handlers) | set(self.reducers))
+
     async def _consume_until_stopped(self) -> None:
         assert self._stop is not None
         connection = self.broker.connection
@@ -406,6 +445,11 @@ class Worker:
         await channel.set_qos(prefetch_count=self.capacity + self.hold)
         work = await channel.declare_queue(self.topology.work_queue, passive=True)
         tag = await work.consume(self._on_delivery, no_ack=False)
+        # The worker's own queue: handled as the work queue's deliveries are. The prefetch
+        # counts per consumer (quorum queues have no channel-wide prefetch).
+        own = await channel.declare_queue(self.topology.worker_queue(self.worker_id),
+                                          passive=True)
+        own_tag = await own.consume(self._on_delivery, no_ack=False)
         control = await self._consume_control()
         await self._stop.wait()
         # 1. stop consuming; deliveries not claimed yet are requeued by their tasks.
@@ -413,6 +457,7 @@ class Worker:
         log.info("worker %s draining %d deliveries", self.worker_id, len(self._tasks))
         try:
             await work.cancel(tag)
+            await own.cancel(own_tag)
         except Exception as e:
             log.warning("cancelling the consumer failed (%s); closing its channel", e)
             try:
@@ -463,9 +508,15 @@ class Worker:
             log.warning("ignoring a control message that does not decode (%s): %r", e,
                         message.body[:200])
             return
-        active = self._active.get(run_id)
-        if active is not None:
-            log.info("run %s: cancel requested by an operator", run_id)
+        # The run itself, or the tasks of the run it names (a parent's cancel is one message).
+        for held_id, active in list(self._active.items()):
+            if held_id != run_id and active.parent_run_id != run_id:
+                continue
+            if held_id == run_id:
+                log.info("run %s: cancel requested by an operator", run_id)
+            else:
+                log.info("run %s: cancel of its run %s requested by an operator", held_id,
+                         run_id)
             active.cancel_requested = True
             active.cancel()
 
@@ -526,11 +577,11 @@ class Worker:
 
     async def _send_through(self, message: AbstractIncomingMessage, tier: Tier | None,
                             extra: dict[str, Any] | None = None,
-                            body: bytes | None = None) -> None:
-        """A confirmed copy through `tier` (None: straight to work), then ack; requeue on
-        failure."""
+                            body: bytes | None = None, due_key: str = WORK_KEY) -> None:
+        """A confirmed copy through `tier` (None: straight to `due_key`, the work queue's),
+        then ack; requeue on failure."""
         try:
-            await self.broker.copy(message, tier.routing_key if tier else WORK_KEY,
+            await self.broker.copy(message, tier.routing_key if tier else due_key,
                                    body=body, extra=extra)
         except PublishFailed as e:
             log.error("sending delivery %s through a delay tier failed (%s); requeueing it",
@@ -557,6 +608,12 @@ class Worker:
         if self._shutting_down:
             await message.nack(requeue=True)
             return
+        task = trigger.task
+        if task is not None and task.worker is not None and task.worker != self.worker_id:
+            # Another worker's broadcast task (back from a delay tier through the work queue):
+            # it runs there only.
+            await self._forward(message, trigger, task.worker)
+            return
         # One delivery per run at a time.
         active = self._active.get(trigger.run_id)
         while active is not None:
@@ -573,7 +630,8 @@ class Worker:
         if self._shutting_down:
             await message.nack(requeue=True)
             return
-        active = _Active(trigger.attempt)
+        active = _Active(trigger.attempt,
+                         None if trigger.task is None else trigger.task.parent_run_id)
         self._active[trigger.run_id] = active
         try:
             await self._handle_run(message, trigger, headers, active)
@@ -588,8 +646,8 @@ class Worker:
 
     async def _handle_run(self, message: AbstractIncomingMessage, trigger: Trigger,
                           headers: dict[str, Any], active: _Active) -> None:
-        # 2. find the handler.
-        registered = self.handlers.get(trigger.job)
+        # 2. find the handler (a reduce task's: the job's reducer).
+        registered = self._registered(trigger)
         if registered is None:
             await self._unhandled(message, trigger, headers)
             return
@@ -664,6 +722,58 @@ class Worker:
         active.claimed = attempt
         await self._run_claimed(message, trigger, registered, claim, attempt, starts_at,
                                 active)
+
+    def _registered(self, trigger: Trigger) -> _Registered | None:
+        """What runs `trigger`: the job's handler, or for a reduce task its reducer; a reduce
+        task of a job this worker handles but has no reducer for fails without retry."""
+        task = trigger.task
+        if task is None or task.kind != "reduce":
+            return self.handlers.get(trigger.job)
+        reducer = self.reducers.get(trigger.job)
+        if reducer is not None or trigger.job not in self.handlers:
+            return reducer
+        message = (f"job {quote(trigger.job)} has a reduce task but this worker registers no "
+                   f"reducer for it: register one with @worker.reducer({json.dumps(trigger.job)})"
+                   " on the workers handling the job")
+
+        async def no_reducer(ctx: Context, params: Any) -> None:
+            raise Fail(message)
+
+        return _Registered(no_reducer, None)
+
+    async def _forward(self, message: AbstractIncomingMessage, trigger: Trigger,
+                       target: str) -> None:
+        """Republishes another worker's broadcast task unchanged to that worker's queue
+        (mandatory, confirmed), then acks. When no queue takes it (that worker is gone for
+        good) it is parked and its run ended dead: it never runs on another worker."""
+        key = self.topology.worker_key(target)
+        queue = self.topology.worker_queue(target)
+        parent = trigger.task.parent_run_id if trigger.task is not None else None
+        size = len(queue.encode("utf-8"))
+        if size > MAX_QUEUE_NAME_BYTES:
+            await self._park(message, (
+                f"{IMPLAUSIBLE}broadcast task for worker {quote(target)}: its queue name would "
+                f"be {size} bytes, over RabbitMQ's {MAX_QUEUE_NAME_BYTES}, so no such worker "
+                "exists: the run is left as it is"))
+            return
+        try:
+            await self.broker.copy(message, key)
+        except PublishFailed as e:
+            if e.returned:
+                reason = (f"broadcast task for worker {quote(target)}: its queue {quote(queue)} "
+                          "does not exist (the worker is gone); a broadcast task runs on its "
+                          "own worker only, so it is not run elsewhere")
+                if await self._park(message, reason):
+                    await self.store.mark_dead(trigger.run_id, self.group, reason,
+                                               self.worker_id, trigger.job, trigger.attempt)
+                return
+            log.error("forwarding broadcast task %s to worker %s failed (%s); requeueing it",
+                      trigger.run_id, target, e)
+            await self._requeue(message)
+            return
+        log.info("run %s: broadcast task of run %s forwarded to worker %s", trigger.run_id,
+                 parent, target)
+        await self._ack(message)
 
     async def _panicked(self, message: AbstractIncomingMessage, trigger: Trigger,
                         active: _Active, error: Exception) -> None:
@@ -806,6 +916,9 @@ class Worker:
             log.warning("reading the worker registry failed (%s); looking again in 5 s", e)
             await self._send_through(message, _tier("5s"), keep)
             return
+        task = trigger.task
+        if task is not None and task.worker == self.worker_id:
+            elsewhere = False  # it is for this worker only: another would forward it back
         if elsewhere:
             await self._send_through(message, RETRY_TIERS[0], keep)
             return
@@ -839,7 +952,8 @@ class Worker:
         logger = JobLogger(trigger.run_id, attempt)
         ctx = Context(run_id=trigger.run_id, job=trigger.job, attempt=attempt,
                       scheduled_at=trigger.scheduled_at, params=trigger.params, log=logger,
-                      cancelled=active.cancelled, timeout_ms=trigger.timeout_ms)
+                      cancelled=active.cancelled, timeout_ms=trigger.timeout_ms,
+                      task=trigger.task, calls=_StoreTaskCalls(self, trigger.run_id, attempt))
         acked = False
 
         def early_ack() -> None:
@@ -1051,15 +1165,59 @@ class Worker:
         remaining = ms_of(due) - ms_of(datetime.now(timezone.utc))
         extra = {HEADER_ATTEMPT: failed_attempt + 1, HEADER_NOT_BEFORE: ms_of(due)}
         tier = tier_for(remaining)
+        # A retry due now goes to the work queue, or a broadcast task's to its worker's queue
+        # (a delay tier dead-letters into the work queue, where it is forwarded).
+        task = trigger.task
+        due_key = (self.topology.worker_key(task.worker)
+                   if task is not None and task.kind == "broadcast" and task.worker else WORK_KEY)
         if message is None:
             try:
-                await self.broker.copy(original, tier.routing_key if tier else WORK_KEY,
+                await self.broker.copy(original, tier.routing_key if tier else due_key,
                                        body=body, extra=extra)
             except PublishFailed as e:
                 log.error("run %s: publishing the retry failed after an early ack (%s); the "
                           "scheduler's rescuer republishes it", trigger.run_id, e)
             return
-        await self._send_through(message, tier, extra, body)
+        await self._send_through(message, tier, extra, body, due_key)
+
+
+class _StoreTaskCalls:
+    """`ctx.map`, `ctx.set_output` and `ctx.results` of one attempt, through the database
+    (retried on connection errors: each call is idempotent). A refusal (22023, invalid
+    parameter: the message names the field, the value and the fix) is a TaskCallError."""
+
+    def __init__(self, worker: Worker, run_id: int, attempt: int) -> None:
+        self._worker = worker
+        self._run_id = run_id
+        self._attempt = attempt
+
+    async def map(self, step: str, call_no: int, items: list[Any]) -> int:
+        w = self._worker
+        created: int = await self._call("map", lambda: w.store.map(
+            self._run_id, self._attempt, w.worker_id, step, call_no, items))
+        return created
+
+    async def set_output(self, output: Any) -> bool:
+        w = self._worker
+        stored: bool = await self._call("set_output", lambda: w.store.set_output(
+            self._run_id, self._attempt, w.worker_id, output))
+        return stored
+
+    async def results_page(self, after_id: int, page: int) -> list[TaskResult]:
+        w = self._worker
+        rows: list[TaskResult] = await self._call("results", lambda: w.store.task_results(
+            self._run_id, after_id, page))
+        return rows
+
+    async def _call(self, what: str, call: Callable[[], Awaitable[Any]]) -> Any:
+        import asyncpg
+
+        try:
+            return await self._worker._with_retries(f"run {self._run_id}: {what}", call)
+        except asyncpg.exceptions.InvalidParameterValueError as e:
+            detail = f" ({e.detail})" if getattr(e, "detail", None) else ""
+            raise TaskCallError(f"ctx.{what} of run {self._run_id} refused: {e}{detail}"
+                                ) from None
 
 
 def _tier(name: str) -> Tier:
