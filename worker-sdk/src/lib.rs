@@ -86,10 +86,16 @@ mod outcome;
 mod recording;
 mod runtime;
 mod store;
+mod tasks;
 pub mod testing;
 mod verify;
 
+/// A run's or task's state, as [`TaskResult::state`] gives it.
+pub use chime_protocol::RunState;
 pub use chime_protocol::tls::AmqpTls;
+/// The task types a [`JobContext`] hands out ([`JobContext::task`]), re-exported from the
+/// protocol crate.
+pub use chime_protocol::wire::{Shard, Task, TaskKind};
 pub use client::{Client, DEFAULT_ACTOR, TriggerError, TriggerRun, Triggered};
 pub use context::{JobContext, JobLogger, Level};
 pub use handler::Handler;
@@ -98,7 +104,11 @@ pub use runtime::{
     BuildError, DEFAULT_ACK_AFTER, DEFAULT_AMQP_URL, DEFAULT_CANCEL_GRACE, DEFAULT_CAPACITY,
     DEFAULT_DATABASE_URL, DEFAULT_DB_RETRY_BUDGET, DEFAULT_DRAIN_TIMEOUT,
     DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HOLD, DEFAULT_UNHANDLED_WAIT, ENV_AMQP_URL,
-    ENV_DATABASE_URL, ENV_QUEUE_PREFIX, Worker, WorkerBuilder, WorkerError,
+    ENV_DATABASE_URL, ENV_QUEUE_PREFIX, ENV_WORKER_ID, MAX_QUEUE_NAME_BYTES, Worker, WorkerBuilder,
+    WorkerError,
+};
+pub use tasks::{
+    MAX_MAP_ITEMS_PER_CALL, MAX_TASK_OUTPUT_BYTES, RESULTS_PAGE, TaskError, TaskResult,
 };
 
 /// Re-exported so handlers can name the token type without adding `tokio-util` themselves.

@@ -1,9 +1,11 @@
 //! The worker's connection to RabbitMQ and the links it opens on it.
 //!
 //! Each opening is a [`Link`]: a consumer channel and a confirm-mode channel for parking
-//! messages and publishing retries. The consumer channel also consumes the worker's control
-//! queue: an exclusive, auto-deleted queue bound to the fanout exchange `P.control`, which
-//! carries operators' cancels to every worker. Deliveries keep the `Link` they arrived on,
+//! messages and publishing retries. The consumer channel consumes the group's work queue and
+//! the worker's own queue (`P.G.worker.<id>`, its broadcast tasks: durable, with the work
+//! queue's arguments, so a worker restarted under the same id finds what waits for it), with
+//! the same prefetch each, and the worker's control queue: an exclusive, auto-deleted queue
+//! bound to the fanout exchange `P.control`, which carries operators' cancels to every worker. Deliveries keep the `Link` they arrived on,
 //! because an ack must go out on the delivery's own channel; acks of a dead channel return
 //! `Ok(false)` and the broker redelivers those messages, which the claim then recognises as
 //! duplicates.
@@ -13,7 +15,9 @@ use std::sync::Arc;
 use chime_protocol::tls::AmqpTls;
 use chime_protocol::topology::{RetryTier, Topology, declare_control_queue};
 use chrono::{DateTime, Utc};
-use lapin::options::{BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions};
+use lapin::options::{
+    BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions, QueueDeleteOptions,
+};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties, Consumer};
 use tokio_util::sync::CancellationToken;
@@ -31,7 +35,10 @@ pub(crate) struct Link {
     pub(super) publish: Channel,
     /// Fired by a delivery task when the publish channel died, so the supervisor reopens.
     pub(super) broken: CancellationToken,
+    /// The work queue consumer's tag.
     pub(super) consumer_tag: String,
+    /// The worker queue consumer's tag.
+    pub(super) own_tag: String,
 }
 
 impl Link {
@@ -95,6 +102,17 @@ impl Link {
         .await
     }
 
+    /// Publishes `original` to worker `worker`'s own queue (a broadcast task that reached this
+    /// worker through the work queue), confirmed ([`delay::forward`]).
+    pub(crate) async fn forward(
+        &self,
+        topology: &Topology,
+        original: &Inbound,
+        worker: &str,
+    ) -> Result<(), PublishError> {
+        delay::forward(&self.publish, topology, original.message(), worker).await
+    }
+
     /// After a publish failed: if the publishing channel is dead, marks the link broken so the
     /// supervisor opens a new one.
     pub(crate) fn publish_failed(&self) {
@@ -104,10 +122,12 @@ impl Link {
     }
 }
 
-/// A link and its two consumers: the work queue's and the control queue's.
+/// A link and its three consumers: the work queue's, the worker queue's and the control
+/// queue's.
 pub(crate) struct Opened {
     pub(super) link: Arc<Link>,
     pub(super) work: Consumer,
+    pub(super) own: Consumer,
     pub(super) control: Consumer,
 }
 
@@ -175,8 +195,11 @@ impl Broker {
             }
         };
         let topology = &self.topology;
+        let worker_id = self.worker_id.as_str();
+        let own_tag = format!("{consumer_tag}-own");
         let setup = async {
             topology.declare(&consume).await?;
+            topology.declare_worker_queue(&consume, worker_id).await?;
             // Per-consumer prefetch (global=false): global QoS is a channel error on quorum
             // queues.
             consume
@@ -208,9 +231,19 @@ impl Broker {
                     FieldTable::default(),
                 )
                 .await?;
-            Ok::<_, lapin::Error>((work, control))
+            // The same delivery path as the work queue's, the same handler slots; its own
+            // prefetch (QoS is per consumer).
+            let own = consume
+                .basic_consume(
+                    topology.worker_queue(worker_id).as_str().into(),
+                    own_tag.as_str().into(),
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await?;
+            Ok::<_, lapin::Error>((work, own, control))
         };
-        let (work, control) = match setup.await {
+        let (work, own, control) = match setup.await {
             Ok(consumers) => consumers,
             Err(error) => {
                 // Do not leak a channel per failed attempt.
@@ -224,6 +257,7 @@ impl Broker {
             publish,
             broken: CancellationToken::new(),
             consumer_tag,
+            own_tag,
         });
         // Links no delivery holds any more can go; close their channels.
         let (keep, done): (Vec<_>, Vec<_>) = std::mem::take(&mut self.links)
@@ -236,6 +270,7 @@ impl Broker {
         self.links.push(link.clone());
         tracing::info!(
             queue = %topology.work_queue(),
+            worker_queue = %topology.worker_queue(&self.worker_id),
             control_queue = %control_queue,
             consumer = %link.consumer_tag,
             prefetch = capacity,
@@ -244,20 +279,52 @@ impl Broker {
         Ok(Opened {
             link,
             work,
+            own,
             control,
         })
     }
 
-    /// Closes every channel and the connection.
+    /// Deletes the worker's own queue on `connection` if it holds no message (at a clean
+    /// stop, after every channel of the worker closed, so nothing is unacked on it): a worker
+    /// id used once leaves no queue behind, and one that holds broadcast tasks stays for the
+    /// worker restarted under the same id. The broker refuses the delete of a queue with
+    /// messages; that is logged.
+    async fn delete_own_queue_if_empty(&self, connection: &Connection) {
+        let queue = self.topology.worker_queue(&self.worker_id);
+        let deleted = async {
+            let channel = connection.create_channel().await?;
+            let options = QueueDeleteOptions {
+                if_empty: true,
+                ..QueueDeleteOptions::default()
+            };
+            let result = channel.queue_delete(queue.as_str().into(), options).await;
+            close_channel(&channel).await;
+            result
+        };
+        match deleted.await {
+            Ok(_) => tracing::info!(%queue, "deleted this worker's empty queue"),
+            Err(error) => tracing::info!(
+                %queue,
+                %error,
+                "kept this worker's queue (it holds broadcast tasks, or the broker is away): a \
+                 worker started under the same id consumes them"
+            ),
+        }
+    }
+
+    /// Closes every channel, deletes the worker's own queue if it is empty, and closes the
+    /// connection.
     pub(crate) async fn close(&mut self) {
         for link in std::mem::take(&mut self.links) {
             close_link(&link).await;
         }
         if let Some(connection) = self.connection.take()
             && connection.status().connected()
-            && let Err(error) = connection.close(200, "worker stopped".into()).await
         {
-            tracing::debug!(%error, "closing the AMQP connection");
+            self.delete_own_queue_if_empty(&connection).await;
+            if let Err(error) = connection.close(200, "worker stopped".into()).await {
+                tracing::debug!(%error, "closing the AMQP connection");
+            }
         }
     }
 }

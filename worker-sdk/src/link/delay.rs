@@ -15,6 +15,7 @@ use chime_protocol::wire::{
     HEADER_NOT_BEFORE, HEADER_PARKED_AT,
 };
 use chrono::{DateTime, Utc};
+use lapin::message::Delivery;
 use lapin::{BasicProperties, Channel};
 
 use super::parking;
@@ -116,6 +117,36 @@ pub(crate) async fn publish_via(
     let properties = delayed_properties(original, attempt, not_before);
     publish::confirmed(channel, &topology.exchange(), &key, body, properties).await?;
     Ok(key)
+}
+
+/// Properties of a forwarded copy: the original's, with its headers less [`STALE_HEADERS`]
+/// (bounded: [`parking::copied_headers`]); the attempt and not-before headers stay as they are.
+pub(crate) fn forwarded_properties(original: &BasicProperties) -> BasicProperties {
+    let headers = parking::copied_headers(original.headers().as_ref(), &STALE_HEADERS);
+    original.clone().with_headers(headers).with_delivery_mode(2)
+}
+
+/// Publishes `original` (body and properties, less the broker's record of its earlier life:
+/// a stale `x-delivery-count` would count against the delivery limit of the queue it goes to)
+/// to worker `worker`'s own queue, routing key `worker.<worker>`, with confirms: a broadcast
+/// task that came back through a delay tier to the group's work queue. Unroutable when that
+/// worker's queue does not exist.
+pub(crate) async fn forward(
+    channel: &Channel,
+    topology: &Topology,
+    original: &Delivery,
+    worker: &str,
+) -> Result<(), PublishError> {
+    let properties = forwarded_properties(&original.properties);
+    let key = Topology::worker_key(worker);
+    publish::confirmed(
+        channel,
+        &topology.exchange(),
+        &key,
+        &original.data,
+        properties,
+    )
+    .await
 }
 
 #[cfg(test)]
