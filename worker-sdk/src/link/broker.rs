@@ -15,9 +15,7 @@ use std::sync::Arc;
 use chime_protocol::tls::AmqpTls;
 use chime_protocol::topology::{RetryTier, Topology, declare_control_queue};
 use chrono::{DateTime, Utc};
-use lapin::options::{
-    BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions, QueueDeleteOptions,
-};
+use lapin::options::{BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties, Consumer};
 use tokio_util::sync::CancellationToken;
@@ -284,47 +282,17 @@ impl Broker {
         })
     }
 
-    /// Deletes the worker's own queue on `connection` if it holds no message (at a clean
-    /// stop, after every channel of the worker closed, so nothing is unacked on it): a worker
-    /// id used once leaves no queue behind, and one that holds broadcast tasks stays for the
-    /// worker restarted under the same id. The broker refuses the delete of a queue with
-    /// messages; that is logged.
-    async fn delete_own_queue_if_empty(&self, connection: &Connection) {
-        let queue = self.topology.worker_queue(&self.worker_id);
-        let deleted = async {
-            let channel = connection.create_channel().await?;
-            let options = QueueDeleteOptions {
-                if_empty: true,
-                ..QueueDeleteOptions::default()
-            };
-            let result = channel.queue_delete(queue.as_str().into(), options).await;
-            close_channel(&channel).await;
-            result
-        };
-        match deleted.await {
-            Ok(_) => tracing::info!(%queue, "deleted this worker's empty queue"),
-            Err(error) => tracing::info!(
-                %queue,
-                %error,
-                "kept this worker's queue (it holds broadcast tasks, or the broker is away): a \
-                 worker started under the same id consumes them"
-            ),
-        }
-    }
-
-    /// Closes every channel, deletes the worker's own queue if it is empty, and closes the
-    /// connection.
+    /// Closes every channel and the connection. The worker's own queue stays, with whatever
+    /// waits in it, for the worker started again under the same id.
     pub(crate) async fn close(&mut self) {
         for link in std::mem::take(&mut self.links) {
             close_link(&link).await;
         }
         if let Some(connection) = self.connection.take()
             && connection.status().connected()
+            && let Err(error) = connection.close(200, "worker stopped".into()).await
         {
-            self.delete_own_queue_if_empty(&connection).await;
-            if let Err(error) = connection.close(200, "worker stopped".into()).await {
-                tracing::debug!(%error, "closing the AMQP connection");
-            }
+            tracing::debug!(%error, "closing the AMQP connection");
         }
     }
 }
