@@ -167,6 +167,31 @@ mod tests {
     }
 
     #[test]
+    fn a_forwarded_copy_keeps_its_headers_but_not_the_brokers_record_of_its_past() {
+        let mut headers = FieldTable::default();
+        headers.insert(HEADER_ATTEMPT.into(), AMQPValue::LongUInt(3));
+        headers.insert(
+            HEADER_NOT_BEFORE.into(),
+            AMQPValue::LongLongInt(1_800_000_000_000),
+        );
+        headers.insert("x-delivery-count".into(), AMQPValue::LongLongInt(4));
+        headers.insert("x-death".into(), AMQPValue::FieldArray(Default::default()));
+        let original = BasicProperties::default()
+            .with_message_id("42".into())
+            .with_headers(headers);
+        let p = forwarded_properties(&original);
+        let h = p.headers().as_ref().unwrap().inner();
+        assert_eq!(h.get(HEADER_ATTEMPT), Some(&AMQPValue::LongUInt(3)));
+        assert_eq!(
+            h.get(HEADER_NOT_BEFORE),
+            Some(&AMQPValue::LongLongInt(1_800_000_000_000))
+        );
+        assert!(!h.contains_key("x-delivery-count") && !h.contains_key("x-death"));
+        assert_eq!(p.message_id().as_ref().unwrap().as_str(), "42");
+        assert_eq!(p.delivery_mode(), &Some(2));
+    }
+
+    #[test]
     fn a_delayed_copy_keeps_its_identity_and_sheds_its_past() {
         let mut headers = FieldTable::default();
         headers.insert("x-chime-term".into(), AMQPValue::LongLongInt(7));

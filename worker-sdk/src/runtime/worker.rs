@@ -633,6 +633,70 @@ mod tests {
         assert_eq!(w.topology().work_queue(), "chime.g.work");
     }
 
+    /// The worker id comes from CHIME_WORKER_ID unless given; it must be non-empty and fit
+    /// the worker's own queue name in 255 bytes; reducers count as handled jobs.
+    #[tokio::test]
+    async fn the_worker_id_is_read_from_the_environment_and_bounded_by_its_queue_name() {
+        let env = |name: &str| (name == ENV_WORKER_ID).then(|| "pod-7".to_owned());
+        let w = Worker::builder_with_env("g".into(), env)
+            .pool(lazy_pool())
+            .handle("a", noop)
+            .build()
+            .unwrap();
+        assert_eq!(w.id(), "pod-7");
+        assert_eq!(w.topology().worker_queue(w.id()), "chime.g.worker.pod-7");
+        let explicit = Worker::builder_with_env("g".into(), env)
+            .pool(lazy_pool())
+            .handle("a", noop)
+            .worker_id("mine")
+            .build()
+            .unwrap();
+        assert_eq!(explicit.id(), "mine");
+        let err = |id: &str| {
+            Worker::builder("g")
+                .pool(lazy_pool())
+                .handle("a", noop)
+                .worker_id(id)
+                .build()
+                .unwrap_err()
+                .to_string()
+        };
+        // `chime.g.worker.` is 15 bytes: 240 more fit, 241 do not.
+        let fits = "x".repeat(MAX_QUEUE_NAME_BYTES - 15);
+        assert!(
+            Worker::builder("g")
+                .pool(lazy_pool())
+                .handle("a", noop)
+                .worker_id(fits)
+                .build()
+                .is_ok()
+        );
+        let long = err(&"x".repeat(MAX_QUEUE_NAME_BYTES - 14));
+        assert!(
+            long.starts_with("worker_id `xxx") && long.contains("would be 256 bytes, over"),
+            "{long}"
+        );
+        assert!(err("").starts_with("worker_id is empty"));
+        let twice = Worker::builder("g")
+            .pool(lazy_pool())
+            .handle("a", noop)
+            .reducer("a", noop)
+            .reducer("a", noop)
+            .build()
+            .unwrap_err();
+        assert_eq!(
+            twice.to_string(),
+            "job `a` has two reducers: register each job's reducer once"
+        );
+        let reducer_only = Worker::builder("g")
+            .pool(lazy_pool())
+            .handle("a", noop)
+            .reducer("b", noop)
+            .build()
+            .unwrap();
+        assert_eq!(reducer_only.config.handlers.jobs(), ["a", "b"]);
+    }
+
     /// Issue 10: a URL that does not parse was shown whole, password included.
     #[test]
     fn build_errors_never_show_a_password() {
