@@ -82,6 +82,33 @@ pub const MAX_CONSECUTIVE_FAILURES: u32 = MAX_ATTEMPTS;
 /// Largest retention batch (`retention.batch_size`): each batch is one short statement.
 pub const MAX_BATCH_SIZE: u32 = 100_000;
 
+/// Most shards of a sharded job (`shards`, and so the highest index of `shard_params` plus one):
+/// one task per shard is created at each fire.
+pub const MAX_SHARDS: u32 = 10_000;
+
+/// Most workers a broadcast job may require online at a fire (`min_workers`), and so the most
+/// workers of one group a fire counts on.
+pub const MAX_WORKERS_PER_GROUP: u32 = 10_000;
+
+/// Deepest nesting of `ctx.map` in a map/reduce job (`map_depth`): the root task is depth 0, the
+/// tasks it maps depth 1, and so on.
+pub const MAX_MAP_DEPTH: u32 = 10;
+
+/// Most tasks one run of a job of any kind other than `single` may have in all (the shards, the
+/// broadcast copies, the root task of a map/reduce run and every task it maps, at any depth).
+pub const MAX_TASKS_PER_RUN: u32 = 100_000;
+
+/// Most items one `ctx.map` call may hand out as tasks.
+pub const MAX_MAP_ITEMS_PER_CALL: u32 = 10_000;
+
+/// Largest JSON encoding of one task's output (what a mapped task returns to its reducer), in
+/// bytes.
+pub const MAX_TASK_OUTPUT_BYTES: usize = 64 * 1024;
+
+/// Longest name of a map/reduce step (the step `ctx.map` names its tasks with), in bytes:
+/// ASCII letters, digits, `_`, `-` and `.`.
+pub const MAX_MAP_STEP_LEN: usize = 64;
+
 /// Most log lines one attempt stores in `chime_run_logs` (each at most 16 KiB). Lines beyond it
 /// are still emitted as `tracing` events but not stored; the attempt's last stored line says how
 /// many were dropped.
@@ -144,6 +171,39 @@ const _: () = assert!(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every `MAX_*` bound of this file is named in docs/configuration.md's "Limits" table, but
+    /// those of the wire alone, which docs/protocol.md describes with the messages they cause.
+    #[test]
+    fn every_bound_is_in_the_documented_limits_table() {
+        const WIRE: &[&str] = &[
+            "MAX_TRIGGER_BYTES",
+            "MAX_HEADER_VALUE_BYTES",
+            "MAX_COPIED_HEADER_BYTES",
+        ];
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/configuration.md");
+        let docs = std::fs::read_to_string(path).expect("docs/configuration.md");
+        let table = docs
+            .split_once("\n## Limits\n")
+            .and_then(|(_, rest)| rest.split("\n## ").next())
+            .expect("a Limits section");
+        let bounds: Vec<&str> = include_str!("limits.rs")
+            .lines()
+            .filter_map(|line| line.strip_prefix("pub const MAX_"))
+            .filter_map(|rest| rest.split(':').next())
+            .collect();
+        assert!(bounds.len() >= 20, "{bounds:?}");
+        let missing: Vec<String> = bounds
+            .iter()
+            .map(|bound| format!("MAX_{bound}"))
+            .filter(|name| !WIRE.contains(&name.as_str()))
+            .filter(|name| !table.contains(&format!("`{name}`")))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "not in docs/configuration.md's Limits table: {missing:?}"
+        );
+    }
 
     #[test]
     fn short_values_pass_unchanged() {

@@ -1,5 +1,5 @@
-//! `chime check`: validates job files and shows what each job will do (its group, schedule and
-//! next fire times in its own time zone), or every mistake found. Pure except for reading the
+//! `chime check`: validates job files and shows what each job will do (its group, its kind
+//! unless `single`, schedule and next fire times in its own time zone), or every mistake found. Pure except for reading the
 //! files: the current instant is passed in, so the output is reproducible.
 
 use std::io::Write;
@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use chrono::{DateTime, SecondsFormat, Utc};
 
 use crate::config::{ConfigErrors, LoadedJob, expand_job_patterns, load_located_jobs};
-use crate::job::{JobSpec, When};
+use crate::job::{JobSpec, TaskFailurePolicy, When};
 
 /// How many upcoming fires are listed per job.
 pub const UPCOMING_FIRES: usize = 5;
@@ -48,6 +48,13 @@ fn write_job(out: &mut dyn Write, job: &LoadedJob, now: DateTime<Utc>) -> std::i
     let spec = &job.spec;
     writeln!(out, "job {:?} ({})", spec.name, job.origin)?;
     writeln!(out, "  group:      {}", spec.group)?;
+    if !spec.kind.is_single() {
+        let failure = match spec.on_task_failure {
+            TaskFailurePolicy::Fail => "a failed task fails the run",
+            TaskFailurePolicy::Ignore => "a failed task is ignored (on_task_failure = \"ignore\")",
+        };
+        writeln!(out, "  kind:       {}; {failure}", spec.kind.describe())?;
+    }
     if spec.paused {
         writeln!(
             out,
@@ -160,6 +167,31 @@ OK: 5 jobs in 1 file
         );
         assert_eq!(out, want);
         assert!(ok);
+    }
+
+    /// A job of another kind than `single` says what a fire runs; a `single` job has no line
+    /// for it (`good_file_lists_each_job_with_its_next_fires_in_its_zone`).
+    #[test]
+    fn each_kind_says_what_a_fire_runs() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/job-kinds.toml");
+        let (ok, out) = run(&[path], "2026-12-01T00:00:00Z");
+        assert!(ok, "{out}");
+        let kinds: Vec<&str> = out.lines().filter(|l| l.starts_with("  kind:")).collect();
+        assert_eq!(
+            kinds,
+            [
+                "  kind:       broadcast: one task per worker of the group online at the fire (at \
+                 least 2); a failed task is ignored (on_task_failure = \"ignore\")",
+                "  kind:       sharded: 4 shards, 4 with their own params; a failed task fails the run",
+                "  kind:       sharded: one shard per worker of the group online at the fire, 1 with \
+                 its own params; a failed task fails the run",
+                "  kind:       map_reduce: ctx.map nests at most 2 deep; a failed task fails the run",
+            ]
+        );
+        assert!(
+            out.contains("  group:      examples\n  kind:       broadcast"),
+            "the kind follows the group: {out}"
+        );
     }
 
     #[test]

@@ -41,7 +41,7 @@ use crate::job::ConcurrencyPolicy;
 use crate::leader::Leadership;
 use crate::outbox::{Outbox, Report};
 use crate::pace::{Instants, MAX_LEAD, Pace, minus};
-use crate::publish::Publisher;
+use crate::publish::{PublishError, Publisher};
 use crate::store::{Fence, OutboxRun, Store};
 
 /// Where the dispatcher sends a run's trigger: the seam between it and the broker.
@@ -91,12 +91,88 @@ impl Publish for Triggers {
         if run.concurrency == ConcurrencyPolicy::Replace && run.attempt == 1 {
             self.replace(run).await?;
         }
+        if run.fan_out {
+            return self.fan_out(run, term).await;
+        }
         self.publisher.publish(run, term).await?;
         Ok(())
     }
 }
 
+/// Triggers of one parent's tasks in flight at once while it is expanded.
+const FAN_OUT_IN_FLIGHT: usize = 256;
+
 impl Triggers {
+    /// Publishing a parent run (broadcast, sharded, map/reduce) is publishing its tasks: expand
+    /// it under the fence (once; a later call returns the tasks not yet published), publish each
+    /// task's trigger, record the confirmed ones. `Ok` only when every task is published, so
+    /// the parent is marked `queued` after its tasks; otherwise it stays `pending` and the next
+    /// sweep (or the next leader) publishes the rest. A broadcast task whose worker has no queue
+    /// ends `lost` with the reason: that worker is gone for good, or its SDK takes no broadcast
+    /// tasks.
+    async fn fan_out(&self, parent: &OutboxRun, term: i64) -> anyhow::Result<()> {
+        let Some(tasks) = self.store.expand_run(&self.fence, parent).await? else {
+            anyhow::bail!("lease lost (term {} no longer current)", self.fence.term);
+        };
+        let count = tasks.len();
+        // Owned tasks and publisher: the stream's futures borrow nothing (a borrowing closure
+        // makes this future not `Send` for every lifetime, which the dispatcher needs).
+        let sent: Vec<_> = futures::stream::iter(tasks)
+            .map(|task| {
+                let publisher = self.publisher.clone();
+                async move {
+                    let result = publisher.publish(&task, term).await;
+                    (task, result, Utc::now())
+                }
+            })
+            .buffer_unordered(FAN_OUT_IN_FLIGHT)
+            .collect()
+            .await;
+        let mut confirmed = Vec::with_capacity(sent.len());
+        let mut failed = 0usize;
+        let mut last_error = None;
+        for (task, result, at) in sent {
+            match (result, task.task.as_ref().and_then(|t| t.worker.as_deref())) {
+                (Ok(()), _) => confirmed.push(crate::store::Confirmed {
+                    id: task.id,
+                    confirmed_at: at,
+                }),
+                (Err(PublishError::Unroutable { .. }), Some(worker)) => {
+                    let why = format!(
+                        "worker {worker} has no queue {}: it stopped for good, or its SDK takes \
+                         no broadcast tasks",
+                        chime_protocol::topology::Topology::new(
+                            self.publisher.prefix(),
+                            &task.group
+                        )
+                        .worker_queue(worker)
+                    );
+                    warn!(run_id = task.id, parent = parent.id, %worker, "{why}");
+                    self.store
+                        .task_unroutable(&self.fence, task.id, &why)
+                        .await?;
+                }
+                (Err(e), _) => {
+                    failed += 1;
+                    last_error = Some(e);
+                }
+            }
+        }
+        if !confirmed.is_empty() && !self.store.tasks_published(&self.fence, &confirmed).await? {
+            anyhow::bail!("lease lost (term {} no longer current)", self.fence.term);
+        }
+        if let Some(e) = last_error {
+            return Err(anyhow::Error::from(e).context(format!(
+                "{failed} of {count} tasks of run {} not published; the run stays in the outbox",
+                parent.id
+            )));
+        }
+        if count > 0 {
+            info!(run_id = parent.id, job = %parent.job, tasks = count, "published the run's tasks");
+        }
+        Ok(())
+    }
+
     async fn replace(&self, run: &OutboxRun) -> anyhow::Result<()> {
         let by = format!("replace policy (run {})", run.id);
         let Some(cancelled) = self
@@ -436,6 +512,8 @@ mod tests {
                 timeout: None,
                 retry: None,
                 concurrency: ConcurrencyPolicy::Allow,
+                task: None,
+                fan_out: false,
             }
         }
 

@@ -13,8 +13,9 @@ use crate::schedule::{Schedule, ScheduleError};
 
 /// A validated job definition.
 ///
-/// Serialized as the job-file form: `kind` only when it is not `single`, `when` as one of the
-/// keys `schedule`, `every` and `at` (none for a manual job). It is read back through
+/// Serialized as the job-file form: `kind` and its fields only when it is not `single` (each
+/// field only when not its default), `when` as one of the keys `schedule`, `every` and `at`
+/// (none for a manual job). It is read back through
 /// `StoredSpec`, the same form with the three keys as they are written, which refuses unknown
 /// fields and two of the three keys at once.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -24,9 +25,13 @@ pub struct JobSpec {
     pub name: String,
     /// Executor group: the RabbitMQ queue its triggers go to.
     pub group: String,
-    /// What one fire runs (only [`Kind::Single`] today).
-    #[serde(skip_serializing_if = "Kind::is_single")]
+    /// What one fire runs, with its kind's fields (flat keys: `kind`, `shards`, ...).
+    #[serde(flatten)]
     pub kind: Kind,
+    /// What a failed task does to the run, for kinds other than `single` (whose one run fails
+    /// or succeeds by itself); stored only when not `fail`.
+    #[serde(skip_serializing_if = "TaskFailurePolicy::is_fail")]
+    pub on_task_failure: TaskFailurePolicy,
     /// When the job fires.
     #[serde(flatten)]
     pub when: When,
@@ -82,7 +87,17 @@ struct StoredSpec {
     name: String,
     group: String,
     #[serde(default)]
-    kind: Kind,
+    kind: Option<KindName>,
+    #[serde(default)]
+    shards: Option<Shards>,
+    #[serde(default)]
+    shard_params: Option<Vec<serde_json::Value>>,
+    #[serde(default)]
+    min_workers: Option<u32>,
+    #[serde(default)]
+    map_depth: Option<u32>,
+    #[serde(default)]
+    on_task_failure: Option<TaskFailurePolicy>,
     #[serde(default)]
     schedule: Option<String>,
     #[serde(default, deserialize_with = "opt_duration::deserialize")]
@@ -133,7 +148,15 @@ impl TryFrom<StoredSpec> for JobSpec {
             when: When::from_fields(stored.schedule, stored.every, stored.at)?,
             name: stored.name,
             group: stored.group,
-            kind: stored.kind,
+            kind: Kind::from_fields(KindFields {
+                kind: stored.kind,
+                shards: stored.shards,
+                shard_params: stored.shard_params,
+                min_workers: stored.min_workers,
+                map_depth: stored.map_depth,
+                on_task_failure: stored.on_task_failure.is_some(),
+            })?,
+            on_task_failure: stored.on_task_failure.unwrap_or_default(),
             timezone: stored.timezone,
             params: stored.params,
             secret_params: stored.secret_params,
@@ -226,32 +249,346 @@ impl Serialize for When {
     }
 }
 
-/// What one fire of a job runs: the seam that job kinds (broadcast to every worker of the
-/// group, sharded, map/reduce) fill. Written `kind` in job files; absent means `single`, and a
-/// `single` job is stored without the key, so definitions from before it read and store as
-/// they did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+/// What one fire of a job runs, with the fields of its kind. Written `kind` in job files;
+/// absent means `single`, and a `single` job is stored without the key, so definitions from
+/// before kinds existed read and store as they did.
+///
+/// Its serde form is flattened into the [`JobSpec`] as flat keys next to `name` and `group`
+/// (`"kind": "sharded", "shards": 4, "shard_params": [...]`), the keys SQL reads from
+/// `chime_jobs.spec`; each field is left out while it has its default. It is read back by
+/// [`Kind::from_fields`], through the spec's stored form.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum Kind {
     /// One run per fire, executed by one worker of the group.
     #[default]
     Single,
+    /// One task per worker of the group online at the fire.
+    Broadcast {
+        /// A fire with fewer workers of the group online fails, with the reason
+        /// (`min_workers`, 1 to `MAX_WORKERS_PER_GROUP`).
+        min_workers: u32,
+    },
+    /// One task per shard, each handed its shard index and its own params.
+    Sharded {
+        /// How many shards (`shards`).
+        shards: Shards,
+        /// Shard `i`'s params at index `i` (`shard_params`), `null` where none was given;
+        /// empty when none was given at all. No longer than the shard count when that is a
+        /// number; with [`Shards::Workers`], entries past the workers online are unused.
+        params: Vec<serde_json::Value>,
+    },
+    /// A root task that may hand items out as sub-tasks (`ctx.map`) and reduce their outputs.
+    MapReduce {
+        /// How deep `ctx.map` may nest (`map_depth`): the root task is depth 0, the tasks it
+        /// maps depth 1, and so on; 1 to `MAX_MAP_DEPTH`.
+        map_depth: u32,
+    },
+}
+
+/// How many shards a sharded job's fire makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shards {
+    /// This many (`shards = 4`), 1 to `MAX_SHARDS`.
+    Count(u32),
+    /// One per worker of the group online at the fire (`shards = "workers"`).
+    Workers,
+}
+
+impl Shards {
+    /// The word `shards` takes for [`Shards::Workers`].
+    pub const WORKERS: &'static str = "workers";
+}
+
+impl Serialize for Shards {
+    /// As the JSON number, or the string `"workers"`.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Shards::Count(n) => s.serialize_u32(*n),
+            Shards::Workers => s.serialize_str(Shards::WORKERS),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Shards {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Shards, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Form {
+            Count(u32),
+            Word(String),
+        }
+        match Form::deserialize(d)? {
+            Form::Count(n) => Ok(Shards::Count(n)),
+            Form::Word(word) if word == Shards::WORKERS => Ok(Shards::Workers),
+            Form::Word(word) => Err(serde::de::Error::custom(format!(
+                "field \"shards\" = {word:?}: expected a whole number or \"workers\""
+            ))),
+        }
+    }
+}
+
+/// What a failed task does to the run of a `broadcast`, `sharded` or `map_reduce` job
+/// (`on_task_failure`), once the task has used up its retries.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskFailurePolicy {
+    /// The run fails.
+    #[default]
+    Fail,
+    /// The run goes on, and succeeds when the other tasks do; the failed task stays recorded.
+    Ignore,
+}
+
+impl TaskFailurePolicy {
+    /// Every policy, as job files spell them.
+    pub const NAMES: &'static [&'static str] = &["fail", "ignore"];
+
+    /// Whether it is the default, [`TaskFailurePolicy::Fail`] (left out of the stored form).
+    pub fn is_fail(&self) -> bool {
+        *self == TaskFailurePolicy::Fail
+    }
+}
+
+/// The kind-specific keys of a job definition as given, before they are checked against the
+/// kind: what [`Kind::from_fields`] builds a [`Kind`] from.
+#[derive(Debug, Default)]
+pub struct KindFields {
+    /// `kind`; `None` is `single`.
+    pub kind: Option<KindName>,
+    /// `shards`.
+    pub shards: Option<Shards>,
+    /// `shard_params`, as stored (the normalized list).
+    pub shard_params: Option<Vec<serde_json::Value>>,
+    /// `min_workers`.
+    pub min_workers: Option<u32>,
+    /// `map_depth`.
+    pub map_depth: Option<u32>,
+    /// Whether `on_task_failure` was given.
+    pub on_task_failure: bool,
+}
+
+/// A kind's name alone, as job files spell it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KindName {
+    /// `single`
+    Single,
+    /// `broadcast`
+    Broadcast,
+    /// `sharded`
+    Sharded,
+    /// `map_reduce`
+    MapReduce,
+}
+
+impl KindName {
+    /// As job files spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KindName::Single => "single",
+            KindName::Broadcast => "broadcast",
+            KindName::Sharded => "sharded",
+            KindName::MapReduce => "map_reduce",
+        }
+    }
+
+    /// The kind a job file's word names, if any.
+    pub fn parse(word: &str) -> Option<KindName> {
+        [
+            KindName::Single,
+            KindName::Broadcast,
+            KindName::Sharded,
+            KindName::MapReduce,
+        ]
+        .into_iter()
+        .find(|kind| kind.as_str() == word)
+    }
 }
 
 impl Kind {
     /// Every kind, as job files spell them.
-    pub const NAMES: &'static [&'static str] = &["single"];
+    pub const NAMES: &'static [&'static str] = &["single", "broadcast", "sharded", "map_reduce"];
+
+    /// The kind-specific fields, each with the kinds it applies to, in the order messages and
+    /// docs list them. Any other kind refuses them ([`Kind::misplaced`]).
+    pub const FIELDS: &'static [(&'static str, &'static [KindName])] = &[
+        ("shards", &[KindName::Sharded]),
+        ("shard_params", &[KindName::Sharded]),
+        ("min_workers", &[KindName::Broadcast]),
+        ("map_depth", &[KindName::MapReduce]),
+        (
+            "on_task_failure",
+            &[KindName::Broadcast, KindName::Sharded, KindName::MapReduce],
+        ),
+    ];
+
+    /// `min_workers` when not given.
+    pub const DEFAULT_MIN_WORKERS: u32 = 1;
+    /// `map_depth` when not given.
+    pub const DEFAULT_MAP_DEPTH: u32 = 3;
 
     /// As job files spell it.
-    pub fn as_str(self) -> &'static str {
+    pub fn as_str(&self) -> &'static str {
+        self.name().as_str()
+    }
+
+    /// Its name alone.
+    pub fn name(&self) -> KindName {
         match self {
-            Kind::Single => "single",
+            Kind::Single => KindName::Single,
+            Kind::Broadcast { .. } => KindName::Broadcast,
+            Kind::Sharded { .. } => KindName::Sharded,
+            Kind::MapReduce { .. } => KindName::MapReduce,
         }
     }
 
-    /// Whether it is the default kind, [`Kind::Single`] (left out of the stored form).
+    /// Whether it is the default kind, [`Kind::Single`] (stored without the `kind` key).
     pub fn is_single(&self) -> bool {
         *self == Kind::Single
+    }
+
+    /// Whether the kind-specific `field` applies to `kind`; a field that is not kind-specific
+    /// applies to every kind.
+    pub fn applies(field: &str, kind: KindName) -> bool {
+        Kind::FIELDS
+            .iter()
+            .find(|(name, _)| *name == field)
+            .is_none_or(|(_, kinds)| kinds.contains(&kind))
+    }
+
+    /// The message for the kind-specific `field` given to a job of a kind it does not apply to.
+    pub fn misplaced(field: &str) -> String {
+        let kinds = Kind::FIELDS
+            .iter()
+            .find(|(name, _)| *name == field)
+            .map_or(&[][..], |(_, kinds)| *kinds);
+        match kinds {
+            [one] => format!(
+                "applies to kind = \"{kind}\" only; remove it or set kind = \"{kind}\"",
+                kind = one.as_str()
+            ),
+            _ => {
+                let names: Vec<String> = kinds
+                    .iter()
+                    .map(|kind| format!("{:?}", kind.as_str()))
+                    .collect();
+                let named = match names.split_last() {
+                    Some((last, rest)) if !rest.is_empty() => {
+                        format!("{} or {last}", rest.join(", "))
+                    }
+                    _ => names.join(""),
+                };
+                format!("applies to kind = {named} only; remove it or set one of those kinds")
+            }
+        }
+    }
+
+    /// The message for a sharded job without `shards`.
+    pub fn missing_shards() -> String {
+        format!(
+            "missing; kind = \"sharded\" needs the number of shards, a whole number from 1 to \
+             {}, such as shards = 4, or shards = \"workers\" for one shard per worker of the \
+             group online at the fire",
+            chime_protocol::limits::MAX_SHARDS
+        )
+    }
+
+    /// The kind the kind-specific keys of a definition describe, with the defaults of the keys
+    /// not given. Refuses a key given for a kind it does not apply to ([`Kind::misplaced`]) and
+    /// a sharded kind without `shards`, each message starting with the field's name. The
+    /// values' bounds are the validation's (`crate::config::validate_job`).
+    pub fn from_fields(fields: KindFields) -> Result<Kind, String> {
+        let name = fields.kind.unwrap_or(KindName::Single);
+        let given = [
+            ("shards", fields.shards.is_some()),
+            ("shard_params", fields.shard_params.is_some()),
+            ("min_workers", fields.min_workers.is_some()),
+            ("map_depth", fields.map_depth.is_some()),
+            ("on_task_failure", fields.on_task_failure),
+        ];
+        if let Some((field, _)) = given
+            .iter()
+            .find(|(field, given)| *given && !Kind::applies(field, name))
+        {
+            return Err(format!("field {field:?}: {}", Kind::misplaced(field)));
+        }
+        Ok(match name {
+            KindName::Single => Kind::Single,
+            KindName::Broadcast => Kind::Broadcast {
+                min_workers: fields.min_workers.unwrap_or(Kind::DEFAULT_MIN_WORKERS),
+            },
+            KindName::Sharded => Kind::Sharded {
+                shards: fields
+                    .shards
+                    .ok_or_else(|| format!("field \"shards\": {}", Kind::missing_shards()))?,
+                params: fields.shard_params.unwrap_or_default(),
+            },
+            KindName::MapReduce => Kind::MapReduce {
+                map_depth: fields.map_depth.unwrap_or(Kind::DEFAULT_MAP_DEPTH),
+            },
+        })
+    }
+
+    /// One line for `chime check`: what a fire of this kind runs.
+    pub fn describe(&self) -> String {
+        match self {
+            Kind::Single => "single: one run, by one worker of the group".to_owned(),
+            Kind::Broadcast { min_workers } => format!(
+                "broadcast: one task per worker of the group online at the fire (at least \
+                 {min_workers})"
+            ),
+            Kind::Sharded { shards, params } => {
+                let count = match shards {
+                    Shards::Count(1) => "1 shard".to_owned(),
+                    Shards::Count(n) => format!("{n} shards"),
+                    Shards::Workers => {
+                        "one shard per worker of the group online at the fire".to_owned()
+                    }
+                };
+                let given = params.iter().filter(|param| !param.is_null()).count();
+                match given {
+                    0 => format!("sharded: {count}"),
+                    1 => format!("sharded: {count}, 1 with its own params"),
+                    n => format!("sharded: {count}, {n} with their own params"),
+                }
+            }
+            Kind::MapReduce { map_depth } => {
+                format!("map_reduce: ctx.map nests at most {map_depth} deep")
+            }
+        }
+    }
+}
+
+impl Serialize for Kind {
+    /// As the flat keys of the job-file form (`{"kind": "broadcast", "min_workers": 2}`), each
+    /// left out while it has its default, so `single` writes nothing; flattened into the
+    /// [`JobSpec`].
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap as _;
+        let mut map = s.serialize_map(None)?;
+        if !self.is_single() {
+            map.serialize_entry("kind", self.as_str())?;
+        }
+        match self {
+            Kind::Single => {}
+            Kind::Broadcast { min_workers } => {
+                if *min_workers != Kind::DEFAULT_MIN_WORKERS {
+                    map.serialize_entry("min_workers", min_workers)?;
+                }
+            }
+            Kind::Sharded { shards, params } => {
+                map.serialize_entry("shards", shards)?;
+                if !params.is_empty() {
+                    map.serialize_entry("shard_params", params)?;
+                }
+            }
+            Kind::MapReduce { map_depth } => {
+                if *map_depth != Kind::DEFAULT_MAP_DEPTH {
+                    map.serialize_entry("map_depth", map_depth)?;
+                }
+            }
+        }
+        map.end()
     }
 }
 

@@ -385,6 +385,8 @@ mod tests {
             timeout: None,
             retry: None,
             concurrency: ConcurrencyPolicy::Allow,
+            task: None,
+            fan_out: false,
         }
     }
 

@@ -192,6 +192,8 @@ struct Planned {
     concurrency: ConcurrencyPolicy,
     timeout: Option<Duration>,
     retry: RetryPolicy,
+    /// A fire makes tasks (broadcast, sharded, map/reduce): the dispatcher expands it.
+    fan_out: bool,
     generation: u64,
 }
 
@@ -205,6 +207,7 @@ impl Planned {
             && self.concurrency == other.concurrency
             && self.timeout == other.timeout
             && self.retry == other.retry
+            && self.fan_out == other.fan_out
     }
 
     fn params(&self) -> serde_json::Value {
@@ -364,6 +367,7 @@ impl Planner {
             concurrency: spec.concurrency,
             timeout: spec.timeout,
             retry: spec.retry.to_wire(),
+            fan_out: !spec.kind.is_single(),
             generation: self.generation,
         };
         Some(planned)
@@ -477,6 +481,8 @@ impl Planner {
                 timeout: planned.timeout,
                 retry: Some(planned.retry),
                 concurrency: planned.concurrency,
+                task: None,
+                fan_out: planned.fan_out,
             };
             if self.dispatch.send(run).await.is_err() {
                 anyhow::bail!("dispatcher stopped");

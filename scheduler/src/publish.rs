@@ -127,6 +127,7 @@ impl TriggerMessage {
                 .timeout
                 .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
             retry: run.retry,
+            task: run.task.clone(),
         };
         TriggerMessage {
             body: trigger.to_body(),
@@ -192,6 +193,11 @@ impl Publisher {
         }
     }
 
+    /// The name prefix of every exchange and queue it publishes to.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
     /// Connects with the TLS options `tls` (an `amqps://` URL's CA file and client
     /// certificate); default none.
     #[must_use]
@@ -249,11 +255,16 @@ impl Publisher {
     }
 
     /// Publishes attempt `run.attempt` of `run` under leader `term` ([`TriggerMessage`]) and
-    /// waits for the confirm.
+    /// waits for the confirm: to the group's work queue, or a broadcast task to its worker's
+    /// own queue ([`Topology::worker_key`]).
     pub async fn publish(&self, run: &OutboxRun, term: i64) -> Result<(), PublishError> {
         let mut trigger = TriggerMessage::new(run, term);
         let message = trigger.message().prepare();
         let topology = Topology::new(&self.prefix, &run.group);
+        let routing_key = match run.task.as_ref().and_then(|t| t.worker.as_deref()) {
+            Some(worker) => Topology::worker_key(worker),
+            None => chime_protocol::topology::WORK_KEY.to_owned(),
+        };
 
         // Send under the lock, wait for the confirm outside it so publishes pipeline.
         let sent_at = std::time::Instant::now();
@@ -263,11 +274,7 @@ impl Publisher {
             let sent = async {
                 self.ensure_declared(link, &run.group).await?;
                 link.channel
-                    .publish(
-                        topology.exchange().as_str(),
-                        chime_protocol::topology::WORK_KEY,
-                        message,
-                    )
+                    .publish(topology.exchange().as_str(), &routing_key, message)
                     .await
                     .map_err(PublishError::from)
             }
@@ -407,6 +414,8 @@ mod tests {
             timeout: Some(Duration::from_secs(5)),
             retry: None,
             concurrency: ConcurrencyPolicy::Allow,
+            task: None,
+            fan_out: false,
         }
     }
 

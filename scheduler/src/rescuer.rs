@@ -4,7 +4,9 @@
 //! * runs `running` on a worker that has been lost for longer than `rescue_after` (no heartbeat,
 //!   or stopped): the attempt is recorded `lost` with the reason and the run goes back to the
 //!   outbox, so the dispatcher publishes it as the next attempt (a cancel that was requested
-//!   makes it `cancelled` instead, and a lost last attempt makes it `dead`);
+//!   makes it `cancelled` instead, and a lost last attempt makes it `dead`); a broadcast task
+//!   ends `lost` instead: it is for that worker only;
+//! * broadcast tasks still waiting for a worker lost for longer than `rescue_after`: `lost`;
 //! * runs still `retrying` `retry_slack` after their `next_attempt_at` (the retry message was
 //!   lost): back to the outbox too.
 //!
@@ -79,6 +81,24 @@ pub async fn pass(store: &Store, fence: &Fence, settings: &RescuerSettings) -> b
     }
     for _ in 0..MAX_BATCHES {
         match store
+            .rescue_stranded_broadcasts(fence, settings.rescue_after, BATCH)
+            .await
+        {
+            Ok(None) => return false,
+            Ok(Some(runs)) => {
+                log_lost(&runs);
+                if i64::try_from(runs.len()).unwrap_or(i64::MAX) < BATCH {
+                    break;
+                }
+            }
+            Err(e) => {
+                warn!(error = %format!("{e:#}"), "ending broadcast tasks of lost workers failed; next pass retries");
+                break;
+            }
+        }
+    }
+    for _ in 0..MAX_BATCHES {
+        match store
             .rescue_stuck_retries(fence, settings.retry_slack, BATCH)
             .await
         {
@@ -107,6 +127,10 @@ fn log_lost(runs: &[Rescued]) {
             RunState::Pending => {
                 warn!(run_id = r.id, job = %r.job, attempt = r.attempt, detail = %r.detail,
                                "attempt lost with its worker; republishing the run as the next attempt")
+            }
+            RunState::Lost => {
+                warn!(run_id = r.id, job = %r.job, attempt = r.attempt, detail = %r.detail,
+                      "broadcast task's worker lost; the task is lost, not moved")
             }
             RunState::Dead => {
                 warn!(run_id = r.id, job = %r.job, attempt = r.attempt, detail = %r.detail,

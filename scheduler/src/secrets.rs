@@ -1,7 +1,8 @@
 //! What counts as a secret in a job, and how it is hidden from those who must not see it.
 //!
-//! Two things in a job definition are secrets: the values of *sensitive params* and alert
-//! webhook URLs (a Slack or Teams hook's path is its password). A param is sensitive when the
+//! Two things in a job definition are secrets: the values of *sensitive params* (in `params`
+//! and in a sharded job's `shard_params`) and alert webhook URLs (a Slack or Teams hook's path
+//! is its password). A param is sensitive when the
 //! job lists its key in `secret_params`, or when the key reads as a credential by convention
 //! ([`is_sensitive_key`]: `password`, `secret`, `token`, `api_key`, … as a word of the key, at any
 //! depth). Their values are replaced by [`REDACTED`] for viewers (jobs, runs, run errors and
@@ -13,7 +14,7 @@
 use serde_json::Value;
 
 use crate::config::webhook_target;
-use crate::job::JobSpec;
+use crate::job::{JobSpec, Kind};
 
 /// What a hidden value is replaced with.
 pub const REDACTED: &str = "[redacted]";
@@ -185,8 +186,10 @@ pub fn redact_definition(definition: &Value, also_declared: &[String]) -> Value 
     let mut declared = declared_in(definition);
     declared.extend(also_declared.iter().cloned());
     let mut map = map.clone();
-    if let Some(params) = map.get_mut("params") {
-        *params = redact_params(params, &declared);
+    for key in ["params", "shard_params"] {
+        if let Some(params) = map.get_mut(key) {
+            *params = redact_params(params, &declared);
+        }
     }
     if let Some(Value::Object(alerts)) = map.get_mut("alerts")
         && let Some(Value::String(url)) = alerts.get_mut("webhook")
@@ -201,10 +204,11 @@ pub fn redact_definition(definition: &Value, also_declared: &[String]) -> Value 
 pub fn definition_secrets(definition: &Value, also_declared: &[String]) -> Vec<String> {
     let mut declared = declared_in(definition);
     declared.extend(also_declared.iter().cloned());
-    let mut secrets = definition
-        .get("params")
-        .map(|p| secret_values(p, &declared))
-        .unwrap_or_default();
+    let mut secrets: Vec<String> = ["params", "shard_params"]
+        .into_iter()
+        .filter_map(|key| definition.get(key))
+        .flat_map(|params| secret_values(params, &declared))
+        .collect();
     if let Some(url) = definition
         .get("alerts")
         .and_then(|a| a.get("webhook"))
@@ -220,6 +224,11 @@ pub fn definition_secrets(definition: &Value, also_declared: &[String]) -> Vec<S
 pub fn redact_spec(spec: &JobSpec) -> JobSpec {
     let mut spec = spec.clone();
     spec.params = redact_params(&spec.params, &spec.secret_params);
+    if let Kind::Sharded { params, .. } = &mut spec.kind {
+        for shard in params {
+            *shard = redact_params(shard, &spec.secret_params);
+        }
+    }
     if let Some(alerts) = &mut spec.alerts
         && let Some(url) = &mut alerts.webhook
     {
@@ -351,6 +360,37 @@ mod tests {
         assert_eq!(
             redact_definition(&change, &["iban".to_owned()])["params"]["iban"],
             REDACTED
+        );
+    }
+
+    /// A sharded job's own params per shard are hidden like its params, by the same keys.
+    #[test]
+    fn shard_params_are_hidden_like_params() {
+        let definition = json!({
+            "name": "per-region",
+            "group": "g",
+            "kind": "sharded",
+            "shards": 3,
+            "secret_params": ["iban"],
+            "shard_params": {"0": {"iban": "DE0012345", "region": "eu"},
+                             "2": {"db_password": "hunter22"}},
+        });
+        let redacted = redact_definition(&definition, &none());
+        let text = redacted.to_string();
+        for secret in ["DE0012345", "hunter22"] {
+            assert!(!text.contains(secret), "{secret} in {text}");
+        }
+        assert_eq!(redacted["shard_params"]["0"]["region"], "eu");
+        let secrets = definition_secrets(&definition, &none());
+        assert!(secrets.contains(&"DE0012345".to_owned()), "{secrets:?}");
+        assert!(secrets.contains(&"hunter22".to_owned()), "{secrets:?}");
+
+        let spec =
+            crate::config::validate_job(definition.as_object().expect("object")).expect("valid");
+        let shown = serde_json::to_value(redact_spec(&spec)).expect("serialises");
+        assert_eq!(
+            shown["shard_params"],
+            json!([{"iban": REDACTED, "region": "eu"}, null, {"db_password": REDACTED}])
         );
     }
 

@@ -37,8 +37,11 @@ mod grants;
 mod ops;
 mod overdue;
 mod report;
+
 #[cfg(test)]
 mod tests_job_fields;
+#[cfg(test)]
+mod tests_kinds;
 #[cfg(test)]
 mod tests_lease;
 #[cfg(test)]
@@ -282,8 +285,13 @@ pub struct OutboxRun {
     /// Retry policy, from the job's spec.
     pub retry: Option<chime_protocol::wire::RetryPolicy>,
     /// The job's overlap policy: with `replace`, publishing attempt 1 first cancels the job's
-    /// earlier unfinished runs.
+    /// earlier unfinished runs (a task's is `allow`: its parent's policy was applied).
     pub concurrency: ConcurrencyPolicy,
+    /// The task this run is, for a task of a broadcast, sharded or map/reduce run.
+    pub task: Option<chime_protocol::wire::Task>,
+    /// A parent run of a broadcast, sharded or map/reduce job: publishing it means expanding it
+    /// into its tasks and publishing those ([`Store::expand_run`]); it has no trigger itself.
+    pub fan_out: bool,
 }
 
 /// A job as stored.
@@ -860,7 +868,7 @@ impl Store {
                  LEFT JOIN LATERAL (
                      SELECT e.id FROM chime_runs e
                      WHERE f.policy IN ('forbid', 'queue') AND f.state = 'pending'
-                       AND e.job_name = f.job_name
+                       AND e.job_name = f.job_name AND e.parent_id IS NULL
                        AND e.state IN ('pending', 'queued', 'running', 'retrying')
                      ORDER BY e.id DESC LIMIT 1
                  ) a ON true
@@ -871,7 +879,8 @@ impl Store {
                         d.reason, lease.term, chime_retry_snapshot(j.spec)
                  FROM decided d CROSS JOIN lease
                  LEFT JOIN chime_jobs j ON j.name = d.job_name
-                 ON CONFLICT (job_name, scheduled_at) WHERE trigger <> 'manual' DO NOTHING
+                 ON CONFLICT (job_name, scheduled_at) WHERE trigger <> 'manual' AND parent_id IS NULL
+                 DO NOTHING
                  RETURNING id, job_name, scheduled_at, state
              ), cursor AS (
                  UPDATE chime_jobs j SET cursor_at = c.at
@@ -922,9 +931,11 @@ impl Store {
 
     /// Runs in the outbox due by `horizon`, oldest first, at most `limit`. A pending run of a
     /// `queue`-policy job is left out while an earlier run of the job is unfinished, so the job's
-    /// runs are published one after the other. Each carries the retry policy its run was made
-    /// with (`chime_runs.retry_policy`, filled at insert from the job's), not the job's current
-    /// one; a run without one gets the default policy.
+    /// runs are published one after the other (a task is not: its parent's turn came). A
+    /// map/reduce run's reduce task is left out until every other task of its run has ended.
+    /// Each carries the retry policy its run was made with (`chime_runs.retry_policy`, filled at
+    /// insert from the job's), not the job's current one; a run without one gets the default
+    /// policy.
     pub async fn outbox(
         &self,
         horizon: DateTime<Utc>,
@@ -933,13 +944,20 @@ impl Store {
         let rows = sqlx::query(
             "SELECT r.id, r.job_name, r.group_name, r.scheduled_at, r.attempt, r.params,
                     j.spec->>'timeout' AS timeout, r.retry_policy AS retry,
-                    chime_job_concurrency(j.spec) AS concurrency
+                    chime_job_concurrency(j.spec) AS concurrency,
+                    r.parent_id IS NULL AND chime_job_kind(j.spec) <> 'single' AS fan_out,
+                    r.parent_id, r.task_key, r.task_kind, r.shard_index, r.shard_total,
+                    r.shard_param, r.target_worker, r.map_step, r.map_depth
              FROM chime_runs r LEFT JOIN chime_jobs j ON j.name = r.job_name
              WHERE r.state = 'pending' AND r.scheduled_at <= $1
-               AND NOT (chime_job_concurrency(j.spec) = 'queue' AND EXISTS (
+               AND NOT (r.parent_id IS NULL AND chime_job_concurrency(j.spec) = 'queue'
+                   AND EXISTS (
                    SELECT 1 FROM chime_runs e
-                   WHERE e.job_name = r.job_name AND e.id < r.id
+                   WHERE e.job_name = r.job_name AND e.id < r.id AND e.parent_id IS NULL
                      AND e.state IN ('pending', 'queued', 'running', 'retrying')))
+               AND NOT (r.task_kind = 'reduce' AND EXISTS (
+                   SELECT 1 FROM chime_runs p
+                   WHERE p.id = r.parent_id AND p.tasks_ended < p.tasks_total - 1))
              ORDER BY r.scheduled_at, r.id LIMIT $2",
         )
         .bind(horizon)
@@ -956,6 +974,7 @@ impl Store {
                 let retry = retry
                     .and_then(|v| serde_json::from_value::<crate::job::RetrySpec>(v).ok())
                     .unwrap_or_default();
+                let task = task_of(&r);
                 OutboxRun {
                     id: r.get("id"),
                     job: r.get("job_name"),
@@ -965,13 +984,104 @@ impl Store {
                     params: r.get("params"),
                     timeout: timeout.and_then(|t| humantime::parse_duration(&t).ok()),
                     retry: Some(retry.to_wire()),
-                    concurrency: concurrency
-                        .as_deref()
-                        .and_then(ConcurrencyPolicy::parse)
-                        .unwrap_or_default(),
+                    concurrency: match task {
+                        Some(_) => ConcurrencyPolicy::Allow,
+                        None => concurrency
+                            .as_deref()
+                            .and_then(ConcurrencyPolicy::parse)
+                            .unwrap_or_default(),
+                    },
+                    fan_out: r.get::<Option<bool>, _>("fan_out").unwrap_or(false),
+                    task,
                 }
             })
             .collect())
+    }
+
+    /// Expands pending parent run `parent` into its tasks under the leader's fence
+    /// (`chime_expand_run`: once; a broadcast below `min_workers` fails the parent instead) and
+    /// returns the tasks whose triggers are not yet published, each as the attempt to publish,
+    /// carrying `parent`'s timeout and retry policy. `Ok(None)` when the fence no longer holds.
+    pub async fn expand_run(
+        &self,
+        fence: &Fence,
+        parent: &OutboxRun,
+    ) -> anyhow::Result<Option<Vec<OutboxRun>>> {
+        let rows = match sqlx::query(
+            "SELECT e.id, e.task_key, e.task_kind, e.shard_index, e.shard_total, e.shard_param,
+                    e.target_worker, e.params, e.attempt, e.map_step, e.map_depth,
+                    $3::bigint AS parent_id
+             FROM chime_expand_run($1, $2, $3) e",
+        )
+        .bind(&fence.holder)
+        .bind(fence.term)
+        .bind(parent.id)
+        .fetch_all(&self.pool)
+        .await
+        {
+            Ok(rows) => rows,
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(LOCK_NOT_AVAILABLE) => {
+                return Ok(None);
+            }
+            Err(e) => {
+                return Err(e).with_context(|| format!("expanding run {} into tasks", parent.id));
+            }
+        };
+        Ok(Some(
+            rows.iter()
+                .map(|r| OutboxRun {
+                    id: r.get("id"),
+                    job: parent.job.clone(),
+                    group: parent.group.clone(),
+                    scheduled_at: parent.scheduled_at,
+                    attempt: u32::try_from(r.get::<i32, _>("attempt")).unwrap_or(0) + 1,
+                    params: r.get("params"),
+                    timeout: parent.timeout,
+                    retry: parent.retry,
+                    concurrency: ConcurrencyPolicy::Allow,
+                    task: task_of(r),
+                    fan_out: false,
+                })
+                .collect(),
+        ))
+    }
+
+    /// Records under the leader's fence that the broker confirmed these tasks' triggers
+    /// (`chime_tasks_published`). Returns false when the fence no longer holds.
+    pub async fn tasks_published(
+        &self,
+        fence: &Fence,
+        tasks: &[Confirmed],
+    ) -> anyhow::Result<bool> {
+        let ids: Vec<i64> = tasks.iter().map(|t| t.id).collect();
+        let at: Vec<DateTime<Utc>> = tasks.iter().map(|t| t.confirmed_at).collect();
+        sqlx::query_scalar("SELECT chime_tasks_published($1, $2, $3, $4)")
+            .bind(&fence.holder)
+            .bind(fence.term)
+            .bind(&ids)
+            .bind(&at)
+            .fetch_one(&self.pool)
+            .await
+            .context("recording published tasks")
+    }
+
+    /// Ends broadcast task `task` `lost` under the leader's fence: its trigger could not be
+    /// routed to its worker's queue (`why`). Returns false when it was not waiting any more or
+    /// the fence no longer holds.
+    pub async fn task_unroutable(
+        &self,
+        fence: &Fence,
+        task: i64,
+        why: &str,
+    ) -> anyhow::Result<bool> {
+        sqlx::query_scalar("SELECT chime_task_unroutable($1, $2, $3, $4)")
+            .bind(&fence.holder)
+            .bind(fence.term)
+            .bind(task)
+            .bind(why)
+            .fetch_one(&self.pool)
+            .await
+            .with_context(|| format!("recording task {task} as lost"))
     }
 
     /// Marks runs whose trigger the broker confirmed as `queued`, under the leader's fence,
@@ -1435,4 +1545,44 @@ mod mark_tests {
         assert!(store.mark_published(&fence, &confirmed).await.unwrap());
         assert_eq!(marked().await, batch);
     }
+}
+
+/// SQLSTATE `lock_not_available`: what `chime_expand_run` raises when the fence does not hold.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+
+/// The task a run row is (its `parent_id` and `task_*` columns), as its trigger carries it;
+/// `None` for a run without a parent.
+fn task_of(r: &sqlx::postgres::PgRow) -> Option<chime_protocol::wire::Task> {
+    use chime_protocol::wire::{Shard, Task, TaskKind};
+    let parent_run_id: i64 = r.get::<Option<i64>, _>("parent_id")?;
+    let kind = match r.get::<Option<&str>, _>("task_kind")? {
+        "broadcast" => TaskKind::Broadcast,
+        "shard" => TaskKind::Shard,
+        "root" => TaskKind::Root,
+        "map" => TaskKind::Map,
+        "reduce" => TaskKind::Reduce,
+        _ => return None,
+    };
+    let shard = match (
+        r.get::<Option<i32>, _>("shard_index"),
+        r.get::<Option<i32>, _>("shard_total"),
+    ) {
+        (Some(index), Some(total)) => Some(Shard {
+            index: u32::try_from(index).ok()?,
+            total: u32::try_from(total).ok()?,
+            param: r.get("shard_param"),
+        }),
+        _ => None,
+    };
+    Some(Task {
+        parent_run_id,
+        key: r.get::<Option<String>, _>("task_key").unwrap_or_default(),
+        kind,
+        shard,
+        worker: r.get("target_worker"),
+        step: r.get("map_step"),
+        depth: r
+            .get::<Option<i32>, _>("map_depth")
+            .and_then(|d| u32::try_from(d).ok()),
+    })
 }

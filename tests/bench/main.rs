@@ -11,6 +11,7 @@
 
 mod crash;
 mod failover;
+mod fanout;
 mod jobs;
 mod precision;
 mod raw;
@@ -58,6 +59,8 @@ enum Command {
     Crash(RunArgs),
     /// N chime-runner shell jobs every second: scheduled instant → the job's process started.
     Runner(RunArgs),
+    /// A sharded job of N shards fired 3 times: expansion, publishing and the run's end.
+    Fanout(RunArgs),
     /// Every scenario in turn.
     All(RunArgs),
     /// A worker process for the crash scenario (internal).
@@ -73,7 +76,8 @@ enum Command {
 struct RunArgs {
     /// precision: jobs every second (default 1000); burst: jobs every 10 s (10000); scale:
     /// registered jobs (100000); failover: jobs every second (100); crash: runs in flight on
-    /// the killed worker (4); runner: chime-runner shell jobs every second (20).
+    /// the killed worker (4); runner: chime-runner shell jobs every second (20); fanout: shards
+    /// per fire (10000).
     #[arg(long)]
     jobs: Option<usize>,
     /// precision: seconds of firing (default 60); burst: seconds of firing (40); throughput:
@@ -98,8 +102,8 @@ struct RunArgs {
     /// scale: executor groups the jobs are spread over.
     #[arg(long, default_value_t = 10)]
     groups: usize,
-    /// In-process workers (precision, burst, throughput, failover); default 4 for burst, 1
-    /// for the others.
+    /// In-process workers (precision, burst, throughput, failover, fanout); default 4 for burst,
+    /// 2 for fanout, 1 for the others.
     #[arg(long)]
     workers: Option<usize>,
     /// precision, burst, throughput: start each worker as `sh -c "exec CMD"` with the bench worker
@@ -134,7 +138,7 @@ struct RunArgs {
 }
 
 /// The scenarios, in the order `all` runs them.
-const SCENARIOS: [&str; 7] = [
+const SCENARIOS: [&str; 8] = [
     "precision",
     "burst",
     "throughput",
@@ -142,6 +146,7 @@ const SCENARIOS: [&str; 7] = [
     "failover",
     "crash",
     "runner",
+    "fanout",
 ];
 
 #[tokio::main]
@@ -185,6 +190,7 @@ async fn main() -> ExitCode {
         Command::Failover(args) => (vec!["failover"], args),
         Command::Crash(args) => (vec!["crash"], args),
         Command::Runner(args) => (vec!["runner"], args),
+        Command::Fanout(args) => (vec!["fanout"], args),
         Command::All(args) => (SCENARIOS.to_vec(), args),
     };
     let services = Services {
@@ -337,6 +343,16 @@ async fn run(scenario: &str, args: &RunArgs, services: &Services) -> anyhow::Res
                 seconds: args.seconds.unwrap_or(30),
             };
             runner::run(services, &params).await
+        }
+        "fanout" => {
+            let params = fanout::Params {
+                shards: args.jobs.unwrap_or(10_000),
+                fires: 3,
+                workers: args.workers.unwrap_or(2),
+                capacity: args.capacity,
+                hold: args.hold,
+            };
+            fanout::run(services, &params).await
         }
         other => anyhow::bail!("unknown scenario {other:?}"),
     }

@@ -3,7 +3,7 @@
 //! crashes every worker taking it, and a job longer than the broker's consumer timeout.
 
 #[path = "failures_support.rs"]
-mod support;
+pub(crate) mod support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};

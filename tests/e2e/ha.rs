@@ -48,7 +48,11 @@ async fn three_instances_fire_each_instant_once_under_one_leader(pool: PgPool) {
     // rightly write runs of its own.
     let (lead, followers): (Vec<_>, Vec<_>) =
         instances.into_iter().partition(|(id, _)| *id == holder);
-    assert_eq!(lead.len(), 1, "the lease holder {holder} is one of the instances");
+    assert_eq!(
+        lead.len(),
+        1,
+        "the lease holder {holder} is one of the instances"
+    );
     for (_, s) in followers.into_iter().chain(lead) {
         s.stop().await.expect("graceful stop");
     }

@@ -14,6 +14,7 @@ mod failures;
 mod fencing;
 mod fires;
 mod ha;
+mod kinds;
 mod ops;
 mod outage;
 mod policies;

@@ -1,14 +1,16 @@
 //! Property test of the whole path a job definition takes, fed random and extreme values
 //! (durations up to `u64` units, counts up to `u64::MAX`, negative and fractional numbers, odd
-//! strings): validation, then the planner's schedule (next fires) and misfire decisions, then
+//! strings, job kinds with fields of their own or of another kind): validation, the stored form
+//! read back, then the planner's schedule (next fires) and misfire decisions, then
 //! the worker's retry maths. Each case must end in a recorded outcome without a panic: either
 //! validation errors that name what is wrong, or a job whose every value is inside the
 //! documented limits, with planned fires, misfire decisions and a retry decision for each
 //! attempt.
 
 use chime_protocol::limits::{
-    MAX_ATTEMPTS, MAX_CATCHUP, MAX_EVERY, MAX_LOOKBACK, MAX_MULTIPLIER, MAX_PARAMS_BYTES,
-    MAX_RETENTION, MAX_RETRY_DELAY, MAX_TIMEOUT,
+    MAX_ATTEMPTS, MAX_CATCHUP, MAX_EVERY, MAX_LOOKBACK, MAX_MAP_DEPTH, MAX_MULTIPLIER,
+    MAX_PARAMS_BYTES, MAX_RETENTION, MAX_RETRY_DELAY, MAX_SHARDS, MAX_TIMEOUT,
+    MAX_WORKERS_PER_GROUP,
 };
 use chime_protocol::retry::{Decision as RetryDecision, decide};
 use chrono::{DateTime, TimeDelta, Utc};
@@ -18,7 +20,7 @@ use serde_json::{Map, Value, json};
 use std::cell::RefCell;
 
 use super::validate_job;
-use crate::job::When;
+use crate::job::{Kind, KindName, Shards, TaskFailurePolicy, When};
 use crate::misfire::{CatchUpPolicy, catch_up};
 
 /// A duration as a job file could spell it: any count of any unit, or something odd.
@@ -78,6 +80,79 @@ fn params() -> impl Strategy<Value = Value> {
     ]
 }
 
+/// `shard_params`: a list, a table by index (some keys odd), a sparse table far out, or not a
+/// list at all.
+fn shard_params() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        (0usize..20).prop_map(|n| Value::Array((0..n).map(Value::from).collect())),
+        prop::collection::btree_map(
+            prop_oneof![
+                (0u64..20).prop_map(|i| i.to_string()),
+                Just("9999".to_owned()),
+                Just("10000".to_owned()),
+                Just("-1".to_owned()),
+                "[a-z0]{1,3}"
+            ],
+            Just(json!("p")),
+            0..4
+        )
+        .prop_map(|map| Value::Object(map.into_iter().collect())),
+        (0usize..2 * MAX_PARAMS_BYTES).prop_map(|n| json!({"9999": "x".repeat(n)})),
+        Just(json!("Beijing")),
+    ]
+}
+
+/// The kind and its fields: for half the cases none (a `single` job), for the others each
+/// field present or not whatever the kind, so that fields of another kind are drawn too.
+fn kind_fields() -> impl Strategy<Value = Vec<(&'static str, Value)>> {
+    prop_oneof![Just(Vec::new()), any_kind_fields()]
+}
+
+fn any_kind_fields() -> impl Strategy<Value = Vec<(&'static str, Value)>> {
+    let kind = prop::sample::select(vec![
+        "single",
+        "broadcast",
+        "sharded",
+        "map_reduce",
+        "map-reduce",
+    ]);
+    // A small count near the bounds of `min_workers` and `map_depth`, or any count.
+    let small = || prop_oneof![(0u64..12).prop_map(Value::from), count()];
+    kind.prop_flat_map(move |kind| {
+        // A field of the kind is given often (`shards` nearly always), one of another rarely.
+        let p = |field: &str| match KindName::parse(kind) {
+            Some(KindName::Sharded) if field == "shards" => 0.9,
+            Some(name) if Kind::applies(field, name) => 0.5,
+            _ => 0.05,
+        };
+        let shards = prop_oneof![count(), Just(json!("workers"))];
+        let policy = prop::sample::select(vec!["fail", "ignore", "retry"]);
+        (
+            Just(kind),
+            prop::option::weighted(p("shards"), shards),
+            prop::option::weighted(p("shard_params"), shard_params()),
+            prop::option::weighted(p("min_workers"), small()),
+            prop::option::weighted(p("map_depth"), small()),
+            prop::option::weighted(p("on_task_failure"), policy),
+        )
+    })
+    .prop_map(
+        |(kind, shards, shard_params, min_workers, map_depth, policy)| {
+            [
+                ("kind", Some(Value::from(kind))),
+                ("shards", shards),
+                ("shard_params", shard_params),
+                ("min_workers", min_workers),
+                ("map_depth", map_depth),
+                ("on_task_failure", policy.map(Value::from)),
+            ]
+            .into_iter()
+            .filter_map(|(field, value)| Some((field, value?)))
+            .collect()
+        },
+    )
+}
+
 /// Which of `schedule`, `every` and `at` the job sets.
 fn timing() -> impl Strategy<Value = Vec<(&'static str, Value)>> {
     let cron = prop::sample::select(vec![
@@ -120,18 +195,19 @@ fn definition() -> impl Strategy<Value = Map<String, Value>> {
         maybe(params().boxed()),
     );
     let misfire = prop::sample::select(vec!["skip", "fire_once", "fire_all"]);
-    (timing(), durations, counts, misfire).prop_map(
+    (timing(), durations, counts, misfire, kind_fields()).prop_map(
         |(
             timing,
             (timeout, grace, window, retention, initial, max),
             (attempts, catchup, mult, params),
             misfire,
+            kind,
         )| {
             let mut map = Map::new();
             map.insert("name".into(), json!("extreme"));
             map.insert("group".into(), json!("g"));
             map.insert("misfire".into(), json!(misfire));
-            for (field, value) in timing {
+            for (field, value) in timing.into_iter().chain(kind) {
                 map.insert(field.into(), value);
             }
             let mut retry = Map::new();
@@ -168,8 +244,9 @@ fn definition() -> impl Strategy<Value = Map<String, Value>> {
 enum Outcome {
     /// Validation refused it, naming what is wrong.
     Refused,
-    /// Validated, planned and given a retry decision per attempt.
-    Planned,
+    /// Validated, planned and given a retry decision per attempt; `single` says whether the
+    /// job is of kind `single`.
+    Planned { single: bool },
 }
 
 /// One case through validation, the planner and the retry maths; `Err` is a broken property.
@@ -209,6 +286,29 @@ fn one_case(
     prop_assert!(spec.retry.multiplier <= MAX_MULTIPLIER);
     prop_assert!(spec.params.is_null() || spec.params.is_object());
     prop_assert!(serde_json::to_vec(&spec.params).map_or(0, |b| b.len()) <= MAX_PARAMS_BYTES);
+    match &spec.kind {
+        Kind::Single => prop_assert_eq!(spec.on_task_failure, TaskFailurePolicy::Fail),
+        Kind::Broadcast { min_workers } => {
+            prop_assert!((1..=MAX_WORKERS_PER_GROUP).contains(min_workers));
+        }
+        Kind::Sharded { shards, params } => {
+            let most = match shards {
+                Shards::Count(n) => {
+                    prop_assert!((1..=MAX_SHARDS).contains(n));
+                    *n
+                }
+                Shards::Workers => MAX_SHARDS,
+            };
+            prop_assert!(params.len() <= most as usize);
+            prop_assert!(serde_json::to_vec(params).map_or(0, |b| b.len()) <= MAX_PARAMS_BYTES);
+        }
+        Kind::MapReduce { map_depth } => prop_assert!((1..=MAX_MAP_DEPTH).contains(map_depth)),
+    }
+    // The stored form reads back as the same job.
+    let stored = serde_json::to_value(&spec).expect("a JobSpec serialises");
+    let read: crate::job::JobSpec = serde_json::from_value(stored)
+        .map_err(|e| TestCaseError::fail(format!("the stored form does not read back: {e}")))?;
+    prop_assert_eq!(&read, &spec);
 
     // Planner: next fires and misfire decisions.
     let schedule = spec.schedule().expect("a validated job has a schedule");
@@ -243,7 +343,9 @@ fn one_case(
             }
         }
     }
-    Ok(Outcome::Planned)
+    Ok(Outcome::Planned {
+        single: spec.kind.is_single(),
+    })
 }
 
 #[test]
@@ -264,12 +366,23 @@ fn extreme_definitions_are_refused_or_planned_and_retried_without_panic() {
         .unwrap_or_else(|e| panic!("{e}"));
     // Every case was recorded, and both ends of the path were exercised.
     let outcomes = outcomes.into_inner();
-    let planned = outcomes.iter().filter(|o| **o == Outcome::Planned).count();
+    let planned = outcomes
+        .iter()
+        .filter(|o| matches!(o, Outcome::Planned { .. }))
+        .count();
+    let other_kinds = outcomes
+        .iter()
+        .filter(|o| **o == Outcome::Planned { single: false })
+        .count();
     let refused = outcomes.len() - planned;
     assert!(
         planned >= 25,
         "only {planned} of {} cases planned",
         outcomes.len()
+    );
+    assert!(
+        other_kinds >= 5,
+        "only {other_kinds} of {planned} planned cases are of kinds other than single"
     );
     assert!(
         refused >= 25,

@@ -12,8 +12,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use chime_protocol::limits::{
-    MAX_ATTEMPTS, MAX_CATCHUP, MAX_DESCRIPTION_BYTES, MAX_EVERY, MAX_LOOKBACK, MAX_MULTIPLIER,
-    MAX_NAME_BYTES, MAX_NESTING, MAX_PARAMS_BYTES, MAX_RETENTION, MAX_RETRY_DELAY, MAX_TIMEOUT,
+    MAX_ATTEMPTS, MAX_CATCHUP, MAX_DESCRIPTION_BYTES, MAX_EVERY, MAX_LOOKBACK, MAX_MAP_DEPTH,
+    MAX_MULTIPLIER, MAX_NAME_BYTES, MAX_NESTING, MAX_PARAMS_BYTES, MAX_RETENTION, MAX_RETRY_DELAY,
+    MAX_SHARDS, MAX_TIMEOUT, MAX_WORKERS_PER_GROUP,
 };
 use chrono::{DateTime, Datelike as _, NaiveDate, NaiveDateTime};
 use chrono_tz::Tz;
@@ -21,7 +22,7 @@ use serde_json::{Map, Value};
 
 use super::suggest::closest;
 use super::{ConfigError, ConfigErrors, FieldError, JobRef, render, render_config, to_json};
-use crate::job::{JobSpec, Kind, When};
+use crate::job::{JobSpec, Kind, KindName, Shards, TaskFailurePolicy, When};
 use crate::schedule::{Schedule, ScheduleError};
 
 /// Every field a job table may have, in the order messages and docs list them. A test keeps
@@ -30,6 +31,11 @@ pub const JOB_FIELDS: &[&str] = &[
     "name",
     "group",
     "kind",
+    "shards",
+    "shard_params",
+    "min_workers",
+    "map_depth",
+    "on_task_failure",
     "schedule",
     "every",
     "at",
@@ -60,6 +66,8 @@ pub(super) const ALERT_FORMATS: &[&str] = &["generic", "slack"];
 const MISFIRE_VALUES: &[&str] = &["skip", "fire_once", "fire_all"];
 /// Allowed values of `kind`.
 const KIND_VALUES: &[&str] = Kind::NAMES;
+/// Allowed values of `on_task_failure`.
+const TASK_FAILURE_VALUES: &[&str] = TaskFailurePolicy::NAMES;
 /// Allowed values of `concurrency`, as `ConcurrencyPolicy` spells them.
 const CONCURRENCY_VALUES: &[&str] = &["allow", "forbid", "queue", "replace"];
 /// Longest job or group name: group names become part of RabbitMQ queue names (255 bytes at
@@ -562,7 +570,12 @@ pub fn validate_job(table: &Map<String, Value>) -> Result<JobSpec, Vec<FieldErro
     check.identifier("group", IdentifierKind::Group);
 
     let timezone = check.timezone();
-    check.one_of("kind", KIND_VALUES);
+    // `None` when `kind` is given but wrong: its fields are then checked each by itself.
+    let kind = match check.get("kind") {
+        None => Some(KindName::Single),
+        Some(_) => check.one_of("kind", KIND_VALUES).and_then(KindName::parse),
+    };
+    check.kind_fields(kind);
     let when: Vec<&str> = When::FIELDS
         .into_iter()
         .filter(|field| check.get(field).is_some())
@@ -965,6 +978,279 @@ impl<'a> Check<'a> {
         }
         self.clean
             .insert("alerts".to_owned(), Value::Object(inner.clean));
+    }
+
+    /// The kind-specific fields ([`Kind::FIELDS`]) against `kind` (`None` when `kind` itself
+    /// is wrong: each field is then checked alone, so its own mistakes are reported too). A
+    /// field of another kind is refused without looking at its value; a sharded job needs
+    /// `shards`.
+    fn kind_fields(&mut self, kind: Option<KindName>) {
+        let applies = |check: &mut Check<'_>, field: &str| {
+            if check.get(field).is_none() {
+                return false;
+            }
+            match kind {
+                Some(kind) if !Kind::applies(field, kind) => {
+                    check.fail(field, Kind::misplaced(field));
+                    false
+                }
+                _ => true,
+            }
+        };
+        let shards = if applies(self, "shards") {
+            self.shards()
+        } else {
+            None
+        };
+        if kind == Some(KindName::Sharded) && self.get("shards").is_none() {
+            self.errors
+                .push(FieldError::new("shards", None, Kind::missing_shards()));
+        }
+        if applies(self, "shard_params") {
+            self.shard_params(shards);
+        }
+        if applies(self, "min_workers") {
+            self.whole_number_in("min_workers", 1, MAX_WORKERS_PER_GROUP);
+        }
+        if applies(self, "map_depth") {
+            self.whole_number_in("map_depth", 1, MAX_MAP_DEPTH);
+        }
+        if applies(self, "on_task_failure") {
+            self.one_of("on_task_failure", TASK_FAILURE_VALUES);
+        }
+    }
+
+    /// `shards`: a whole number from 1 to [`MAX_SHARDS`], or `"workers"`.
+    fn shards(&mut self) -> Option<Shards> {
+        let value = self.get("shards")?;
+        let range = format!("a whole number from 1 to {MAX_SHARDS}");
+        let or_workers = "or \"workers\" for one shard per worker of the group online at the fire";
+        let message = match value {
+            Value::String(word) if word == Shards::WORKERS => {
+                self.keep("shards");
+                return Some(Shards::Workers);
+            }
+            Value::String(word) if word.trim().parse::<i64>().is_ok() => format!(
+                "expected a number, found a string; write it without quotes: shards = {}",
+                word.trim()
+            ),
+            Value::String(word) => match closest(&word.trim().to_lowercase(), [Shards::WORKERS]) {
+                Some(near) => {
+                    format!("unknown value; did you mean {near:?}? (use {range}, {or_workers})")
+                }
+                None => format!("unknown value; use {range}, {or_workers}"),
+            },
+            Value::Number(n) => match (n.as_u64(), n.as_i64()) {
+                (Some(count), _) if (1..=u64::from(MAX_SHARDS)).contains(&count) => {
+                    self.keep("shards");
+                    return u32::try_from(count).ok().map(Shards::Count);
+                }
+                (Some(count), _) if count > u64::from(MAX_SHARDS) => {
+                    format!("too large: the limit is {MAX_SHARDS}; use {range}, {or_workers}")
+                }
+                (Some(_), _) | (None, Some(_)) => {
+                    format!(
+                        "too small: a sharded job has at least 1 shard; use {range}, {or_workers}"
+                    )
+                }
+                _ => format!("expected {range}, {or_workers}"),
+            },
+            other => format!("expected {range}, {or_workers}; found {}", kind(other)),
+        };
+        self.fail("shards", message);
+        None
+    }
+
+    /// `shard_params`: a list (entry `i` is shard `i`'s params) or a table keyed by shard
+    /// index, stored as the list with `null` for the indexes not given. With a numeric `shards`
+    /// every index must be below it; the list as JSON is bounded like `params`.
+    fn shard_params(&mut self, shards: Option<Shards>) {
+        let Some(value) = self.get("shard_params") else {
+            return;
+        };
+        let example = "such as shard_params = [\"Beijing\", \"Shanghai\"] or shard_params = \
+                       { 0 = \"Beijing\", 2 = \"Guangzhou\" } in TOML";
+        let list: Vec<Value> = match value {
+            Value::Array(items) => {
+                if items.len() > MAX_SHARDS as usize {
+                    self.fail(
+                        "shard_params",
+                        format!(
+                            "{} entries; a sharded job has at most {MAX_SHARDS} shards, so give \
+                             at most {MAX_SHARDS} entries",
+                            items.len()
+                        ),
+                    );
+                    return;
+                }
+                items.clone()
+            }
+            Value::Object(table) => {
+                let mut indexed: Vec<(u32, &String, &Value)> = Vec::with_capacity(table.len());
+                let mut bad = false;
+                for (key, param) in table {
+                    let index = key
+                        .bytes()
+                        .all(|b| b.is_ascii_digit())
+                        .then(|| key.parse::<u32>().ok())
+                        .flatten()
+                        .filter(|index| *index < MAX_SHARDS);
+                    match index {
+                        Some(index) => indexed.push((index, key, param)),
+                        None => {
+                            bad = true;
+                            let field = format!("shard_params.{key}");
+                            let message =
+                                if !key.is_empty() && key.bytes().all(|b| b.is_ascii_digit()) {
+                                    format!(
+                                        "shard index too large: a sharded job has at most \
+                                     {MAX_SHARDS} shards, numbered 0 to {}; use an index in \
+                                     that range",
+                                        MAX_SHARDS - 1
+                                    )
+                                } else {
+                                    format!(
+                                        "not a shard index; the keys of a shard_params table are \
+                                     shard indexes, whole numbers from 0 to {}, {example}",
+                                        MAX_SHARDS - 1
+                                    )
+                                };
+                            self.errors
+                                .push(FieldError::new(&field, Some(render(param)), message));
+                        }
+                    }
+                }
+                indexed.sort_by_key(|(index, _, _)| *index);
+                for pair in indexed.windows(2) {
+                    if let [(index, first, _), (next, second, param)] = pair
+                        && index == next
+                    {
+                        bad = true;
+                        self.errors.push(FieldError::new(
+                            &format!("shard_params.{second}"),
+                            Some(render(param)),
+                            format!(
+                                "shard {index} is given twice, as {first:?} and {second:?}; \
+                                 keep one of the entries"
+                            ),
+                        ));
+                    }
+                }
+                if bad {
+                    return;
+                }
+                let len = indexed
+                    .last()
+                    .map_or(0, |(index, _, _)| *index as usize + 1);
+                let mut list = vec![Value::Null; len];
+                for (index, _, param) in indexed {
+                    list[index as usize] = param.clone();
+                }
+                list
+            }
+            other => {
+                self.fail(
+                    "shard_params",
+                    format!(
+                        "expected a list (entry i is shard i's params) or a table keyed by \
+                         shard index, found {}; write it {example}",
+                        kind(other)
+                    ),
+                );
+                return;
+            }
+        };
+        if let Some(Shards::Count(count)) = shards {
+            // The indexes given, each with the field naming it: a list gives every index up to
+            // its length, a table only its keys.
+            let given: Vec<(usize, String)> = match value {
+                Value::Object(table) => {
+                    let mut keys: Vec<(usize, String)> = table
+                        .keys()
+                        .filter_map(|key| Some((key.parse().ok()?, key.clone())))
+                        .collect();
+                    keys.sort();
+                    keys
+                }
+                _ => (0..list.len()).map(|i| (i, i.to_string())).collect(),
+            };
+            let beyond: Vec<&(usize, String)> = given
+                .iter()
+                .filter(|(index, _)| *index >= count as usize)
+                .collect();
+            if let (Some((first, key)), Some((last, _))) = (beyond.first(), beyond.last()) {
+                let (missing, drop) = if beyond.len() == 1 {
+                    (format!("there is no shard {first}"), "the entry")
+                } else {
+                    (
+                        format!(
+                            "there are no shards {first} to {last} ({} entries)",
+                            beyond.len()
+                        ),
+                        "those entries",
+                    )
+                };
+                self.errors.push(FieldError::new(
+                    &format!("shard_params.{key}"),
+                    Some(render(&list[*first])),
+                    format!(
+                        "{missing}: shards = {count} numbers them 0 to {}; raise shards to {}, \
+                         or drop {drop}",
+                        count - 1,
+                        last + 1
+                    ),
+                ));
+                return;
+            }
+        }
+        let list = Value::Array(list);
+        let depth = nesting(&list);
+        let message = if depth > MAX_NESTING {
+            Some(format!(
+                "nested {depth} levels deep (the list counts as one), more than the limit of \
+                 {MAX_NESTING}; flatten the shard params"
+            ))
+        } else if holds_nul(&list) {
+            Some(
+                "holds a NUL character (\\u0000), which PostgreSQL cannot store; remove it or \
+                 encode the data (base64, hex)"
+                    .to_owned(),
+            )
+        } else {
+            let size = json_len(&list);
+            (size > MAX_PARAMS_BYTES).then(|| {
+                format!(
+                    "{size} bytes as JSON (stored as a list, with null for each index not \
+                     given), more than the limit of {MAX_PARAMS_BYTES} bytes; pass a reference \
+                     to the data (an id, a URL) instead of the data itself"
+                )
+            })
+        };
+        match message {
+            Some(message) => self.fail("shard_params", message),
+            None => {
+                self.clean.insert("shard_params".to_owned(), list);
+            }
+        }
+    }
+
+    /// A whole number from `min` to `max`.
+    fn whole_number_in(&mut self, field: &str, min: u32, max: u32) -> Option<u32> {
+        let value = self.get(field)?;
+        let range = format!("use a whole number from {min} to {max}");
+        let message = match (value.as_u64(), value.as_i64()) {
+            (Some(n), _) if (u64::from(min)..=u64::from(max)).contains(&n) => {
+                self.keep(field);
+                return u32::try_from(n).ok();
+            }
+            (Some(n), _) if n > u64::from(max) => {
+                format!("too large: the limit is {max}; {range}")
+            }
+            (Some(_), _) | (None, Some(_)) => format!("too small: the least is {min}; {range}"),
+            _ => format!("expected a whole number from {min} to {max}"),
+        };
+        self.fail(field, message);
+        None
     }
 
     fn unknown_fields(&mut self) {
@@ -1428,3 +1714,5 @@ pub(super) fn duration_problem(text: &str, error: &humantime::DurationError) -> 
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_kinds;

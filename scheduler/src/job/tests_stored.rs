@@ -1,6 +1,8 @@
 //! The stored form of a job (`chime_jobs.spec`, API JSON) pinned to what the scheduler wrote
 //! before `when` and `kind` replaced three optional fields: every documented job file stores
-//! exactly the JSON it did, and those stored definitions read back into the same jobs.
+//! exactly the JSON it did, and those stored definitions read back into the same jobs. The job
+//! kinds' documented files are pinned the same way, from when they were added: their flat keys
+//! (`kind`, `shards`, `shard_params`, ...) are what SQL reads from `chime_jobs.spec`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -19,6 +21,13 @@ const EXAMPLES: &[&str] = &[
     r##"{"name":"refresh-exchange-rates","group":"examples","every":"30s","timezone":"UTC","params":null,"timeout":"20s","misfire":"fire_once","misfire_grace":"2s","catchup_window":"1h","max_catchup":100,"concurrency":"replace","retry":{"max_attempts":3,"initial":"10s","multiplier":2.0,"max":"10m","jitter":true},"paused":false}"##,
     r##"{"name":"open-spring-sale","group":"examples","at":"2027-03-01T08:00:00+01:00","timezone":"UTC","params":{"campaign":"spring-2027"},"misfire":"fire_once","misfire_grace":"5s","catchup_window":"1h","max_catchup":100,"concurrency":"allow","retry":{"max_attempts":3,"initial":"10s","multiplier":2.0,"max":"10m","jitter":true},"paused":true}"##,
     r##"{"name":"reindex-products","group":"examples","timezone":"UTC","params":{"full":true,"notify":{"channel":"#search"},"shards":[1,2,3]},"timeout":"2h","misfire":"fire_once","misfire_grace":"5s","catchup_window":"1h","max_catchup":100,"concurrency":"allow","retry":{"max_attempts":3,"initial":"10s","multiplier":2.0,"max":"10m","jitter":true},"paused":false,"description":"Rebuild the product search index"}"##,
+];
+/// `deploy/examples/job-kinds.toml` and `job-kinds.yaml`.
+const KIND_EXAMPLES: &[&str] = &[
+    r##"{"name":"flush-local-caches","group":"examples","kind":"broadcast","min_workers":2,"on_task_failure":"ignore","schedule":"0 4 * * *","timezone":"Europe/Berlin","params":null,"timeout":"1m","misfire":"fire_once","misfire_grace":"5s","catchup_window":"1h","max_catchup":100,"concurrency":"allow","retry":{"max_attempts":3,"initial":"10s","multiplier":2.0,"max":"10m","jitter":true},"paused":false}"##,
+    r##"{"name":"recalculate-city-prices","group":"examples","kind":"sharded","shards":4,"shard_params":["Beijing","Shanghai","Guangzhou","Shenzhen"],"schedule":"0 2 * * *","timezone":"Asia/Shanghai","params":{"currency":"CNY"},"misfire":"fire_once","misfire_grace":"5s","catchup_window":"1h","max_catchup":100,"concurrency":"forbid","retry":{"max_attempts":5,"initial":"10s","multiplier":2.0,"max":"10m","jitter":true},"paused":false}"##,
+    r##"{"name":"scan-customer-partitions","group":"examples","kind":"sharded","shards":"workers","shard_params":[{"also_archived":true}],"every":"1h","timezone":"UTC","params":null,"misfire":"fire_once","misfire_grace":"5s","catchup_window":"1h","max_catchup":100,"concurrency":"allow","retry":{"max_attempts":3,"initial":"10s","multiplier":2.0,"max":"10m","jitter":true},"paused":false}"##,
+    r##"{"name":"monthly-invoices","group":"examples","kind":"map_reduce","map_depth":2,"schedule":"0 0 1 * *","timezone":"Europe/Berlin","params":null,"timeout":"30m","misfire":"fire_all","misfire_grace":"5s","catchup_window":"3days","max_catchup":100,"concurrency":"allow","retry":{"max_attempts":3,"initial":"10s","multiplier":2.0,"max":"10m","jitter":true},"paused":false}"##,
 ];
 /// `deploy/local/demo-jobs.toml`.
 const DEMO: &[&str] = &[
@@ -40,6 +49,13 @@ const JOBS_D: &[&str] = &[
 /// The job file of docs/configuration.md, in TOML and in YAML.
 const CONFIGURATION_MD: &[&str] = &[
     r##"{"name":"close-unpaid-orders","group":"orders","schedule":"0 */2 * * * *","timezone":"Asia/Shanghai","params":{"batch":500},"timeout":"5m","misfire":"fire_once","misfire_grace":"5s","catchup_window":"1h","max_catchup":100,"concurrency":"forbid","retry":{"max_attempts":3,"initial":"10s","multiplier":2.0,"max":"10m","jitter":true},"paused":false}"##,
+];
+/// The job file of docs/configuration.md's "Job kinds", in TOML and in YAML.
+const CONFIGURATION_MD_KINDS: &[&str] = &[
+    r##"{"name":"flush-local-caches","group":"caches","kind":"broadcast","min_workers":2,"on_task_failure":"ignore","schedule":"0 4 * * *","timezone":"UTC","params":null,"misfire":"fire_once","misfire_grace":"5s","catchup_window":"1h","max_catchup":100,"concurrency":"allow","retry":{"max_attempts":3,"initial":"10s","multiplier":2.0,"max":"10m","jitter":true},"paused":false}"##,
+    r##"{"name":"recalculate-city-prices","group":"pricing","kind":"sharded","shards":4,"shard_params":["Beijing","Shanghai","Guangzhou","Shenzhen"],"schedule":"0 2 * * *","timezone":"Asia/Shanghai","params":null,"misfire":"fire_once","misfire_grace":"5s","catchup_window":"1h","max_catchup":100,"concurrency":"allow","retry":{"max_attempts":3,"initial":"10s","multiplier":2.0,"max":"10m","jitter":true},"paused":false}"##,
+    r##"{"name":"scan-customer-partitions","group":"customers","kind":"sharded","shards":"workers","shard_params":[{"also_archived":true},null,"eu-only"],"every":"1h","timezone":"UTC","params":null,"misfire":"fire_once","misfire_grace":"5s","catchup_window":"1h","max_catchup":100,"concurrency":"allow","retry":{"max_attempts":3,"initial":"10s","multiplier":2.0,"max":"10m","jitter":true},"paused":false}"##,
+    r##"{"name":"monthly-invoices","group":"billing","kind":"map_reduce","map_depth":2,"schedule":"0 0 1 * *","timezone":"UTC","params":null,"timeout":"30m","misfire":"fire_once","misfire_grace":"5s","catchup_window":"1h","max_catchup":100,"concurrency":"allow","retry":{"max_attempts":3,"initial":"10s","multiplier":2.0,"max":"10m","jitter":true},"paused":false}"##,
 ];
 /// The job file of README.md.
 const README_MD: &[&str] = &[
@@ -125,9 +141,11 @@ fn assert_stored_as(origin: &str, jobs: &[JobSpec], stored: &[&str]) {
 
 #[test]
 fn job_files_store_the_json_they_stored_before() {
-    let cases: [(&[&str], &[&str]); 6] = [
+    let cases: [(&[&str], &[&str]); 8] = [
         (&["deploy/examples/jobs.toml"], EXAMPLES),
         (&["deploy/examples/jobs.yaml"], EXAMPLES),
+        (&["deploy/examples/job-kinds.toml"], KIND_EXAMPLES),
+        (&["deploy/examples/job-kinds.yaml"], KIND_EXAMPLES),
         (&["deploy/local/demo-jobs.toml"], DEMO),
         (&["scheduler/tests/fixtures/good.toml"], FIXTURES),
         (&["scheduler/tests/fixtures/good.yaml"], FIXTURES),
@@ -151,11 +169,14 @@ fn documented_job_files_store_the_json_they_stored_before() {
     let configuration = job_blocks("docs/configuration.md");
     assert_eq!(
         configuration.len(),
-        2,
-        "one job file in TOML, the same in YAML"
+        4,
+        "one job file in TOML, the same in YAML; then the job kinds' in TOML, the same in YAML"
     );
-    for jobs in &configuration {
+    for jobs in &configuration[..2] {
         assert_stored_as("docs/configuration.md", jobs, CONFIGURATION_MD);
+    }
+    for jobs in &configuration[2..] {
+        assert_stored_as("docs/configuration.md", jobs, CONFIGURATION_MD_KINDS);
     }
     let readme = job_blocks("README.md");
     assert_eq!(readme.len(), 1, "README.md's job file");
@@ -247,14 +268,27 @@ fn kind_single_is_the_default_and_stored_without_the_key() {
         serde_json::from_value::<JobSpec>(single).expect("reads"),
         plain_job
     );
-    let other = serde_json::json!({"name": "a", "group": "g", "kind": "broadcast"});
+    let other = serde_json::json!({"name": "a", "group": "g", "kind": "fan_out"});
     let error = serde_json::from_value::<JobSpec>(other.clone()).expect_err("refused");
     assert!(
-        error.to_string().contains("unknown variant `broadcast`"),
+        error.to_string().contains("unknown variant `fan_out`"),
         "{error}"
     );
     let errors = validate_job(other.as_object().expect("object")).expect_err("refused");
     assert_eq!(errors[0].field.as_deref(), Some("kind"));
-    assert_eq!(errors[0].message, r#"unknown value; use "single""#);
-    assert_eq!(Kind::NAMES, [Kind::Single.as_str()]);
+    assert_eq!(
+        errors[0].message,
+        r#"unknown value; use "single", "broadcast", "sharded" or "map_reduce""#
+    );
+    let kinds = [
+        Kind::Single,
+        Kind::Broadcast { min_workers: 1 },
+        Kind::Sharded {
+            shards: Shards::Workers,
+            params: Vec::new(),
+        },
+        Kind::MapReduce { map_depth: 3 },
+    ];
+    let names: Vec<&str> = kinds.iter().map(Kind::as_str).collect();
+    assert_eq!(Kind::NAMES, names);
 }

@@ -224,6 +224,7 @@ impl Store {
             "WITH {LEASE_CTE}, lost AS (
                  SELECT r.id, r.job_name, r.attempt, r.worker_id, r.cancel_requested_by,
                         r.cancel_requested_at IS NOT NULL AS cancel,
+                        r.target_worker IS NOT NULL AS broadcast,
                         chime_retry_max_attempts(r.retry_policy) AS max_attempts,
                         chime_retry_exhausted(r.retry_policy, r.attempt) AS exhausted,
                         'worker ' || coalesce(r.worker_id, '?') || ' lost (' ||
@@ -233,6 +234,8 @@ impl Store {
                  FROM chime_runs r
                  LEFT JOIN chime_workers w ON w.id = r.worker_id
                  WHERE r.state = 'running' AND EXISTS (SELECT 1 FROM lease)
+                   -- A parent runs through its tasks and has no worker of its own.
+                   AND r.tasks_total = 0
                    AND {lost_since} < now() - make_interval(secs => $3)
                  ORDER BY r.id
                  LIMIT $4
@@ -246,19 +249,22 @@ impl Store {
              ), runs AS (
                  UPDATE chime_runs r SET
                      state = CASE WHEN l.cancel THEN 'cancelled'
+                                  WHEN l.broadcast THEN 'lost'
                                   WHEN l.exhausted THEN 'dead'
                                   ELSE 'pending' END,
                      error = l.detail,
                      reason = CASE
                          WHEN l.cancel THEN 'cancelled by ' || coalesce(l.cancel_requested_by, '?')
                                             || ' (its worker was lost)'
+                         WHEN l.broadcast THEN
+                             'its worker was lost; a broadcast task is not moved to another worker'
                          WHEN l.exhausted THEN
                              'worker lost on the last attempt (' || l.attempt || ' of '
                              || l.max_attempts || ')'
                          ELSE r.reason END,
-                     finished_at = CASE WHEN l.cancel OR l.exhausted
+                     finished_at = CASE WHEN l.cancel OR l.exhausted OR l.broadcast
                                         THEN now() END,
-                     published_at = CASE WHEN l.cancel OR l.exhausted
+                     published_at = CASE WHEN l.cancel OR l.exhausted OR l.broadcast
                                          THEN r.published_at END
                  FROM lost l
                  WHERE r.id = l.id AND r.state = 'running' AND r.attempt = l.attempt
@@ -290,6 +296,58 @@ impl Store {
         }
         tx.commit().await?;
         Ok(result)
+    }
+
+    /// Ends `lost` up to `limit` broadcast tasks still waiting (`pending`, `queued`, `retrying`)
+    /// for a worker lost for longer than `rescue_after`, under the leader's fence: a broadcast
+    /// task is for its worker only, so nobody else would ever start it and its run would never
+    /// end. Returns `None` if the fence no longer holds.
+    pub async fn rescue_stranded_broadcasts(
+        &self,
+        fence: &Fence,
+        rescue_after: Duration,
+        limit: i64,
+    ) -> anyhow::Result<Option<Vec<Rescued>>> {
+        let sql = format!(
+            "WITH {LEASE_CTE}, stranded AS (
+                 SELECT r.id,
+                        'its worker ' || r.target_worker || ' was lost before it started (' ||
+                        CASE WHEN w.id IS NULL THEN 'not registered'
+                             WHEN w.stopped_at IS NOT NULL THEN 'stopped at ' || {stopped}
+                             ELSE 'no heartbeat since ' || {heartbeat} END
+                        || '); a broadcast task is not moved to another worker' AS detail
+                 FROM chime_runs r
+                 LEFT JOIN chime_workers w ON w.id = r.target_worker
+                 WHERE r.target_worker IS NOT NULL AND EXISTS (SELECT 1 FROM lease)
+                   AND r.state IN ('pending', 'queued', 'retrying')
+                   AND {lost_since} < now() - make_interval(secs => $3)
+                 ORDER BY r.id
+                 LIMIT $4
+                 FOR UPDATE OF r SKIP LOCKED
+             ), runs AS (
+                 UPDATE chime_runs r SET state = 'lost', reason = s.detail, finished_at = now(),
+                                         next_attempt_at = NULL
+                 FROM stranded s
+                 WHERE r.id = s.id
+                 RETURNING r.id, r.job_name, r.attempt, r.state, s.detail
+             )
+             SELECT 'lease' AS kind, NULL::bigint AS id, NULL::text AS job_name,
+                    NULL::int AS attempt, NULL::text AS state, NULL::text AS detail FROM lease
+             UNION ALL
+             SELECT 'run', id, job_name, attempt, state, detail FROM runs",
+            stopped = ts_sql("w.stopped_at"),
+            heartbeat = ts_sql("w.heartbeat_at"),
+            lost_since = LOST_SINCE_SQL,
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(&fence.holder)
+            .bind(fence.term)
+            .bind(rescue_after.as_secs_f64())
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await
+            .context("ending broadcast tasks of lost workers")?;
+        rescued(rows)
     }
 
     /// Puts back in the outbox up to `limit` runs still `retrying` more than `slack` after their
@@ -407,6 +465,7 @@ impl Store {
             "WITH {LEASE_CTE}, targets AS (
                  SELECT r.id, r.state FROM chime_runs r
                  WHERE r.job_name = $3 AND r.id < $4 AND EXISTS (SELECT 1 FROM lease)
+                   AND r.parent_id IS NULL
                    AND r.state IN ('pending', 'queued', 'running', 'retrying')
                  ORDER BY r.id
                  FOR UPDATE OF r
@@ -530,6 +589,8 @@ impl Store {
                         coalesce(r.error, r.reason) AS error, r.finished_at AS at
                  FROM chime_runs r
                  WHERE r.state IN ('dead', 'failed') AND r.finished_at >= $1
+                   -- A run with tasks alerts once, when it ends; not per task.
+                   AND r.parent_id IS NULL
                  UNION ALL
                  SELECT CASE a.state WHEN 'timed_out' THEN 'timeout' ELSE 'worker_lost' END,
                         a.run_id, r.job_name, r.group_name, a.attempt, a.error, a.finished_at

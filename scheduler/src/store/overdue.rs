@@ -26,7 +26,8 @@ pub struct Overdue {
 impl Store {
     /// Scheduled first attempts still `pending` more than `older_than` after their instant,
     /// oldest first, at most `limit`. Manual and replayed runs and retries are not included, nor
-    /// runs a `queue` job holds back on purpose.
+    /// runs a `queue` job holds back on purpose, nor tasks (a reduce task waits on purpose; a
+    /// mapped one is made when its caller runs).
     pub async fn overdue_runs(
         &self,
         older_than: Duration,
@@ -36,7 +37,7 @@ impl Store {
             "SELECT r.id, r.job_name, r.scheduled_at, j.spec
              FROM chime_runs r JOIN chime_jobs j ON j.name = r.job_name
              WHERE r.state = 'pending' AND r.attempt = 0 AND r.trigger <> 'manual'
-               AND r.replayed_at IS NULL
+               AND r.replayed_at IS NULL AND r.parent_id IS NULL
                AND chime_job_concurrency(j.spec) <> 'queue'
                AND r.scheduled_at < now() - make_interval(secs => $1)
              ORDER BY r.scheduled_at, r.id

@@ -48,7 +48,7 @@ impl Store {
                  SELECT (scheduled_at AT TIME ZONE $4)::date AS day, state,
                         (extract(epoch FROM finished_at - started_at) * 1000)::float8 AS ms
                  FROM chime_runs
-                 WHERE job_name = $1
+                 WHERE job_name = $1 AND parent_id IS NULL
                    AND id >= (SELECT id FROM first)
                    AND scheduled_at >= $2 AND scheduled_at < $3
              )

@@ -8,6 +8,7 @@ use std::time::Duration;
 use chime_protocol::Topology;
 use lapin::options::{
     BasicPublishOptions, ConfirmSelectOptions, ExchangeDeleteOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties};
@@ -111,6 +112,8 @@ pub struct TopologyGuard {
     amqp_url: String,
     prefix: String,
     groups: Mutex<Vec<String>>,
+    /// Queues outside the groups' fixed topology: workers' own queues (`P.G.worker.<id>`).
+    queues: Mutex<Vec<String>>,
     deleted: bool,
 }
 
@@ -121,6 +124,7 @@ impl TopologyGuard {
             amqp_url: amqp_url.to_owned(),
             prefix: prefix.to_owned(),
             groups: Mutex::new(groups.iter().map(|g| (*g).to_owned()).collect()),
+            queues: Mutex::new(Vec::new()),
             deleted: false,
         }
     }
@@ -128,6 +132,16 @@ impl TopologyGuard {
     /// The guarded prefix.
     pub fn prefix(&self) -> &str {
         &self.prefix
+    }
+
+    /// Guards worker `worker_id`'s own queue in group `group` too (durable: a worker leaves it
+    /// for its next start, so a test that starts workers under fixed ids names them here).
+    pub fn add_worker_queue(&self, group: &str, worker_id: &str) {
+        let queue = Topology::new(self.prefix.as_str(), group).worker_queue(worker_id);
+        let mut queues = self.queues.lock().expect("not poisoned");
+        if !queues.contains(&queue) {
+            queues.push(queue);
+        }
     }
 
     /// Guards group `group` too (once, however often it is added).
@@ -149,8 +163,9 @@ impl TopologyGuard {
     /// Deletes the topology now; the broker's refusal, if it refuses.
     pub async fn try_delete(mut self) -> Result<(), lapin::Error> {
         let groups = std::mem::take(&mut *self.groups.lock().expect("not poisoned"));
+        let queues = std::mem::take(&mut *self.queues.lock().expect("not poisoned"));
         self.deleted = true;
-        delete_topology(&self.amqp_url, &self.prefix, &groups).await
+        delete_topology(&self.amqp_url, &self.prefix, &groups, &queues).await
     }
 }
 
@@ -158,8 +173,15 @@ async fn delete_topology(
     amqp_url: &str,
     prefix: &str,
     groups: &[String],
+    queues: &[String],
 ) -> Result<(), lapin::Error> {
     let connection = Connection::connect(amqp_url, ConnectionProperties::default()).await?;
+    for queue in queues {
+        let channel = connection.create_channel().await?;
+        channel
+            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+            .await?;
+    }
     for group in groups {
         // A channel per group: an error closes the channel it happened on.
         let channel = connection.create_channel().await?;
@@ -192,6 +214,7 @@ impl Drop for TopologyGuard {
         let amqp_url = std::mem::take(&mut self.amqp_url);
         let prefix = std::mem::take(&mut self.prefix);
         let groups = std::mem::take(&mut *self.groups.lock().unwrap_or_else(|p| p.into_inner()));
+        let queues = std::mem::take(&mut *self.queues.lock().unwrap_or_else(|p| p.into_inner()));
         let (done_tx, done_rx) = std::sync::mpsc::channel();
         let thread = std::thread::spawn(move || {
             let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -202,7 +225,7 @@ impl Drop for TopologyGuard {
                 Err(e) => return eprintln!("TopologyGuard: no runtime: {e}"),
             };
             runtime.block_on(async {
-                let deletion = delete_topology(&amqp_url, &prefix, &groups);
+                let deletion = delete_topology(&amqp_url, &prefix, &groups, &queues);
                 match tokio::time::timeout(DROP_DELETE_TIMEOUT, deletion).await {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => eprintln!("TopologyGuard: deleting {prefix} {groups:?}: {e}"),

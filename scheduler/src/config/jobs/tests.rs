@@ -48,7 +48,8 @@ fn toml_job(text: &str) -> JobSpec {
     jobs.remove(0)
 }
 
-const ALL_FIELDS: &str = "name, group, kind, schedule, every, at, timezone, params, secret_params, timeout, misfire, \
+const ALL_FIELDS: &str = "name, group, kind, shards, shard_params, min_workers, map_depth, \
+                          on_task_failure, schedule, every, at, timezone, params, secret_params, timeout, misfire, \
                           misfire_grace, catchup_window, max_catchup, concurrency, retry, \
                           alerts, retention, paused, description";
 
@@ -810,6 +811,7 @@ fn job_fields_match_the_spec_serde_form() {
         name: "a".into(),
         group: "g".into(),
         kind: Kind::Single,
+        on_task_failure: crate::job::TaskFailurePolicy::Fail,
         when: When::Manual,
         timezone: Tz::UTC,
         params: serde_json::json!({}),
@@ -831,10 +833,21 @@ fn job_fields_match_the_spec_serde_form() {
         When::Every(Duration::from_secs(1)),
         When::At(DateTime::parse_from_rfc3339("2026-12-01T00:00:00Z").unwrap()),
     ];
+    // Every kind with every field of it off its default, so each stored key shows.
+    let kinds = [
+        Kind::Broadcast { min_workers: 2 },
+        Kind::Sharded {
+            shards: crate::job::Shards::Count(2),
+            params: vec![serde_json::json!("a")],
+        },
+        Kind::MapReduce { map_depth: 1 },
+    ];
     let mut serde_fields: Vec<String> = Vec::new();
-    for when in whens {
+    for (when, kind) in whens.into_iter().zip(kinds) {
         let spec = JobSpec {
             when,
+            kind,
+            on_task_failure: crate::job::TaskFailurePolicy::Ignore,
             ..spec.clone()
         };
         let serde_json::Value::Object(form) = serde_json::to_value(&spec).unwrap() else {
@@ -842,8 +855,6 @@ fn job_fields_match_the_spec_serde_form() {
         };
         serde_fields.extend(form.keys().cloned());
     }
-    // `kind` is left out while it is `single`, the only kind so far.
-    serde_fields.push("kind".into());
     serde_fields.sort();
     serde_fields.dedup();
     let mut ours = JOB_FIELDS.to_vec();
