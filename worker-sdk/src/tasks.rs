@@ -22,13 +22,12 @@ use serde_json::Value;
 use crate::outcome::JobError;
 
 /// Items one `chime_map` call takes; [`crate::JobContext::map`] splits larger maps into calls
-/// of at most this many. The same bound as `chime_map`'s (`limits::MAX_MAP_ITEMS_PER_CALL` of
-/// the protocol, docs/protocol.md).
-pub const MAX_MAP_ITEMS_PER_CALL: usize = 10_000;
+/// of at most this many (the protocol's bound, as `chime_map` applies it).
+pub use chime_protocol::limits::MAX_MAP_ITEMS_PER_CALL;
 
-/// Largest output a handler may store, in bytes of JSON; the same bound as
-/// `chime_set_output`'s (`limits::MAX_TASK_OUTPUT_BYTES` of the protocol, docs/protocol.md).
-pub const MAX_TASK_OUTPUT_BYTES: usize = 64 * 1024;
+/// Largest output a handler may store, in bytes of JSON (the protocol's bound, as
+/// `chime_set_output` applies it).
+pub use chime_protocol::limits::MAX_TASK_OUTPUT_BYTES;
 
 /// Results one `chime_task_results` call returns at most (its page).
 pub const RESULTS_PAGE: u32 = 1_000;
@@ -285,7 +284,9 @@ impl TaskScope {
             values.push(value);
         }
         let mut created = 0_u64;
-        for chunk in values.chunks(MAX_MAP_ITEMS_PER_CALL) {
+        // The bound is a u32; on a 16-bit usize no chunk could be that large anyway.
+        let per_call = usize::try_from(MAX_MAP_ITEMS_PER_CALL).unwrap_or(usize::MAX);
+        for chunk in values.chunks(per_call) {
             let call_no = self.map_calls.fetch_add(1, Ordering::SeqCst);
             let call = MapCall {
                 caller: self.run_id,
