@@ -274,6 +274,24 @@ impl Topology {
         .await
     }
 
+    /// Declares worker `worker_id`'s own queue ([`Topology::worker_queue`], durable, with the
+    /// work queue's arguments) and binds it to the group's exchange (which must exist:
+    /// [`Topology::declare`]) with [`Topology::worker_key`]. Idempotent.
+    pub async fn declare_worker_queue(
+        &self,
+        channel: &Channel,
+        worker_id: &str,
+    ) -> Result<(), lapin::Error> {
+        declare_bound(
+            channel,
+            &self.exchange(),
+            &self.worker_queue(worker_id),
+            &Self::worker_key(worker_id),
+            field_table(self.work_queue_arguments()),
+        )
+        .await
+    }
+
     /// Declares the exchange, the work queue and the parking lot and binds them. Idempotent.
     /// Delay tiers are declared on first use ([`Topology::declare_tier`]).
     pub async fn declare(&self, channel: &Channel) -> Result<(), lapin::Error> {

@@ -1,4 +1,6 @@
-//! The handler's view of one attempt: [`JobContext`] and its run logger, [`JobLogger`].
+//! The handler's view of one attempt: [`JobContext`] and its run logger, [`JobLogger`]; for a
+//! task of a broadcast, sharded or map/reduce job, its place in its run and its calls (map,
+//! output, results: `tasks`).
 //!
 //! Log lines are emitted as `tracing` events at once and buffered for PostgreSQL
 //! (`chime_run_logs`): a batch goes to the attempt's flusher when it holds [`FLUSH_EVERY`] lines
@@ -15,10 +17,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use chime_protocol::limits::MAX_LOG_LINES_PER_ATTEMPT;
+use chime_protocol::wire::{Shard, Task};
 use chrono::{DateTime, Utc};
+use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
+
+use crate::tasks::{TaskError, TaskResult, TaskScope};
 
 /// Lines per batch handed to the store while the handler runs.
 pub(crate) const FLUSH_EVERY: usize = 100;
@@ -81,6 +87,7 @@ pub struct JobContext {
     params: Arc<Value>,
     cancellation: CancellationToken,
     logger: JobLogger,
+    tasks: Arc<TaskScope>,
 }
 
 impl fmt::Debug for JobContext {
@@ -90,29 +97,39 @@ impl fmt::Debug for JobContext {
             .field("job", &self.job)
             .field("attempt", &self.attempt)
             .field("scheduled_at", &self.scheduled_at)
+            .field("task", &self.tasks.task)
             .field("cancelled", &self.cancellation.is_cancelled())
             .finish_non_exhaustive()
     }
 }
 
+/// What a [`JobContext`] is made of, besides its logger and its token.
+pub(crate) struct Attempt {
+    pub run_id: i64,
+    pub job: Arc<str>,
+    pub attempt: u32,
+    pub scheduled_at: DateTime<Utc>,
+    pub params: Value,
+}
+
 impl JobContext {
+    /// The context of `attempt`, whose task calls go through `tasks` (which names the same run
+    /// and attempt).
     pub(crate) fn new(
-        run_id: i64,
-        job: Arc<str>,
-        attempt: u32,
-        scheduled_at: DateTime<Utc>,
-        params: Value,
+        attempt: Attempt,
         cancellation: CancellationToken,
         logger: JobLogger,
+        tasks: Arc<TaskScope>,
     ) -> Self {
         JobContext {
-            run_id,
-            job,
-            attempt,
-            scheduled_at,
-            params: Arc::new(params),
+            run_id: attempt.run_id,
+            job: attempt.job,
+            attempt: attempt.attempt,
+            scheduled_at: attempt.scheduled_at,
+            params: Arc::new(attempt.params),
             cancellation,
             logger,
+            tasks,
         }
     }
 
@@ -163,6 +180,72 @@ impl JobContext {
     /// The run logger: its lines are stored with this attempt in `chime_run_logs`.
     pub fn log(&self) -> &JobLogger {
         &self.logger
+    }
+
+    /// Which task of its run this is, for a run of a broadcast, sharded or map/reduce job;
+    /// `None` for a single run. [`run_id`](Self::run_id) is the task's own run id.
+    pub fn task(&self) -> Option<&Task> {
+        self.tasks.task.as_ref()
+    }
+
+    /// A sharded job's shard: its index, the number of shards and the job's `shard_params`
+    /// entry for it.
+    pub fn shard(&self) -> Option<&Shard> {
+        self.task()?.shard.as_ref()
+    }
+
+    /// The run (the fire) this task belongs to: what `chime runs show` lists and a cancel
+    /// names. `None` for a single run.
+    pub fn parent_run_id(&self) -> Option<i64> {
+        self.task().map(|t| t.parent_run_id)
+    }
+
+    /// Maps `items` to sub-tasks of this run under step name `step` (1 to 64 of `A-Z a-z 0-9
+    /// _ . -`), one per item, whose params is the item; returns how many were created. Only the
+    /// root task of a map/reduce job and its mapped sub-tasks map, up to the job's `map_depth`.
+    ///
+    /// The sub-tasks are stored before this returns and the scheduler publishes them; the
+    /// job's handler runs each (see [`task`](Self::task): kind `map`, the step in
+    /// [`Task::step`]). Items go in calls of at most
+    /// [`MAX_MAP_ITEMS_PER_CALL`](crate::MAX_MAP_ITEMS_PER_CALL), numbered within the attempt,
+    /// so a retried attempt that maps the same items in the same order makes the same sub-task
+    /// keys and creates nothing twice (then returns 0): map sequentially, not from concurrent
+    /// tasks, to keep the numbering stable.
+    ///
+    /// Errors: an item that does not serialize (naming its index), and the database's refusal
+    /// naming the field (a bad step, an item over 64 KiB, too deep, too many tasks, or this is
+    /// not a running root or mapped task).
+    pub async fn map<I>(&self, step: &str, items: I) -> Result<u64, TaskError>
+    where
+        I: IntoIterator,
+        I::Item: Serialize,
+    {
+        self.tasks.map(step, items).await
+    }
+
+    /// Stores `output` (at most [`MAX_TASK_OUTPUT_BYTES`](crate::MAX_TASK_OUTPUT_BYTES) of
+    /// JSON) as this run's output, for the job's reducer and the API; a later call replaces it.
+    /// Any run may store one, a task or a single run.
+    pub async fn set_output<T: Serialize + ?Sized>(&self, output: &T) -> Result<(), TaskError> {
+        self.tasks.set_output(output).await
+    }
+
+    /// In a reducer (a task of kind `reduce`): every other task of the run, in id order, with
+    /// its state, output, error and params. Read page by page; for runs of very many tasks use
+    /// [`results_page`](Self::results_page) to hold one page at a time.
+    pub async fn results(&self) -> Result<Vec<TaskResult>, TaskError> {
+        self.tasks.results().await
+    }
+
+    /// In a reducer: at most `page` (1 ..= [`RESULTS_PAGE`](crate::RESULTS_PAGE)) of the other
+    /// tasks of the run whose id is above `after_id` (0 for the first page), in id order. The
+    /// next page starts after the last id of this one; a page shorter than asked is the last.
+    pub async fn results_page(
+        &self,
+        after_id: i64,
+        page: u32,
+    ) -> Result<Vec<TaskResult>, TaskError> {
+        self.tasks.results_page(after_id, page).await
     }
 }
 

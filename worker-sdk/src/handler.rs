@@ -9,6 +9,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use chime_protocol::wire::TaskKind;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
@@ -85,10 +86,21 @@ where
     )
 }
 
-/// The handlers a worker knows, by job name.
+/// The handlers a worker knows, by job name, and the reducers of its map/reduce jobs.
 #[derive(Clone, Default)]
 pub(crate) struct Handlers {
     by_job: BTreeMap<String, ErasedHandler>,
+    reducers: BTreeMap<String, ErasedHandler>,
+}
+
+/// What runs a trigger ([`Handlers::for_trigger`]).
+pub(crate) enum Found<'a> {
+    /// This handler (the job's, or its reducer for a reduce task).
+    Handler(&'a ErasedHandler),
+    /// A reduce task of a job this worker handles but has no reducer for.
+    NoReducer,
+    /// Neither a handler nor a reducer for the job.
+    Unknown,
 }
 
 impl Handlers {
@@ -97,16 +109,36 @@ impl Handlers {
         self.by_job.insert(job, handler).is_none()
     }
 
-    pub(crate) fn get(&self, job: &str) -> Option<&ErasedHandler> {
-        self.by_job.get(job)
+    /// Adds a job's reducer; returns false if the job already had one.
+    pub(crate) fn insert_reducer(&mut self, job: String, reducer: ErasedHandler) -> bool {
+        self.reducers.insert(job, reducer).is_none()
+    }
+
+    /// What runs a trigger of job `job` whose task is of kind `kind`: the reducer for a
+    /// reduce task, the job's handler for any other.
+    pub(crate) fn for_trigger(&self, job: &str, kind: Option<TaskKind>) -> Found<'_> {
+        let found = if kind == Some(TaskKind::Reduce) {
+            self.reducers.get(job)
+        } else {
+            self.by_job.get(job)
+        };
+        match found {
+            Some(handler) => Found::Handler(handler),
+            None if kind == Some(TaskKind::Reduce) && self.by_job.contains_key(job) => {
+                Found::NoReducer
+            }
+            None => Found::Unknown,
+        }
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.by_job.is_empty()
+        self.by_job.is_empty() && self.reducers.is_empty()
     }
 
-    /// Job names, sorted.
+    /// Job names with a handler or a reducer, sorted: what the worker registers as handling.
     pub(crate) fn jobs(&self) -> Vec<String> {
-        self.by_job.keys().cloned().collect()
+        let jobs: std::collections::BTreeSet<&String> =
+            self.by_job.keys().chain(self.reducers.keys()).collect();
+        jobs.into_iter().cloned().collect()
     }
 }

@@ -52,6 +52,54 @@
 //! Code may trigger runs too ([`Client`]: `client.trigger("job").params(..)?.at(..)
 //! .idempotency_key(..).send()`), through the same database call as the API.
 //!
+//! # Job kinds
+//!
+//! A broadcast, sharded or map/reduce job fires as a parent run with tasks, each a run of its
+//! own for the job's handler; [`JobContext::task`] says which, [`JobContext::shard`] gives a
+//! shard its place, [`JobContext::map`] maps sub-tasks, [`JobContext::set_output`] stores an
+//! output, and the job's reducer ([`WorkerBuilder::reducer`]) reads the other tasks'
+//! results ([`JobContext::results`]). Each worker also consumes its own queue, for the
+//! broadcast tasks meant for it; give it a stable id (`CHIME_WORKER_ID`). docs/protocol.md,
+//! section 13.
+//!
+//! ```no_run
+//! use chime_worker::{JobContext, JobError, TaskKind, Worker};
+//!
+//! // A sharded job: each shard of the run gets its index and the job's shard parameter.
+//! async fn reindex(ctx: JobContext, _: ()) -> Result<(), JobError> {
+//!     let shard = ctx.shard().ok_or_else(|| JobError::fail("reindex is a sharded job"))?;
+//!     ctx.log().info(format!("shard {} of {}", shard.index, shard.total));
+//!     Ok(())
+//! }
+//!
+//! // A map/reduce job: the root task maps, the sub-tasks store outputs, the reducer sums them.
+//! async fn count(ctx: JobContext, item: serde_json::Value) -> Result<(), JobError> {
+//!     if ctx.task().map(|t| t.kind) == Some(TaskKind::Root) {
+//!         ctx.map("file", ["a.txt", "b.txt"]).await?;
+//!     } else {
+//!         ctx.set_output(&item.as_str().map_or(0, str::len)).await?;
+//!     }
+//!     Ok(())
+//! }
+//!
+//! async fn total(ctx: JobContext, _: ()) -> Result<(), JobError> {
+//!     let results = ctx.results().await?;
+//!     let sum: u64 = results.iter().filter_map(|r| r.output.as_ref()?.as_u64()).sum();
+//!     ctx.set_output(&sum).await?;
+//!     Ok(())
+//! }
+//!
+//! # async fn main_() -> anyhow::Result<()> {
+//! Worker::builder("docs")
+//!     .handle("reindex", reindex)
+//!     .handle("count", count)
+//!     .reducer("count", total)
+//!     .build()?
+//!     .run_until_signal()
+//!     .await?;
+//! # Ok(()) }
+//! ```
+//!
 //! Handlers are unit-tested without a broker or database through [`testing`]. The wire contract
 //! (for workers in other languages) is the `chime-protocol` crate, described in
 //! `docs/protocol.md`; runnable examples are
@@ -74,7 +122,8 @@
 //!    writes) and [`Client`] (`client`: triggering runs from code) over `store` (the only
 //!    module that speaks SQL); `verify` (pure checks of a
 //!    trigger); [`testing`] and `handler` over `context` and `outcome` (`JobError` and the
-//!    decision after an attempt).
+//!    decision after an attempt); `context` and `store` over `tasks` (the job kinds' calls:
+//!    map, output, results, through a trait the store implements).
 
 mod claims;
 mod client;
@@ -86,10 +135,16 @@ mod outcome;
 mod recording;
 mod runtime;
 mod store;
+mod tasks;
 pub mod testing;
 mod verify;
 
+/// A run's or task's state, as [`TaskResult::state`] gives it.
+pub use chime_protocol::RunState;
 pub use chime_protocol::tls::AmqpTls;
+/// The task types a [`JobContext`] hands out ([`JobContext::task`]), re-exported from the
+/// protocol crate.
+pub use chime_protocol::wire::{Shard, Task, TaskKind};
 pub use client::{Client, DEFAULT_ACTOR, TriggerError, TriggerRun, Triggered};
 pub use context::{JobContext, JobLogger, Level};
 pub use handler::Handler;
@@ -98,7 +153,11 @@ pub use runtime::{
     BuildError, DEFAULT_ACK_AFTER, DEFAULT_AMQP_URL, DEFAULT_CANCEL_GRACE, DEFAULT_CAPACITY,
     DEFAULT_DATABASE_URL, DEFAULT_DB_RETRY_BUDGET, DEFAULT_DRAIN_TIMEOUT,
     DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HOLD, DEFAULT_UNHANDLED_WAIT, ENV_AMQP_URL,
-    ENV_DATABASE_URL, ENV_QUEUE_PREFIX, Worker, WorkerBuilder, WorkerError,
+    ENV_DATABASE_URL, ENV_QUEUE_PREFIX, ENV_WORKER_ID, MAX_QUEUE_NAME_BYTES, Worker, WorkerBuilder,
+    WorkerError,
+};
+pub use tasks::{
+    MAX_MAP_ITEMS_PER_CALL, MAX_TASK_OUTPUT_BYTES, RESULTS_PAGE, TaskError, TaskResult,
 };
 
 /// Re-exported so handlers can name the token type without adding `tokio-util` themselves.

@@ -17,10 +17,13 @@ use chime_protocol::backoff;
 use chime_protocol::wire::Trigger;
 use chime_protocol::{RunState, UnknownState};
 use chrono::{DateTime, Utc};
+use futures::future::BoxFuture;
+use serde_json::Value;
 use sqlx::{Connection, PgConnection, PgPool, Row};
 
 use crate::context::LogLine;
 use crate::outcome::{Outcome, RunEnd};
+use crate::tasks::{MapCall, TaskCalls, TaskError, TaskResult, kind_from_name};
 
 /// The claim of one delivery: a batch of one of `chime_claim` (`$1` run id, `$2` attempt, `$3`
 /// worker id, `$4` job, `$5` the handler's start for an attempt claimed ahead of it or NULL,
@@ -88,6 +91,22 @@ const RETRY_DECISION_SQL: &str =
 const TRIGGER_SQL: &str =
     "SELECT run_id, created FROM chime_trigger($1, $2::text::jsonb, $3, $4, $5)";
 
+/// A running root or mapped task maps items to sub-tasks (`chime_map`: `$1` caller run id,
+/// `$2` attempt, `$3` worker id, `$4` step, `$5` the attempt's call number, `$6` the items as
+/// JSON texts); returns how many sub-tasks were new.
+const MAP_SQL: &str = "SELECT chime_map($1, $2, $3, $4, $5, $6::text[]::jsonb[])";
+
+/// A running attempt stores its handler's output (`chime_set_output`; the output as JSON
+/// text); false when the attempt is not running on this worker any more.
+const SET_OUTPUT_SQL: &str = "SELECT chime_set_output($1, $2, $3, $4::text::jsonb)";
+
+/// A reduce task reads the other tasks of its run, keyset-paged by id (`chime_task_results`:
+/// `$1` the reduce task's run id, `$2` the last id of the previous page or 0, `$3` the page
+/// size); JSON columns as text.
+const TASK_RESULTS_SQL: &str = "SELECT id, task_key, task_kind, map_step, shard_index, state,
+       output::text AS output, error, params::text AS params
+  FROM chime_task_results($1, $2, $3)";
+
 /// The worker registry (`chime_register_worker`, `chime_heartbeat`, `chime_worker_stopped`).
 const REGISTER_SQL: &str = "SELECT chime_register_worker($1, $2, $3, $4, $5, $6)";
 const HEARTBEAT_SQL: &str = "SELECT chime_heartbeat($1)";
@@ -107,6 +126,9 @@ const STATEMENTS: &[(&str, &str)] = &[
     ("mark_dead", MARK_DEAD_SQL),
     ("mark_unhandled", MARK_UNHANDLED_SQL),
     ("handled_elsewhere", HANDLED_ELSEWHERE_SQL),
+    ("map", MAP_SQL),
+    ("set_output", SET_OUTPUT_SQL),
+    ("task_results", TASK_RESULTS_SQL),
     ("register", REGISTER_SQL),
     ("heartbeat", HEARTBEAT_SQL),
     ("stopped", STOPPED_SQL),
@@ -754,6 +776,106 @@ impl Store {
         })
         .await
     }
+}
+
+/// The job kinds' calls of a handler ([`crate::tasks`]), each retried through connection
+/// errors like any write (each is idempotent: a map call repeated makes the same keys).
+impl TaskCalls for Store {
+    fn map<'a>(&'a self, call: MapCall<'a>) -> BoxFuture<'a, Result<u32, TaskError>> {
+        Box::pin(async move {
+            let items: Vec<String> = call.items.iter().map(Value::to_string).collect();
+            let items = &items;
+            let created: i32 = self
+                .retrying("mapping sub-tasks", |_| async move {
+                    sqlx::query_scalar(MAP_SQL)
+                        .bind(call.caller)
+                        .bind(attempt_i32(call.attempt))
+                        .bind(call.worker)
+                        .bind(call.step)
+                        .bind(call.call_no)
+                        .bind(items)
+                        .fetch_one(&self.pool)
+                        .await
+                })
+                .await
+                .map_err(|e| TaskError::from_database("chime_map", e))?;
+            Ok(u32::try_from(created).unwrap_or_default())
+        })
+    }
+
+    fn set_output<'a>(
+        &'a self,
+        run_id: i64,
+        attempt: u32,
+        worker: &'a str,
+        output: &'a Value,
+    ) -> BoxFuture<'a, Result<bool, TaskError>> {
+        Box::pin(async move {
+            let output = &output.to_string();
+            self.retrying("storing a handler's output", |_| async move {
+                sqlx::query_scalar(SET_OUTPUT_SQL)
+                    .bind(run_id)
+                    .bind(attempt_i32(attempt))
+                    .bind(worker)
+                    .bind(output)
+                    .fetch_one(&self.pool)
+                    .await
+            })
+            .await
+            .map_err(|e| TaskError::from_database("chime_set_output", e))
+        })
+    }
+
+    fn task_results(
+        &self,
+        reduce_run: i64,
+        after_id: i64,
+        page: u32,
+    ) -> BoxFuture<'_, Result<Vec<TaskResult>, TaskError>> {
+        Box::pin(async move {
+            let page = i32::try_from(page).unwrap_or(i32::MAX);
+            self.retrying("reading the results of a run's tasks", |_| async move {
+                let rows = sqlx::query(TASK_RESULTS_SQL)
+                    .bind(reduce_run)
+                    .bind(after_id)
+                    .bind(page)
+                    .fetch_all(&self.pool)
+                    .await?;
+                rows.iter().map(task_result).collect()
+            })
+            .await
+            .map_err(|e| TaskError::from_database("chime_task_results", e))
+        })
+    }
+}
+
+/// A row of [`TASK_RESULTS_SQL`].
+fn task_result(row: &sqlx::postgres::PgRow) -> Result<TaskResult, sqlx::Error> {
+    let json = |column: &str| -> Result<Option<Value>, sqlx::Error> {
+        let text: Option<String> = row.try_get(column)?;
+        text.map(|t| serde_json::from_str(&t))
+            .transpose()
+            .map_err(|e| sqlx::Error::Decode(Box::new(e)))
+    };
+    let kind: Option<String> = row.try_get("task_kind")?;
+    let kind = kind
+        .as_deref()
+        .and_then(kind_from_name)
+        .ok_or_else(|| sqlx::Error::Protocol(format!("chime_task_results: task kind {kind:?}")))?;
+    let shard_index: Option<i32> = row.try_get("shard_index")?;
+    Ok(TaskResult {
+        id: row.try_get("id")?,
+        key: row
+            .try_get::<Option<String>, _>("task_key")?
+            .unwrap_or_default(),
+        kind,
+        step: row.try_get("map_step")?,
+        shard_index: shard_index.and_then(|i| u32::try_from(i).ok()),
+        state: run_state(&row.try_get::<String, _>("state")?)?,
+        output: json("output")?,
+        error: row.try_get("error")?,
+        params: json("params")?.unwrap_or(Value::Null),
+    })
 }
 
 /// One statement of [`RECORD_MANY_SQL`] for `rows`: what was recorded for each, in their order.

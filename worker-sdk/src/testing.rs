@@ -25,18 +25,64 @@
 //! # });
 //! ```
 //!
+//! A task of a job kind is tested the same way: [`TestJob::task`] gives the handler its place
+//! in the run ([`JobContext::task`], [`JobContext::shard`]), the items it maps and the output
+//! it stores come back in [`TestRun::mapped`] and [`TestRun::output`], and a reducer reads the
+//! results given to [`TestJob::results`]:
+//!
+//! ```
+//! use chime_worker::{JobContext, JobError, RunState, Shard, Task, TaskKind, TaskResult, testing};
+//!
+//! async fn count(ctx: JobContext, _: ()) -> Result<(), JobError> {
+//!     let shard = ctx.shard().ok_or_else(|| JobError::fail("not a shard"))?;
+//!     ctx.set_output(&serde_json::json!({"shard": shard.index})).await?;
+//!     Ok(())
+//! }
+//!
+//! async fn total(ctx: JobContext, _: ()) -> Result<(), JobError> {
+//!     let results = ctx.results().await?;
+//!     let sum: u64 = results.iter().filter_map(|r| r.output.as_ref()?["shard"].as_u64()).sum();
+//!     ctx.set_output(&sum).await?;
+//!     Ok(())
+//! }
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let task = |key: &str, kind, shard| Task {
+//!     parent_run_id: 7, key: key.into(), kind, shard, worker: None, step: None, depth: None,
+//! };
+//! let shard = Some(Shard { index: 2, total: 3, param: None });
+//! let run = testing::TestJob::new("count")
+//!     .task(task("shard/2", TaskKind::Shard, shard))
+//!     .run(count, serde_json::Value::Null)
+//!     .await;
+//! assert_eq!(run.output, Some(serde_json::json!({"shard": 2})));
+//!
+//! let mut shard = TaskResult::new(11, "shard/2", TaskKind::Shard, RunState::Succeeded);
+//! shard.output = Some(serde_json::json!({"shard": 2}));
+//! let run = testing::TestJob::new("count")
+//!     .task(task("reduce", TaskKind::Reduce, None))
+//!     .results(vec![shard])
+//!     .run(total, serde_json::Value::Null)
+//!     .await;
+//! assert_eq!(run.output, Some(serde_json::json!(2)));
+//! # });
+//! ```
+//!
 //! A panic in the handler propagates to the test (the worker records it as a failure instead).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
+use chime_protocol::wire::Task;
 use chrono::{DateTime, Utc};
+use futures::future::BoxFuture;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::context::{JobContext, JobLogger, Level, LogSink};
+use crate::context::{Attempt, JobContext, JobLogger, Level, LogSink};
 use crate::handler;
 use crate::outcome::JobError;
+use crate::tasks::{MapCall, TaskCalls, TaskError, TaskResult, TaskScope};
 
 /// What a test run produced.
 #[derive(Debug)]
@@ -46,6 +92,58 @@ pub struct TestRun {
     pub result: Result<(), JobError>,
     /// The lines the handler logged, in order.
     pub logs: Vec<(Level, String)>,
+    /// What the handler mapped ([`JobContext::map`]): each call's step and items, in order (a
+    /// map of more than [`MAX_MAP_ITEMS_PER_CALL`](crate::MAX_MAP_ITEMS_PER_CALL) items shows
+    /// as several calls).
+    pub mapped: Vec<(String, Vec<Value>)>,
+    /// The output the handler stored last ([`JobContext::set_output`]).
+    pub output: Option<Value>,
+}
+
+/// The task calls of a test run: kept in memory. Map calls are not checked as the database
+/// checks them (step names, depth, limits); each counts all its items as created.
+#[derive(Default)]
+struct Recorder {
+    mapped: Mutex<Vec<(String, Vec<Value>)>>,
+    output: Mutex<Option<Value>>,
+    results: Vec<TaskResult>,
+}
+
+impl TaskCalls for Recorder {
+    fn map<'a>(&'a self, call: MapCall<'a>) -> BoxFuture<'a, Result<u32, TaskError>> {
+        let mut mapped = self.mapped.lock().unwrap_or_else(|e| e.into_inner());
+        mapped.push((call.step.to_owned(), call.items.to_vec()));
+        let created = u32::try_from(call.items.len()).unwrap_or(u32::MAX);
+        Box::pin(async move { Ok(created) })
+    }
+
+    fn set_output<'a>(
+        &'a self,
+        _run_id: i64,
+        _attempt: u32,
+        _worker: &'a str,
+        output: &'a Value,
+    ) -> BoxFuture<'a, Result<bool, TaskError>> {
+        *self.output.lock().unwrap_or_else(|e| e.into_inner()) = Some(output.clone());
+        Box::pin(async { Ok(true) })
+    }
+
+    fn task_results(
+        &self,
+        _reduce_run: i64,
+        after_id: i64,
+        page: u32,
+    ) -> BoxFuture<'_, Result<Vec<TaskResult>, TaskError>> {
+        let mut results: Vec<TaskResult> = self
+            .results
+            .iter()
+            .filter(|r| r.id > after_id)
+            .cloned()
+            .collect();
+        results.sort_by_key(|r| r.id);
+        results.truncate(page as usize);
+        Box::pin(async move { Ok(results) })
+    }
 }
 
 /// Runs `handler` once with `params` as run 1, attempt 1 of job `test-job`, scheduled now.
@@ -66,6 +164,8 @@ pub struct TestJob {
     attempt: u32,
     scheduled_at: DateTime<Utc>,
     cancellation: CancellationToken,
+    task: Option<Task>,
+    results: Vec<TaskResult>,
 }
 
 impl TestJob {
@@ -77,7 +177,22 @@ impl TestJob {
             attempt: 1,
             scheduled_at: Utc::now(),
             cancellation: CancellationToken::new(),
+            task: None,
+            results: Vec::new(),
         }
+    }
+
+    /// Runs the handler as task `task` of a run ([`JobContext::task`]).
+    pub fn task(mut self, task: Task) -> Self {
+        self.task = Some(task);
+        self
+    }
+
+    /// The other tasks a reducer's [`JobContext::results`] reads (a reducer runs as a task of
+    /// kind `reduce`: see [`TestJob::task`]).
+    pub fn results(mut self, results: Vec<TaskResult>) -> Self {
+        self.results = results;
+        self
     }
 
     /// Sets the run id.
@@ -114,14 +229,29 @@ impl TestJob {
         let handler = handler::erase(&self.job, handler);
         let job: Arc<str> = self.job.into();
         let sink = Arc::new(LogSink::new(self.run_id, job.clone(), self.attempt, None));
-        let ctx = JobContext::new(
+        let recorder = Arc::new(Recorder {
+            results: self.results,
+            ..Recorder::default()
+        });
+        let tasks = Arc::new(TaskScope::new(
             self.run_id,
-            job,
             self.attempt,
-            self.scheduled_at,
-            params.clone(),
+            "test-worker".into(),
+            self.task,
+            recorder.clone(),
+        ));
+        let attempt = Attempt {
+            run_id: self.run_id,
+            job,
+            attempt: self.attempt,
+            scheduled_at: self.scheduled_at,
+            params: params.clone(),
+        };
+        let ctx = JobContext::new(
+            attempt,
             self.cancellation,
             JobLogger::new(sink.clone()),
+            tasks,
         );
         let result = handler(ctx, params).await;
         let logs = sink
@@ -129,7 +259,19 @@ impl TestJob {
             .into_iter()
             .map(|line| (line.level, line.message))
             .collect();
-        TestRun { result, logs }
+        let mapped =
+            std::mem::take(&mut *recorder.mapped.lock().unwrap_or_else(|e| e.into_inner()));
+        let output = recorder
+            .output
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        TestRun {
+            result,
+            logs,
+            mapped,
+            output,
+        }
     }
 }
 

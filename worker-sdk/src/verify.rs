@@ -121,6 +121,14 @@ fn detail(trigger: &Trigger, seen: &Seen<'_>) -> Result<(), String> {
             ));
         }
     }
+    if let Some(shard) = trigger.task.as_ref().and_then(|t| t.shard.as_ref())
+        && shard.index >= shard.total
+    {
+        return Err(format!(
+            "task shard index {} is not below the shard total {}",
+            shard.index, shard.total
+        ));
+    }
     match seen.not_before_ms {
         Err(NotAnInteger) => {
             return Err(format!(
@@ -203,6 +211,34 @@ mod tests {
             delivery_limit: 5,
             now: "2026-12-01T00:00:00Z".parse().unwrap(),
         }
+    }
+
+    #[test]
+    fn a_shard_must_lie_below_its_total() {
+        let mut t = trigger();
+        t.task = Some(chime_protocol::wire::Task {
+            parent_run_id: 6,
+            key: "shard/2".into(),
+            kind: chime_protocol::wire::TaskKind::Shard,
+            shard: Some(chime_protocol::wire::Shard {
+                index: 2,
+                total: 3,
+                param: None,
+            }),
+            worker: None,
+            step: None,
+            depth: None,
+        });
+        assert_eq!(check(&t, &seen()), Ok(()));
+        if let Some(shard) = t.task.as_mut().and_then(|t| t.shard.as_mut()) {
+            shard.total = 2;
+        }
+        assert_eq!(
+            check(&t, &seen()),
+            Err(format!(
+                "{IMPLAUSIBLE}task shard index 2 is not below the shard total 2"
+            ))
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ fn src() -> PathBuf {
 }
 
 /// The layer of each top-level module, top first; the leaves share the last one.
-const LAYERS: [(&str, usize); 12] = [
+const LAYERS: [(&str, usize); 13] = [
     ("runtime", 0),
     ("delivery", 1),
     ("link", 2),
@@ -21,6 +21,7 @@ const LAYERS: [(&str, usize); 12] = [
     ("outcome", 3),
     ("recording", 3),
     ("store", 3),
+    ("tasks", 3),
     ("testing", 3),
     ("verify", 3),
 ];

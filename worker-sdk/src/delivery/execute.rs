@@ -16,12 +16,15 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::context::{JobContext, JobLogger, Level, LogLine, LogSink, MAX_PENDING_BATCHES};
+use crate::context::{
+    Attempt, JobContext, JobLogger, Level, LogLine, LogSink, MAX_PENDING_BATCHES,
+};
 use crate::handler::ErasedHandler;
 use crate::link::Inbound;
 use crate::outcome::{self, Ending, Execution, JobError, RunEnd};
 use crate::recording::Unrecorded;
 use crate::store::{ClaimClock, RetryDecision};
+use crate::tasks::TaskScope;
 
 use super::clock::{deadline_after, due_after, hold_until, sleep_until};
 use super::shared::{InFlight, Shared};
@@ -61,14 +64,25 @@ pub(super) async fn run(
         Some(flush_tx),
     ));
     let params = std::mem::take(&mut trigger.params);
-    let ctx = JobContext::new(
+    let tasks = Arc::new(TaskScope::new(
         trigger.run_id,
-        job,
         trigger.attempt,
-        trigger.scheduled_at,
-        params.clone(),
+        shared.id.as_str().into(),
+        trigger.task.clone(),
+        shared.task_calls.clone(),
+    ));
+    let attempt = Attempt {
+        run_id: trigger.run_id,
+        job,
+        attempt: trigger.attempt,
+        scheduled_at: trigger.scheduled_at,
+        params: params.clone(),
+    };
+    let ctx = JobContext::new(
+        attempt,
         slot.token.clone(),
         JobLogger::new(sink.clone()),
+        tasks,
     );
     let timeout = trigger.timeout_ms.map(Duration::from_millis);
     tracing::debug!("claimed; running the handler");
@@ -284,6 +298,22 @@ async fn run_handler(
         interrupted: shared.stop_handlers.is_cancelled(),
         cancel_requested: slot.cancel_requested.load(Ordering::SeqCst),
     }
+}
+
+/// The handler of a reduce task of job `job`, which this worker handles without a reducer:
+/// claimed and failed at once, not retried (another attempt would find the same worker code),
+/// with the fix.
+pub(super) fn no_reducer(job: &str) -> ErasedHandler {
+    let message = format!(
+        "job {} has a reduce task but this worker registers no reducer for it: register one with \
+         .reducer({:?}, reducer) on the workers handling the job",
+        crate::verify::quote(job),
+        job
+    );
+    Arc::new(move |_ctx, _params| {
+        let message = message.clone();
+        Box::pin(async move { Err(JobError::fail(message)) })
+    })
 }
 
 /// The message a panic carried, for the record.

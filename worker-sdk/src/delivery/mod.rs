@@ -2,7 +2,9 @@
 //! [`claim`] its attempt (or take the run over from a lost worker), [`execute`] the handler at
 //! the trigger's instant, and [`settle`]: record the outcome, then retry, park or ack. A trigger
 //! of a job this worker has no handler for goes back for another worker instead
-//! ([`unhandled`]).
+//! ([`unhandled`]), and another worker's broadcast task goes to that worker's own queue
+//! ([`forward`]). Deliveries of the work queue and of the worker's own queue take the same
+//! path.
 //!
 //! The order is the guarantee. The claim comes before the handler, so a duplicate delivery of an
 //! attempt never executes twice; the outcome is committed before anything is published or
@@ -20,6 +22,7 @@
 mod claim;
 mod clock;
 mod execute;
+mod forward;
 mod settle;
 mod shared;
 mod unhandled;
@@ -31,6 +34,7 @@ use chime_protocol::wire::Trigger;
 use futures::FutureExt;
 use tracing::Instrument;
 
+use crate::handler::Found;
 use crate::link::{Inbound, Link};
 use crate::verify;
 
@@ -107,13 +111,22 @@ async fn run(
     mut trigger: Trigger,
     claimed: &Claimed,
 ) {
-    let Some(handler) = shared.handlers.get(&trigger.job).cloned() else {
-        return unhandled::send_back(shared, link, delivery, &trigger).await;
+    // Another worker's broadcast task: never claimed nor run here.
+    if let Some(worker) = forward::target(shared, &trigger) {
+        let worker = worker.to_owned();
+        return forward::forward(shared, link, delivery, &trigger, &worker).await;
+    }
+    let kind = trigger.task.as_ref().map(|t| t.kind);
+    let handler = match shared.handlers.for_trigger(&trigger.job, kind) {
+        Found::Handler(handler) => handler.clone(),
+        Found::NoReducer => execute::no_reducer(&trigger.job),
+        Found::Unknown => return unhandled::send_back(shared, link, delivery, &trigger).await,
     };
 
     // One delivery of a run at a time in this worker (see `Store::claim`). A later attempt
     // (its retry, published just before this worker acks the earlier one) waits its turn.
-    let slot = match shared.enter(trigger.run_id, trigger.attempt).await {
+    let parent = trigger.task.as_ref().map(|t| t.parent_run_id);
+    let slot = match shared.enter(trigger.run_id, trigger.attempt, parent).await {
         Entered::Yes(slot) => slot,
         Entered::Duplicate => {
             tracing::info!(

@@ -1,7 +1,7 @@
 //! What every delivery task of one worker shares ([`Shared`]): its identity, handlers, store
 //! and batchers, the handler slots, and the runs it holds: one delivery per run at a time
-//! ([`InFlight`]), with the handler's token an operator's cancel fires, and the outcomes it
-//! could not write yet ([`Unrecorded`]).
+//! ([`InFlight`]), with the handler's token an operator's cancel fires (naming the run, or the
+//! parent run of a task), and the outcomes it could not write yet ([`Unrecorded`]).
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -18,6 +18,7 @@ use crate::claims::ClaimBatcher;
 use crate::handler::Handlers;
 use crate::recording::{OutcomeBatcher, Unrecorded, log_recorded};
 use crate::store::Store;
+use crate::tasks::TaskCalls;
 
 /// State shared by the worker's tasks.
 pub(crate) struct Shared {
@@ -25,6 +26,8 @@ pub(crate) struct Shared {
     pub(crate) topology: Topology,
     pub(crate) handlers: Handlers,
     pub(crate) store: Store,
+    /// Where handlers' task calls go (map, output, results): the store.
+    pub(crate) task_calls: Arc<dyn TaskCalls>,
     /// Parent of every handler's cancellation token; fired when the drain timeout passes.
     pub(crate) stop_handlers: CancellationToken,
     /// Fired after the cancel grace of a shutdown: drop handlers that still run.
@@ -53,6 +56,8 @@ const SLOT_WAIT: Duration = Duration::from_secs(10);
 /// handler's token.
 struct RunSlot {
     attempt: u32,
+    /// The run's parent, for a task: a cancel of the parent reaches it.
+    parent: Option<i64>,
     token: CancellationToken,
     cancel_requested: Arc<AtomicBool>,
 }
@@ -120,6 +125,7 @@ impl Shared {
             id,
             topology,
             handlers,
+            task_calls: Arc::new(Store::new(pool.clone(), db_retry_budget)),
             store: Store::new(pool, db_retry_budget),
             stop_handlers: CancellationToken::new(),
             abandon: CancellationToken::new(),
@@ -135,11 +141,16 @@ impl Shared {
         }
     }
 
-    /// Enters run `run_id` for attempt `attempt`, unless this worker is already handling a
-    /// delivery of it: of the same or an earlier attempt, that is a duplicate; of an earlier
-    /// one, the caller waits (up to [`SLOT_WAIT`]) for it to be done, as a retry comes back
-    /// within milliseconds when its delay is short.
-    pub(crate) async fn enter(&self, run_id: i64, attempt: u32) -> Entered<'_> {
+    /// Enters run `run_id` (a task of run `parent`, if given) for attempt `attempt`, unless
+    /// this worker is already handling a delivery of it: of the same or an earlier attempt,
+    /// that is a duplicate; of an earlier one, the caller waits (up to [`SLOT_WAIT`]) for it
+    /// to be done, as a retry comes back within milliseconds when its delay is short.
+    pub(crate) async fn enter(
+        &self,
+        run_id: i64,
+        attempt: u32,
+        parent: Option<i64>,
+    ) -> Entered<'_> {
         let deadline = tokio::time::Instant::now() + SLOT_WAIT;
         loop {
             let released = self.released.notified();
@@ -155,6 +166,7 @@ impl Shared {
                         let cancel_requested = Arc::new(AtomicBool::new(false));
                         vacant.insert(RunSlot {
                             attempt,
+                            parent,
                             token: token.clone(),
                             cancel_requested: cancel_requested.clone(),
                         });
@@ -178,16 +190,21 @@ impl Shared {
         }
     }
 
-    /// An operator's cancel of run `run_id`: fires its handler's token if this worker holds the
-    /// run. Returns whether it did.
+    /// An operator's cancel of run `run_id`: fires the handler's token of that run and of
+    /// every task of it (run `run_id` is their parent) this worker holds. Returns whether it
+    /// fired any.
     pub(crate) fn cancel_run(&self, run_id: i64) -> bool {
         let in_flight = lock(&self.in_flight);
-        let Some(slot) = in_flight.get(&run_id) else {
-            return false;
-        };
-        slot.cancel_requested.store(true, Ordering::SeqCst);
-        slot.token.cancel();
-        true
+        let mut fired = false;
+        for (_, slot) in in_flight
+            .iter()
+            .filter(|(id, slot)| **id == run_id || slot.parent == Some(run_id))
+        {
+            slot.cancel_requested.store(true, Ordering::SeqCst);
+            slot.token.cancel();
+            fired = true;
+        }
+        fired
     }
 
     fn unrecorded(&self) -> MutexGuard<'_, HashMap<i64, Unrecorded>> {

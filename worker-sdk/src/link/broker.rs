@@ -1,9 +1,11 @@
 //! The worker's connection to RabbitMQ and the links it opens on it.
 //!
 //! Each opening is a [`Link`]: a consumer channel and a confirm-mode channel for parking
-//! messages and publishing retries. The consumer channel also consumes the worker's control
-//! queue: an exclusive, auto-deleted queue bound to the fanout exchange `P.control`, which
-//! carries operators' cancels to every worker. Deliveries keep the `Link` they arrived on,
+//! messages and publishing retries. The consumer channel consumes the group's work queue and
+//! the worker's own queue (`P.G.worker.<id>`, its broadcast tasks: durable, with the work
+//! queue's arguments, so a worker restarted under the same id finds what waits for it), with
+//! the same prefetch each, and the worker's control queue: an exclusive, auto-deleted queue
+//! bound to the fanout exchange `P.control`, which carries operators' cancels to every worker. Deliveries keep the `Link` they arrived on,
 //! because an ack must go out on the delivery's own channel; acks of a dead channel return
 //! `Ok(false)` and the broker redelivers those messages, which the claim then recognises as
 //! duplicates.
@@ -31,7 +33,10 @@ pub(crate) struct Link {
     pub(super) publish: Channel,
     /// Fired by a delivery task when the publish channel died, so the supervisor reopens.
     pub(super) broken: CancellationToken,
+    /// The work queue consumer's tag.
     pub(super) consumer_tag: String,
+    /// The worker queue consumer's tag.
+    pub(super) own_tag: String,
 }
 
 impl Link {
@@ -95,6 +100,17 @@ impl Link {
         .await
     }
 
+    /// Publishes `original` to worker `worker`'s own queue (a broadcast task that reached this
+    /// worker through the work queue), confirmed ([`delay::forward`]).
+    pub(crate) async fn forward(
+        &self,
+        topology: &Topology,
+        original: &Inbound,
+        worker: &str,
+    ) -> Result<(), PublishError> {
+        delay::forward(&self.publish, topology, original.message(), worker).await
+    }
+
     /// After a publish failed: if the publishing channel is dead, marks the link broken so the
     /// supervisor opens a new one.
     pub(crate) fn publish_failed(&self) {
@@ -104,10 +120,12 @@ impl Link {
     }
 }
 
-/// A link and its two consumers: the work queue's and the control queue's.
+/// A link and its three consumers: the work queue's, the worker queue's and the control
+/// queue's.
 pub(crate) struct Opened {
     pub(super) link: Arc<Link>,
     pub(super) work: Consumer,
+    pub(super) own: Consumer,
     pub(super) control: Consumer,
 }
 
@@ -175,8 +193,11 @@ impl Broker {
             }
         };
         let topology = &self.topology;
+        let worker_id = self.worker_id.as_str();
+        let own_tag = format!("{consumer_tag}-own");
         let setup = async {
             topology.declare(&consume).await?;
+            topology.declare_worker_queue(&consume, worker_id).await?;
             // Per-consumer prefetch (global=false): global QoS is a channel error on quorum
             // queues.
             consume
@@ -208,9 +229,19 @@ impl Broker {
                     FieldTable::default(),
                 )
                 .await?;
-            Ok::<_, lapin::Error>((work, control))
+            // The same delivery path as the work queue's, the same handler slots; its own
+            // prefetch (QoS is per consumer).
+            let own = consume
+                .basic_consume(
+                    topology.worker_queue(worker_id).as_str().into(),
+                    own_tag.as_str().into(),
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await?;
+            Ok::<_, lapin::Error>((work, own, control))
         };
-        let (work, control) = match setup.await {
+        let (work, own, control) = match setup.await {
             Ok(consumers) => consumers,
             Err(error) => {
                 // Do not leak a channel per failed attempt.
@@ -224,6 +255,7 @@ impl Broker {
             publish,
             broken: CancellationToken::new(),
             consumer_tag,
+            own_tag,
         });
         // Links no delivery holds any more can go; close their channels.
         let (keep, done): (Vec<_>, Vec<_>) = std::mem::take(&mut self.links)
@@ -236,6 +268,7 @@ impl Broker {
         self.links.push(link.clone());
         tracing::info!(
             queue = %topology.work_queue(),
+            worker_queue = %topology.worker_queue(&self.worker_id),
             control_queue = %control_queue,
             consumer = %link.consumer_tag,
             prefetch = capacity,
@@ -244,11 +277,13 @@ impl Broker {
         Ok(Opened {
             link,
             work,
+            own,
             control,
         })
     }
 
-    /// Closes every channel and the connection.
+    /// Closes every channel and the connection. The worker's own queue stays, with whatever
+    /// waits in it, for the worker started again under the same id.
     pub(crate) async fn close(&mut self) {
         for link in std::mem::take(&mut self.links) {
             close_link(&link).await;

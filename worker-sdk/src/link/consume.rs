@@ -1,5 +1,6 @@
-//! The consume loop: a supervisor that keeps a consumer on the group's work queue until
-//! shutdown, and hands each delivery and control message up through [`Dispatch`].
+//! The consume loop: a supervisor that keeps consumers on the group's work queue and on the
+//! worker's own queue until shutdown, and hands each delivery (of either queue, alike) and
+//! control message up through [`Dispatch`].
 //!
 //! lapin's auto-recovery (enabled here) survives a lost *connection*: it reconnects and replays
 //! topology, QoS and consumers, and the consumer stream resumes after
@@ -25,10 +26,11 @@ use super::inbound::Inbound;
 /// Where the consume loop hands what it receives. The runtime implements it with the delivery
 /// path, so this layer never imports a layer above it.
 pub(crate) trait Dispatch {
-    /// Starts handling a work-queue delivery that arrived on `link`, in a task of its own.
+    /// Starts handling a delivery of the work queue or the worker's own queue that arrived on
+    /// `link`, in a task of its own.
     fn delivery(&self, link: Arc<Link>, delivery: Inbound);
     /// An operator's cancel of run `run_id`: fires its handler's token if this worker holds the
-    /// run. Returns whether it did.
+    /// run, and those of the tasks of run `run_id` it holds. Returns whether it did.
     fn cancel_run(&self, run_id: i64) -> bool;
 }
 
@@ -149,19 +151,20 @@ async fn consume(
     let Opened {
         link,
         work: mut consumer,
+        mut own,
         mut control,
     } = opened;
     loop {
         let next = tokio::select! {
             biased;
             _ = shutdown.cancelled() => {
-                stop_consuming(&link, consumer).await;
+                stop_both(&link, consumer, own).await;
                 return LinkEnd::Shutdown;
             }
             _ = link.broken.cancelled() => {
-                // The consumer channel may be fine: stop its consumer so no delivery waits in
+                // The consumer channel may be fine: stop its consumers so no delivery waits in
                 // a stream nobody reads, and keep it open for the in-flight acks.
-                stop_consuming(&link, consumer).await;
+                stop_both(&link, consumer, own).await;
                 return LinkEnd::Lost("the publishing channel closed".into());
             }
             message = control.next() => match message {
@@ -172,9 +175,22 @@ async fn consume(
                 // The channel or connection failed: the work consumer sees it too.
                 Some(Err(error)) => Some(Err(error)),
                 None => {
-                    stop_consuming(&link, consumer).await;
+                    stop_both(&link, consumer, own).await;
                     return LinkEnd::Lost("the broker cancelled the control queue consumer".into());
                 }
+            },
+            next = own.next() => match next {
+                // The worker's own queue was deleted (or its channel closed): reopen, which
+                // declares it again.
+                None => {
+                    stop_consuming(&link, &link.consumer_tag, consumer).await;
+                    return LinkEnd::Lost(
+                        "the broker cancelled the worker queue consumer (queue deleted or \
+                         channel closed)"
+                            .into(),
+                    );
+                }
+                some => some,
             },
             next = consumer.next() => next,
         };
@@ -183,7 +199,7 @@ async fn consume(
                 dispatch.delivery(link.clone(), Inbound::new(d));
             }
             Some(Err(error)) => {
-                tracing::warn!(%error, "work queue consumer failed; waiting for recovery");
+                tracing::warn!(%error, "queue consumer failed; waiting for recovery");
                 let recovered = tokio::select! {
                     _ = shutdown.cancelled() => return LinkEnd::Shutdown,
                     recovered = link.consume.wait_for_recovery(error) => recovered,
@@ -194,6 +210,7 @@ async fn consume(
                 }
             }
             None => {
+                stop_consuming(&link, &link.own_tag, own).await;
                 return LinkEnd::Lost(
                     "the broker cancelled the consumer (queue deleted or channel closed)".into(),
                 );
@@ -225,15 +242,20 @@ fn on_control(dispatch: &impl Dispatch, body: &[u8]) {
     }
 }
 
-/// Cancels the consumer so the broker sends nothing more, and hands back anything it had
-/// already pushed to us but we had not started (requeued for another worker).
-async fn stop_consuming(link: &Link, mut consumer: Consumer) {
+/// Stops both queue consumers of `link` ([`stop_consuming`]): the work queue's and the
+/// worker queue's.
+async fn stop_both(link: &Link, work: Consumer, own: Consumer) {
+    stop_consuming(link, &link.consumer_tag, work).await;
+    stop_consuming(link, &link.own_tag, own).await;
+}
+
+/// Cancels consumer `tag` so the broker sends nothing more, and hands back anything it had
+/// already pushed to us but we had not started (requeued for another worker, or for this one
+/// restarted).
+async fn stop_consuming(link: &Link, tag: &str, mut consumer: Consumer) {
     if let Err(error) = link
         .consume
-        .basic_cancel(
-            link.consumer_tag.as_str().into(),
-            BasicCancelOptions::default(),
-        )
+        .basic_cancel(tag.into(), BasicCancelOptions::default())
         .await
     {
         tracing::warn!(
@@ -358,6 +380,7 @@ mod tests {
             publish,
             broken: CancellationToken::new(),
             consumer_tag: "orphan".into(),
+            own_tag: "orphan-own".into(),
         };
 
         proxy.cut();
@@ -365,7 +388,7 @@ mod tests {
             link.consume.status().reconnecting()
         })
         .await;
-        stop_consuming(&link, consumer).await;
+        stop_consuming(&link, "orphan", consumer).await;
         let _restored = Proxy::start(proxy.port).await;
         wait_until("the connection to recover", || {
             connection.status().connected()

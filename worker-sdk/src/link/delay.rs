@@ -15,6 +15,7 @@ use chime_protocol::wire::{
     HEADER_NOT_BEFORE, HEADER_PARKED_AT,
 };
 use chrono::{DateTime, Utc};
+use lapin::message::Delivery;
 use lapin::{BasicProperties, Channel};
 
 use super::parking;
@@ -118,6 +119,36 @@ pub(crate) async fn publish_via(
     Ok(key)
 }
 
+/// Properties of a forwarded copy: the original's, with its headers less [`STALE_HEADERS`]
+/// (bounded: [`parking::copied_headers`]); the attempt and not-before headers stay as they are.
+pub(crate) fn forwarded_properties(original: &BasicProperties) -> BasicProperties {
+    let headers = parking::copied_headers(original.headers().as_ref(), &STALE_HEADERS);
+    original.clone().with_headers(headers).with_delivery_mode(2)
+}
+
+/// Publishes `original` (body and properties, less the broker's record of its earlier life:
+/// a stale `x-delivery-count` would count against the delivery limit of the queue it goes to)
+/// to worker `worker`'s own queue, routing key `worker.<worker>`, with confirms: a broadcast
+/// task that came back through a delay tier to the group's work queue. Unroutable when that
+/// worker's queue does not exist.
+pub(crate) async fn forward(
+    channel: &Channel,
+    topology: &Topology,
+    original: &Delivery,
+    worker: &str,
+) -> Result<(), PublishError> {
+    let properties = forwarded_properties(&original.properties);
+    let key = Topology::worker_key(worker);
+    publish::confirmed(
+        channel,
+        &topology.exchange(),
+        &key,
+        &original.data,
+        properties,
+    )
+    .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,6 +164,31 @@ mod tests {
         assert_eq!(key(now + ms(1_000)).as_deref(), Some("retry.1s"));
         assert_eq!(key(now + ms(3_700)).as_deref(), Some("retry.2s"));
         assert_eq!(key(now + ms(7_200_000)).as_deref(), Some("retry.1h"));
+    }
+
+    #[test]
+    fn a_forwarded_copy_keeps_its_headers_but_not_the_brokers_record_of_its_past() {
+        let mut headers = FieldTable::default();
+        headers.insert(HEADER_ATTEMPT.into(), AMQPValue::LongUInt(3));
+        headers.insert(
+            HEADER_NOT_BEFORE.into(),
+            AMQPValue::LongLongInt(1_800_000_000_000),
+        );
+        headers.insert("x-delivery-count".into(), AMQPValue::LongLongInt(4));
+        headers.insert("x-death".into(), AMQPValue::FieldArray(Default::default()));
+        let original = BasicProperties::default()
+            .with_message_id("42".into())
+            .with_headers(headers);
+        let p = forwarded_properties(&original);
+        let h = p.headers().as_ref().unwrap().inner();
+        assert_eq!(h.get(HEADER_ATTEMPT), Some(&AMQPValue::LongUInt(3)));
+        assert_eq!(
+            h.get(HEADER_NOT_BEFORE),
+            Some(&AMQPValue::LongLongInt(1_800_000_000_000))
+        );
+        assert!(!h.contains_key("x-delivery-count") && !h.contains_key("x-death"));
+        assert_eq!(p.message_id().as_ref().unwrap().as_str(), "42");
+        assert_eq!(p.delivery_mode(), &Some(2));
     }
 
     #[test]

@@ -18,6 +18,10 @@ mod parking;
 mod publish;
 
 pub(crate) use broker::{Broker, Link};
+
+/// Longest queue name RabbitMQ takes (an AMQP short string), in bytes: the worker's own queue,
+/// `<prefix>.<group>.worker.<id>`, must fit, which bounds the worker id.
+pub const MAX_QUEUE_NAME_BYTES: usize = 255;
 pub(crate) use consume::{Dispatch, supervise};
 pub(crate) use inbound::Inbound;
 /// The broker's error type, named here so that no module outside the link names lapin.

@@ -34,6 +34,13 @@ pub(crate) enum PublishError {
     NotConfirmed,
 }
 
+impl PublishError {
+    /// No queue took the message: nothing is bound to its routing key.
+    pub(crate) fn is_unroutable(&self) -> bool {
+        matches!(self, PublishError::Unroutable { .. })
+    }
+}
+
 /// Publishes `body` to `exchange` with routing key `key`, `mandatory`, and waits for the
 /// broker's confirm. `channel` must be in confirm mode.
 pub(crate) async fn confirmed(

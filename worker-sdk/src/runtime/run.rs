@@ -1,4 +1,5 @@
-//! One worker's life, [`run`]: register, consume until shutdown, drain, stop.
+//! One worker's life, [`run`]: open the link (its own queue declared before anything else),
+//! register, consume until shutdown, drain, stop.
 //!
 //! Shutdown, in order (tokio's graceful-shutdown shape):
 //! 1. stop consuming (`basic.cancel`), so the broker sends this worker nothing more;
@@ -111,21 +112,9 @@ pub(crate) async fn run(config: Config, shutdown: CancellationToken) -> Result<(
         config.db_retry_budget,
         limits,
     ));
-    let row = WorkerRow {
-        id: &shared.id,
-        group: shared.topology.group(),
-        hostname: &config.hostname,
-        capacity: config.capacity,
-        jobs: &jobs,
-        heartbeat_interval: config.heartbeat_interval,
-    };
-    if let Err(source) = shared.store.register_worker(&row).await {
-        return Err(WorkerError::Register {
-            worker_id: shared.id.clone(),
-            source,
-        });
-    }
-
+    // The broker first: the worker's own queue exists before the worker registers, so a
+    // broadcast task the scheduler routes to it once it counts the worker is never
+    // unroutable. Deliveries wait in the consumers until the consume loop starts.
     let mut broker = Broker::new(
         config.amqp_url.clone(),
         config.amqp_tls.clone(),
@@ -139,7 +128,6 @@ pub(crate) async fn run(config: Config, shutdown: CancellationToken) -> Result<(
         Ok(first) => first,
         Err(source) => {
             broker.close().await;
-            shared.mark_stopped().await;
             if owned_pool {
                 shared.store.pool().close().await;
             }
@@ -150,6 +138,26 @@ pub(crate) async fn run(config: Config, shutdown: CancellationToken) -> Result<(
             });
         }
     };
+    let row = WorkerRow {
+        id: &shared.id,
+        group: shared.topology.group(),
+        hostname: &config.hostname,
+        capacity: config.capacity,
+        jobs: &jobs,
+        heartbeat_interval: config.heartbeat_interval,
+    };
+    if let Err(source) = shared.store.register_worker(&row).await {
+        // Unacked deliveries go back to their queues as the channels close.
+        drop(first);
+        broker.close().await;
+        if owned_pool {
+            shared.store.pool().close().await;
+        }
+        return Err(WorkerError::Register {
+            worker_id: shared.id.clone(),
+            source,
+        });
+    }
     tracing::info!(
         worker_id = %shared.id,
         group = shared.topology.group(),

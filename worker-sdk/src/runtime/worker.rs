@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::context::JobContext;
 use crate::handler::{self, Handlers};
+pub use crate::link::MAX_QUEUE_NAME_BYTES;
 use crate::outcome::JobError;
 
 use super::run::{self, Config, Database, WorkerError};
@@ -29,6 +30,10 @@ pub const ENV_DATABASE_URL: &str = "CHIME_DATABASE_URL";
 pub const ENV_AMQP_URL: &str = "CHIME_AMQP_URL";
 /// Environment variable of the queue name prefix (the CLI's `queue_prefix` setting).
 pub const ENV_QUEUE_PREFIX: &str = "CHIME_QUEUE_PREFIX";
+/// Environment variable of the worker's id ([`WorkerBuilder::worker_id`]); as `chime-runner`
+/// and the conformance workers read it.
+pub const ENV_WORKER_ID: &str = "CHIME_WORKER_ID";
+
 /// RabbitMQ URL used when none is given.
 pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 /// Concurrent handlers when none is given.
@@ -62,11 +67,38 @@ pub enum BuildError {
     #[error("executor group name is empty: pass the group to Worker::builder(\"group\")")]
     EmptyGroup,
     /// No `.handle(..)` call.
-    #[error("no handlers registered: add at least one with .handle(\"job-name\", handler)")]
+    #[error(
+        "no handlers registered: add at least one with .handle(\"job-name\", handler) (or a \
+         reducer with .reducer(\"job-name\", reducer))"
+    )]
     NoHandlers,
     /// A job name was registered twice.
     #[error("job `{0}` has two handlers: register each job name once")]
     DuplicateJob(String),
+    /// A job's reducer was registered twice.
+    #[error("job `{0}` has two reducers: register each job's reducer once")]
+    DuplicateReducer(String),
+    /// The worker id is empty.
+    #[error(
+        "worker_id is empty: pass a stable id to .worker_id(..) (or CHIME_WORKER_ID), or leave \
+         both unset for <hostname>-<pid>-<random>"
+    )]
+    EmptyWorkerId,
+    /// The worker's own queue name, `<prefix>.<group>.worker.<id>`, would be longer than
+    /// [`MAX_QUEUE_NAME_BYTES`].
+    #[error(
+        "worker_id `{id}` is too long: the worker's queue `{queue}` would be {bytes} bytes, over \
+         RabbitMQ's {MAX_QUEUE_NAME_BYTES} (MAX_QUEUE_NAME_BYTES); use a shorter worker id (or \
+         prefix or group)"
+    )]
+    WorkerIdTooLong {
+        /// The id, cut to 64 bytes.
+        id: String,
+        /// The queue name, cut to 64 bytes.
+        queue: String,
+        /// The queue name's length.
+        bytes: usize,
+    },
     /// `.capacity(0)`.
     #[error("capacity must be at least 1 (got 0)")]
     ZeroCapacity,
@@ -122,6 +154,7 @@ pub struct WorkerBuilder {
     delivery_limit: u32,
     handlers: Handlers,
     duplicate: Option<String>,
+    duplicate_reducer: Option<String>,
 }
 
 impl fmt::Debug for WorkerBuilder {
@@ -206,7 +239,14 @@ impl WorkerBuilder {
     }
 
     /// This worker's id in `chime_workers` and in the runs it executes; default
-    /// `<hostname>-<pid>-<random>`. Must be unique among live workers.
+    /// `CHIME_WORKER_ID`, else `<hostname>-<pid>-<random>`. Must be unique among live workers,
+    /// and short enough for the worker's own queue `<prefix>.<group>.worker.<id>` to fit in
+    /// [`MAX_QUEUE_NAME_BYTES`].
+    ///
+    /// Give a worker that runs broadcast jobs a stable id (the same across restarts, such as
+    /// the pod's or the host's name): the broadcast tasks published for it wait in its own
+    /// queue, and a worker restarted under the same id runs them, while a new id starts with
+    /// an empty queue.
     pub fn worker_id(mut self, id: impl Into<String>) -> Self {
         self.worker_id = Some(id.into());
         self
@@ -284,6 +324,27 @@ impl WorkerBuilder {
         self
     }
 
+    /// Registers `reducer` as job `job`'s reducer: it runs the job's reduce task (a map/reduce
+    /// job's last task, published once every other task of the run has ended) instead of the
+    /// job's handler, with the run's params decoded into `P`; [`JobContext::results`] reads
+    /// the other tasks' outputs. The worker counts as handling `job` with a reducer alone.
+    ///
+    /// A reduce task reaching a worker that has the job's handler but no reducer fails (not
+    /// retried), naming the job and this call.
+    pub fn reducer<P, F, Fut>(mut self, job: impl Into<String>, reducer: F) -> Self
+    where
+        P: DeserializeOwned + Send + 'static,
+        F: Fn(JobContext, P) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), JobError>> + Send + 'static,
+    {
+        let job = job.into();
+        let erased = handler::erase(&job, reducer);
+        if !self.handlers.insert_reducer(job.clone(), erased) && self.duplicate_reducer.is_none() {
+            self.duplicate_reducer = Some(job);
+        }
+        self
+    }
+
     /// Checks the configuration and builds the worker. Does no IO.
     pub fn build(self) -> Result<Worker, BuildError> {
         if self.group.is_empty() {
@@ -294,6 +355,9 @@ impl WorkerBuilder {
         }
         if let Some(job) = self.duplicate {
             return Err(BuildError::DuplicateJob(job));
+        }
+        if let Some(job) = self.duplicate_reducer {
+            return Err(BuildError::DuplicateReducer(job));
         }
         if self.capacity == 0 {
             return Err(BuildError::ZeroCapacity);
@@ -322,12 +386,14 @@ impl WorkerBuilder {
         let id = self
             .worker_id
             .unwrap_or_else(|| default_worker_id(&hostname));
+        let topology =
+            Topology::new(self.prefix, self.group).with_delivery_limit(self.delivery_limit);
+        check_worker_id(&topology, &id)?;
         Ok(Worker {
             config: Config {
                 id,
                 hostname,
-                topology: Topology::new(self.prefix, self.group)
-                    .with_delivery_limit(self.delivery_limit),
+                topology,
                 database,
                 amqp_url: self.amqp_url,
                 amqp_tls: self.amqp_tls,
@@ -343,6 +409,22 @@ impl WorkerBuilder {
             },
         })
     }
+}
+
+/// The worker id is not empty and its queue's name fits in [`MAX_QUEUE_NAME_BYTES`].
+fn check_worker_id(topology: &Topology, id: &str) -> Result<(), BuildError> {
+    if id.is_empty() {
+        return Err(BuildError::EmptyWorkerId);
+    }
+    let queue = topology.worker_queue(id);
+    if queue.len() > MAX_QUEUE_NAME_BYTES {
+        return Err(BuildError::WorkerIdTooLong {
+            id: chime_protocol::limits::cap_bytes(id, 64).into_owned(),
+            queue: chime_protocol::limits::cap_bytes(&queue, 64).into_owned(),
+            bytes: queue.len(),
+        });
+    }
+    Ok(())
 }
 
 fn default_worker_id(hostname: &str) -> String {
@@ -383,6 +465,7 @@ impl Worker {
     /// | [`database_url`](WorkerBuilder::database_url) (or [`pool`](WorkerBuilder::pool)) | `CHIME_DATABASE_URL` | [`DEFAULT_DATABASE_URL`] |
     /// | [`amqp_url`](WorkerBuilder::amqp_url) | `CHIME_AMQP_URL` | [`DEFAULT_AMQP_URL`] |
     /// | [`prefix`](WorkerBuilder::prefix) | `CHIME_QUEUE_PREFIX` | `chime` |
+    /// | [`worker_id`](WorkerBuilder::worker_id) | `CHIME_WORKER_ID` | `<hostname>-<pid>-<random>` |
     ///
     /// An empty variable counts as unset. Everything else has a builder call only.
     pub fn builder(group: impl Into<String>) -> WorkerBuilder {
@@ -403,7 +486,7 @@ impl Worker {
             prefix: env(ENV_QUEUE_PREFIX).unwrap_or_else(|| DEFAULT_PREFIX.to_owned()),
             capacity: DEFAULT_CAPACITY,
             hold: DEFAULT_HOLD,
-            worker_id: None,
+            worker_id: env(ENV_WORKER_ID),
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             cancel_grace: DEFAULT_CANCEL_GRACE,
             heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
@@ -413,6 +496,7 @@ impl Worker {
             delivery_limit: chime_protocol::topology::DEFAULT_DELIVERY_LIMIT,
             handlers: Handlers::default(),
             duplicate: None,
+            duplicate_reducer: None,
         }
     }
 
@@ -547,6 +631,70 @@ mod tests {
         let w = defaults.handle("a", noop).build().expect("builds");
         assert_eq!(w.config.amqp_url, DEFAULT_AMQP_URL);
         assert_eq!(w.topology().work_queue(), "chime.g.work");
+    }
+
+    /// The worker id comes from CHIME_WORKER_ID unless given; it must be non-empty and fit
+    /// the worker's own queue name in 255 bytes; reducers count as handled jobs.
+    #[tokio::test]
+    async fn the_worker_id_is_read_from_the_environment_and_bounded_by_its_queue_name() {
+        let env = |name: &str| (name == ENV_WORKER_ID).then(|| "pod-7".to_owned());
+        let w = Worker::builder_with_env("g".into(), env)
+            .pool(lazy_pool())
+            .handle("a", noop)
+            .build()
+            .unwrap();
+        assert_eq!(w.id(), "pod-7");
+        assert_eq!(w.topology().worker_queue(w.id()), "chime.g.worker.pod-7");
+        let explicit = Worker::builder_with_env("g".into(), env)
+            .pool(lazy_pool())
+            .handle("a", noop)
+            .worker_id("mine")
+            .build()
+            .unwrap();
+        assert_eq!(explicit.id(), "mine");
+        let err = |id: &str| {
+            Worker::builder("g")
+                .pool(lazy_pool())
+                .handle("a", noop)
+                .worker_id(id)
+                .build()
+                .unwrap_err()
+                .to_string()
+        };
+        // `chime.g.worker.` is 15 bytes: 240 more fit, 241 do not.
+        let fits = "x".repeat(MAX_QUEUE_NAME_BYTES - 15);
+        assert!(
+            Worker::builder("g")
+                .pool(lazy_pool())
+                .handle("a", noop)
+                .worker_id(fits)
+                .build()
+                .is_ok()
+        );
+        let long = err(&"x".repeat(MAX_QUEUE_NAME_BYTES - 14));
+        assert!(
+            long.starts_with("worker_id `xxx") && long.contains("would be 256 bytes, over"),
+            "{long}"
+        );
+        assert!(err("").starts_with("worker_id is empty"));
+        let twice = Worker::builder("g")
+            .pool(lazy_pool())
+            .handle("a", noop)
+            .reducer("a", noop)
+            .reducer("a", noop)
+            .build()
+            .unwrap_err();
+        assert_eq!(
+            twice.to_string(),
+            "job `a` has two reducers: register each job's reducer once"
+        );
+        let reducer_only = Worker::builder("g")
+            .pool(lazy_pool())
+            .handle("a", noop)
+            .reducer("b", noop)
+            .build()
+            .unwrap();
+        assert_eq!(reducer_only.config.handlers.jobs(), ["a", "b"]);
     }
 
     /// Issue 10: a URL that does not parse was shown whole, password included.

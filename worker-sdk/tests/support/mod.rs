@@ -33,6 +33,9 @@ pub struct Env {
     pub topology: Topology,
     connection: Connection,
     pub channel: Channel,
+    /// Ids of the workers built here: their own queues (which outlive a worker, for its
+    /// restart under the same id) are deleted at cleanup.
+    worker_ids: std::sync::Mutex<Vec<String>>,
 }
 
 impl std::ops::Deref for Env {
@@ -103,17 +106,26 @@ impl Env {
             topology,
             connection,
             channel,
+            worker_ids: std::sync::Mutex::default(),
         }
     }
 
     /// A builder for a worker of this test's group, with quick heartbeats.
     pub fn worker(&self) -> WorkerBuilder {
+        let id = chime_test_kit::unique("w");
+        self.delete_worker_queue_at_cleanup(&id);
         Worker::builder(self.group.as_str())
             .pool(self.pool.clone())
             .prefix(self.prefix.as_str())
             .amqp_url(self.amqp_url.as_str())
-            .worker_id(chime_test_kit::unique("w"))
+            .worker_id(id)
             .heartbeat_interval(Duration::from_millis(200))
+    }
+
+    /// Deletes worker `id`'s own queue at [`Env::cleanup`] (for a worker given an id of the
+    /// test's own).
+    pub fn delete_worker_queue_at_cleanup(&self, id: &str) {
+        self.worker_ids.lock().unwrap().push(id.to_owned());
     }
 
     /// Starts `worker` in a task.
@@ -324,6 +336,15 @@ impl Env {
     /// Deletes the test's exchange and queues now (they are deleted anyway when a failed
     /// test drops its `Env`).
     pub async fn cleanup(self) {
+        let ids = std::mem::take(&mut *self.worker_ids.lock().unwrap());
+        for id in ids {
+            let queue = self.topology.worker_queue(&id);
+            let options = lapin::options::QueueDeleteOptions::default();
+            self.channel
+                .queue_delete(queue.as_str().into(), options)
+                .await
+                .unwrap();
+        }
         let _ = self.connection.close(200, "test done".into()).await;
         self.setup.finish().await;
     }
