@@ -9,7 +9,7 @@
 //! | work queue | `P.G.work` | quorum, bound with key `work`; explicit `x-delivery-limit`; dead-letters to `P.G` with key `parking` (at-least-once) |
 //! | parking lot | `P.G.parking` | quorum, bound with key `parking`; runs that cannot go on wait here for an operator |
 //! | delay tiers | `P.G.retry.<tier>` for each of [`RETRY_TIERS`] | quorum, fixed `x-message-ttl`, bound with key `retry.<tier>`; dead-letter back to `P.G` with key `work` (at-least-once) |
-//! | worker queues | `P.G.worker.<id>` for each worker `<id>` | quorum, bound with key `worker.<id>`; a broadcast task for that worker only; same delivery limit and parking as the work queue; declared by the worker, kept across its restarts |
+//! | worker queues | `P.G.worker.<id>` for each worker `<id>` | quorum, bound with key `worker.<id>`; a broadcast task for that worker only; the work queue's arguments and `x-expires` one day; declared by the worker, kept across its restarts, deleted by the broker after a day unused |
 //!
 //! `Topology::declare` (feature `amqp`) declares the exchange, work queue and parking lot. A
 //! delay tier is declared by the worker that first sends a message through it
@@ -42,6 +42,9 @@ pub const WORK_KEY: &str = "work";
 pub const PARKING_KEY: &str = "parking";
 /// Routing keys of workers' own queues start with this ([`Topology::worker_key`]).
 pub const WORKER_KEY_PREFIX: &str = "worker.";
+/// How long a worker's own queue may go unused (no consumer, no declare) before the broker
+/// deletes it: `x-expires` of [`Topology::worker_queue_arguments`] (one day).
+pub const WORKER_QUEUE_EXPIRES: Duration = Duration::from_secs(24 * 3600);
 /// Default name prefix of every exchange and queue Chime declares.
 pub const DEFAULT_PREFIX: &str = "chime";
 /// One delay tier: a queue whose messages wait `ttl`, then go back to the work queue.
@@ -182,6 +185,17 @@ impl Topology {
         format!("{WORKER_KEY_PREFIX}{worker_id}")
     }
 
+    /// A worker's own queue's arguments: the work queue's, and `x-expires`
+    /// ([`WORKER_QUEUE_EXPIRES`]): the broker deletes the queue of a worker id unused that
+    /// long, so workers with generated ids leave nothing behind for good. A broadcast task
+    /// still in it has long ended `lost` by then (the leader's rescuer, after `rescue_after`).
+    pub fn worker_queue_arguments(&self) -> QueueArguments {
+        let mut arguments = self.work_queue_arguments();
+        let expires = u32::try_from(WORKER_QUEUE_EXPIRES.as_millis()).unwrap_or(u32::MAX);
+        arguments.push(("x-expires", ArgValue::U32(expires)));
+        arguments
+    }
+
     /// The work queue's arguments.
     pub fn work_queue_arguments(&self) -> QueueArguments {
         vec![
@@ -287,7 +301,7 @@ impl Topology {
             &self.exchange(),
             &self.worker_queue(worker_id),
             &Self::worker_key(worker_id),
-            field_table(self.work_queue_arguments()),
+            field_table(self.worker_queue_arguments()),
         )
         .await
     }

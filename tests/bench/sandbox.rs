@@ -215,6 +215,16 @@ impl Sandbox {
     pub async fn finish(self, succeeded: bool) {
         let scenario = self.scenario;
         let topology = self.topology;
+        // Workers' own queues outlive them (a day, `x-expires`): delete those of every worker
+        // that registered in the scenario's database.
+        let workers: Vec<(String, String)> =
+            sqlx::query_as("SELECT group_name, id FROM chime_workers")
+                .fetch_all(self.store.pool())
+                .await
+                .unwrap_or_default();
+        for (group, id) in &workers {
+            topology.add_worker_queue(group, id);
+        }
         if let Err(e) = broker_call(async move { Ok(topology.try_delete().await?) }).await {
             eprintln!(
                 "[{scenario}] warning: could not delete queues under {}: {e:#}",

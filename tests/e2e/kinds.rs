@@ -266,14 +266,14 @@ async fn map_reduce_maps_a_thousand_sub_tasks_and_reduces_their_outputs_once(poo
                     let made = ctx
                         .map("items", 0..ITEMS)
                         .await
-                        .map_err(|e| JobError::fail(format!("{e:#}")))?;
+                        .map_err(chime_worker::TaskError::into_job_error)?;
                     assert_eq!(made, 1_000);
                 }
                 _ => {
                     let n = params.as_i64().unwrap_or(0);
-                    ctx.set_output(json!({"double": n * 2}))
+                    ctx.set_output(&json!({"double": n * 2}))
                         .await
-                        .map_err(|e| JobError::fail(format!("{e:#}")))?;
+                        .map_err(chime_worker::TaskError::into_job_error)?;
                 }
             }
             Ok::<(), JobError>(())
@@ -284,15 +284,15 @@ async fn map_reduce_maps_a_thousand_sub_tasks_and_reduces_their_outputs_once(poo
                 let results = ctx
                     .results()
                     .await
-                    .map_err(|e| JobError::fail(format!("{e:#}")))?;
+                    .map_err(chime_worker::TaskError::into_job_error)?;
                 let sum: i64 = results
                     .iter()
                     .filter_map(|r| r.output.as_ref()?.get("double")?.as_i64())
                     .sum();
                 seen.record((results.len(), sum));
-                ctx.set_output(json!({"sum": sum}))
+                ctx.set_output(&json!({"sum": sum}))
                     .await
-                    .map_err(|e| JobError::fail(format!("{e:#}")))?;
+                    .map_err(chime_worker::TaskError::into_job_error)?;
                 Ok::<(), JobError>(())
             }
         })
@@ -346,7 +346,7 @@ async fn the_failed_shard_of_a_finished_run_reruns_alone_in_the_same_run(pool: P
     });
 
     let id = trigger(&pool, "flaky", json!({})).await;
-    assert_eq!(ended(&pool, id).await, "dead");
+    assert_eq!(ended(&pool, id).await, "failed");
     let rerun: i32 = sqlx::query_scalar("SELECT chime_retry_failed($1, 'cli:test')")
         .bind(id)
         .fetch_one(&pool)

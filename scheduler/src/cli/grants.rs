@@ -245,7 +245,7 @@ fn regex_escape(text: &str) -> String {
 pub fn rabbitmq_advice(prefix: &str, group: &str, user: &str) -> String {
     let p = regex_escape(prefix);
     let g = regex_escape(group);
-    let group_objects = format!(r"{p}\.{g}(\.(work|parking|retry\.[0-9]+(ms|s|m|h)))?");
+    let group_objects = format!(r"{p}\.{g}(\.(work|parking|retry\.[0-9]+(ms|s|m|h)|worker\..+))?");
     let control_queues = format!(r"{p}\.control\..+");
     let configure = format!("^({group_objects}|{p}\\.control|{control_queues})$");
     let write = format!("^({group_objects}|{control_queues})$");

@@ -85,6 +85,16 @@ impl Setup {
 
     /// Deletes the test's exchanges and queues now; fails the test if the broker refuses.
     pub async fn finish(self) {
+        // Workers' own queues outlive them (a day, `x-expires`): delete those of every worker
+        // that registered in the test's database.
+        let workers: Vec<(String, String)> =
+            sqlx::query_as("SELECT group_name, id FROM chime_workers")
+                .fetch_all(&self.pool)
+                .await
+                .unwrap_or_default();
+        for (group, id) in &workers {
+            self.guard.add_worker_queue(group, id);
+        }
         self.guard.delete().await
     }
 }

@@ -111,13 +111,14 @@ class Broker:
 
     async def declare_worker_queue(self, worker_id: str) -> str:
         """Declares worker `worker_id`'s own queue `P.G.worker.<id>` (durable, the work
-        queue's arguments) bound with `worker.<id>`: its broadcast tasks. Returns its name."""
+        queue's arguments and `x-expires`) bound with `worker.<id>`: its broadcast tasks.
+        Returns its name."""
         assert self.connection is not None
         name = self.topology.worker_queue(worker_id)
         channel = await self.connection.channel()
         try:
             queue = await channel.declare_queue(
-                name, durable=True, arguments=self.topology.work_queue_arguments())
+                name, durable=True, arguments=self.topology.worker_queue_arguments())
             await queue.bind(self.topology.exchange, self.topology.worker_key(worker_id))
         finally:
             await channel.close()

@@ -34,6 +34,8 @@ WORK_KEY = "work"
 #: Routing keys of workers' own queues start with this (`Topology.worker_key`).
 WORKER_KEY_PREFIX = "worker."
 PARKING_KEY = "parking"
+# A worker's own queue is deleted by the broker after this long unused (x-expires, one day).
+WORKER_QUEUE_EXPIRES_MS = 24 * 3600 * 1000
 DEFAULT_PREFIX = "chime"
 DEFAULT_DELIVERY_LIMIT = 5
 
@@ -137,6 +139,11 @@ class Topology:
             "x-dead-letter-strategy": "at-least-once",
             "x-overflow": "reject-publish",
         }
+
+    def worker_queue_arguments(self) -> dict[str, Any]:
+        """A worker's own queue: the work queue's arguments and `x-expires` (one day unused,
+        then the broker deletes it: protocol/src/topology.rs WORKER_QUEUE_EXPIRES)."""
+        return {**self.work_queue_arguments(), "x-expires": WORKER_QUEUE_EXPIRES_MS}
 
     def parking_queue_arguments(self) -> dict[str, Any]:
         return {"x-queue-type": "quorum"}
