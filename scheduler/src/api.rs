@@ -33,9 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::{Caller, Role};
 use crate::leader::Leadership;
-use crate::ops::{
-    Broker, FieldProblem, MAX_PAGE, Operations, OpsError, TASK_PAGE, TriggerOptions,
-};
+use crate::ops::{Broker, FieldProblem, MAX_PAGE, Operations, OpsError, TASK_PAGE, TriggerOptions};
 use crate::store::{AuditQuery, RunQuery, Store};
 
 /// The OpenAPI 3.1 document, hand-written next to the router (a test checks that both name the

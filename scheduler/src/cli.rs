@@ -725,10 +725,9 @@ const MAX_TASK_CELL_BYTES: usize = 60;
 fn tasks_cell(r: &RunRecord) -> String {
     match (&r.progress, r.parent_id) {
         (Some(progress), _) => progress.clone(),
-        (None, Some(parent)) => format!(
-            "task of {parent}: {}",
-            r.task_key.as_deref().unwrap_or("?")
-        ),
+        (None, Some(parent)) => {
+            format!("task of {parent}: {}", r.task_key.as_deref().unwrap_or("?"))
+        }
         (None, None) => String::new(),
     }
 }
@@ -790,7 +789,15 @@ impl TaskListing<'_> {
         )?;
         let mut t = table();
         t.set_header([
-            "TASK", "KEY", "STATE", "WORKER", "ATTEMPT", "PLACE", "STARTED", "TOOK", "OUTPUT/ERROR",
+            "TASK",
+            "KEY",
+            "STATE",
+            "WORKER",
+            "ATTEMPT",
+            "PLACE",
+            "STARTED",
+            "TOOK",
+            "OUTPUT/ERROR",
         ]);
         for task in &page.tasks {
             let note = match (&task.error, &task.output) {
@@ -1372,8 +1379,8 @@ mod tests {
         use crate::store::tests_tasks::{set_task, sharded_run};
         let store = Store::from_pool(pool.clone());
         let run = async |args: &[&str]| -> String {
-            let cli = Cli::try_parse_from(std::iter::once("chime").chain(args.iter().copied()))
-                .unwrap();
+            let cli =
+                Cli::try_parse_from(std::iter::once("chime").chain(args.iter().copied())).unwrap();
             let mut out = Vec::new();
             let code = control(&store, Output::Table, cli.command, &mut out)
                 .await
@@ -1392,7 +1399,11 @@ mod tests {
         }
         let listed = run(&["runs", "list"]).await;
         assert!(listed.contains("9/12 ok, 1 failed, 2 left"), "{listed}");
-        assert_eq!(listed.lines().count(), 2, "the header and the fire: {listed}");
+        assert_eq!(
+            listed.lines().count(),
+            2,
+            "the header and the fire: {listed}"
+        );
         let all = run(&["runs", "list", "--tasks"]).await;
         assert!(all.contains("task of"), "{all}");
 
@@ -1402,15 +1413,30 @@ mod tests {
             shown.contains("tasks: 9/12 ok, 1 failed, 2 left (1 failed, 2 running, 9 succeeded)"),
             "{shown}"
         );
-        assert!(shown.contains("shard/4") && !shown.contains("shard/5"), "{shown}");
-        let next = format!("7 more: chime runs show {parent} --tasks-after {}", tasks[4]);
+        assert!(
+            shown.contains("shard/4") && !shown.contains("shard/5"),
+            "{shown}"
+        );
+        let next = format!(
+            "7 more: chime runs show {parent} --tasks-after {}",
+            tasks[4]
+        );
         assert!(shown.contains(&next), "{shown}");
         let after = tasks[4].to_string();
         let page = run(&["runs", "show", &parent_id, "--tasks-after", &after]).await;
-        assert!(page.contains("shard/5") && page.contains("shard/11"), "{page}");
-        assert!(!page.contains("shard/4") && !page.contains("more:"), "{page}");
+        assert!(
+            page.contains("shard/5") && page.contains("shard/11"),
+            "{page}"
+        );
+        assert!(
+            !page.contains("shard/4") && !page.contains("more:"),
+            "{page}"
+        );
         let failed = run(&["runs", "show", &parent_id, "--task-state", "failed"]).await;
-        assert!(failed.contains("shard/9") && failed.contains("boom"), "{failed}");
+        assert!(
+            failed.contains("shard/9") && failed.contains("boom"),
+            "{failed}"
+        );
         assert!(!failed.contains("shard/8"), "{failed}");
 
         let task = run(&["runs", "show", &tasks[9].to_string()]).await;

@@ -1570,12 +1570,14 @@ async fn a_run_with_tasks_shows_a_live_task_grid_and_reruns_its_failed_tasks(poo
     // A sharded job's fire, expanded into its 12 tasks as the leader would, under a lease the
     // test holds: the serving instance stays a follower and publishes nothing, so the tasks
     // take the states the test gives them.
-    sqlx::query("INSERT INTO chime_jobs (name, group_name, spec, source) VALUES ('shards', $1, $2, 'api')")
-        .bind(group)
-        .bind(json!({"name": "shards", "group": group, "kind": "sharded", "shards": 12}))
-        .execute(&pool)
-        .await
-        .expect("job");
+    sqlx::query(
+        "INSERT INTO chime_jobs (name, group_name, spec, source) VALUES ('shards', $1, $2, 'api')",
+    )
+    .bind(group)
+    .bind(json!({"name": "shards", "group": group, "kind": "sharded", "shards": 12}))
+    .execute(&pool)
+    .await
+    .expect("job");
     let parent: i64 = sqlx::query_scalar(
         "INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, state)
          VALUES ('shards', $1, now(), 'schedule', 'pending') RETURNING id",
@@ -1669,7 +1671,10 @@ async fn a_run_with_tasks_shows_a_live_task_grid_and_reruns_its_failed_tasks(poo
     assert_eq!(states, expected);
     assert_eq!(cells[7][0], tasks[7]);
     assert_eq!(cells[7][2], "cell bar-failed");
-    assert_eq!(cells[7][3], "shard/7 · failed · worker w2 · attempt 1 · shard 7/12");
+    assert_eq!(
+        cells[7][3],
+        "shard/7 · failed · worker w2 · attempt 1 · shard 7/12"
+    );
     let widths = browser
         .eval(
             "return [...document.querySelectorAll('#task-progress-bar > div')]\
@@ -1681,7 +1686,10 @@ async fn a_run_with_tasks_shows_a_live_task_grid_and_reruns_its_failed_tasks(poo
     assert_eq!(widths, json!([58, 8]), "succeeded 7/12, failed 1/12");
     assert_eq!(
         browser
-            .eval("return document.querySelector('button.retry-failed') === null;", json!([]))
+            .eval(
+                "return document.querySelector('button.retry-failed') === null;",
+                json!([])
+            )
             .await,
         true,
         "no rerun while the run is running"
@@ -1695,7 +1703,10 @@ async fn a_run_with_tasks_shows_a_live_task_grid_and_reruns_its_failed_tasks(poo
         .await;
     browser
         .wait_text(
-            &format!("#task-grid a.cell[data-task-id=\"{}\"][data-state=\"succeeded\"]", tasks[8]),
+            &format!(
+                "#task-grid a.cell[data-task-id=\"{}\"][data-state=\"succeeded\"]",
+                tasks[8]
+            ),
             |_| true,
         )
         .await;
@@ -1705,7 +1716,10 @@ async fn a_run_with_tasks_shows_a_live_task_grid_and_reruns_its_failed_tasks(poo
         .click(&format!("#task-grid a.cell[data-task-id=\"{}\"]", tasks[7]))
         .await;
     browser
-        .wait_text(&format!("#page[data-page=\"runs/{}\"][data-loaded]", tasks[7]), |_| true)
+        .wait_text(
+            &format!("#page[data-page=\"runs/{}\"][data-loaded]", tasks[7]),
+            |_| true,
+        )
         .await;
     let fields = browser
         .wait_text("table.fields", |t| t.contains("task of"))
@@ -1732,7 +1746,11 @@ async fn a_run_with_tasks_shows_a_live_task_grid_and_reruns_its_failed_tasks(poo
             .fetch_all(&pool)
             .await
             .expect("states");
-    assert_eq!(states, ["queued", "pending"], "the run runs its failed task again");
+    assert_eq!(
+        states,
+        ["queued", "pending"],
+        "the run runs its failed task again"
+    );
     browser
         .wait_text("#task-progress", |t| t == "11/12 ok, 1 left")
         .await;
