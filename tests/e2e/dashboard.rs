@@ -1598,13 +1598,6 @@ async fn a_run_with_tasks_shows_a_live_task_grid_and_reruns_its_failed_tasks(poo
         .await
         .expect("expansion");
     assert_eq!(tasks.len(), 12);
-    // The page reads the job (for its time zone) through the job-file form, which knows
-    // `kind` only once the job kinds' configuration is in: the stored definition keeps the
-    // form every build reads.
-    sqlx::query("UPDATE chime_jobs SET spec = spec - 'kind' - 'shards' WHERE name = 'shards'")
-        .execute(&pool)
-        .await
-        .expect("job form");
     let set = |id: i64, state: &'static str, worker: &'static str| {
         let pool = &pool;
         async move {

@@ -48,15 +48,6 @@ pub(crate) async fn sharded_run(
         .await
         .expect("the parent expands");
     assert_eq!(tasks.len(), shards as usize, "one task per shard");
-    // Expanded: the stored definition keeps the form the job-file form of every build reads
-    // (`kind` is read by the database's expansion; the listings decode each stored job).
-    sqlx::query(
-        "UPDATE chime_jobs SET spec = spec - 'kind' - 'shards' - 'shard_params' WHERE name = $1",
-    )
-    .bind(job)
-    .execute(pool)
-    .await
-    .expect("the job's form");
     (parent, tasks)
 }
 
