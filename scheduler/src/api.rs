@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::{Caller, Role};
 use crate::leader::Leadership;
-use crate::ops::{Broker, FieldProblem, MAX_PAGE, Operations, OpsError, TriggerOptions};
+use crate::ops::{Broker, FieldProblem, MAX_PAGE, Operations, OpsError, TASK_PAGE, TriggerOptions};
 use crate::store::{AuditQuery, RunQuery, Store};
 
 /// The OpenAPI 3.1 document, hand-written next to the router (a test checks that both name the
@@ -110,6 +110,8 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/api/runs", get(list_runs))
         .route("/api/runs/{id}", get(show_run))
         .route("/api/runs/{id}/cancel", post(cancel_run))
+        .route("/api/runs/{id}/tasks", get(list_tasks))
+        .route("/api/runs/{id}/retry-failed", post(retry_failed))
         .route("/api/workers", get(list_workers))
         .route("/api/queues", get(list_queues))
         .route("/api/dead-letters", get(list_dead_letters))
@@ -361,6 +363,22 @@ impl Params {
         }
     }
 
+    /// A yes/no parameter (`true` or `false`); false when absent.
+    fn flag(&self, key: &str, problems: &mut Vec<FieldProblem>) -> bool {
+        match self.text(key).as_deref() {
+            None | Some("false") => false,
+            Some("true") => true,
+            Some(other) => {
+                problems.push(FieldProblem {
+                    field: Some(key.to_owned()),
+                    value: Some(format!("{other:?}")),
+                    message: "use true or false".into(),
+                });
+                false
+            }
+        }
+    }
+
     /// A duration parameter ("5m", "1h"); `default` when absent.
     fn duration(
         &self,
@@ -582,13 +600,17 @@ async fn list_runs(
 ) -> ApiResult<impl IntoResponse> {
     let q = Params(q);
     let mut problems = Vec::new();
-    q.reject_unknown(&["job", "state", "group", "before", "limit"], &mut problems);
+    q.reject_unknown(
+        &["job", "state", "group", "before", "limit", "tasks"],
+        &mut problems,
+    );
     let query = RunQuery {
         job: q.text("job"),
         state: q.text("state"),
         group: q.text("group"),
         before: q.number("before", &mut problems),
         limit: q.number("limit", &mut problems).unwrap_or(DEFAULT_PAGE),
+        include_tasks: q.flag("tasks", &mut problems),
     };
     if !problems.is_empty() {
         return Err(ApiError::invalid(problems));
@@ -610,6 +632,32 @@ async fn cancel_run(
     Path(id): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
     ok(s.ops.cancel_run(&c, run_id(&id)?).await?)
+}
+
+async fn list_tasks(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+    Path(id): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult<impl IntoResponse> {
+    let id = run_id(&id)?;
+    let q = Params(q);
+    let mut problems = Vec::new();
+    q.reject_unknown(&["after", "state", "limit"], &mut problems);
+    let after = q.number("after", &mut problems);
+    let limit = q.number("limit", &mut problems).unwrap_or(TASK_PAGE);
+    if !problems.is_empty() {
+        return Err(ApiError::invalid(problems));
+    }
+    ok(s.ops.tasks(&c, id, after, q.text("state"), limit).await?)
+}
+
+async fn retry_failed(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+    Path(id): Path<String>,
+) -> ApiResult<impl IntoResponse> {
+    ok(s.ops.retry_failed(&c, run_id(&id)?).await?)
 }
 
 async fn list_workers(
@@ -885,6 +933,8 @@ mod tests;
 mod tests_hostile;
 #[cfg(test)]
 mod tests_params;
+#[cfg(test)]
+mod tests_tasks;
 #[cfg(test)]
 mod tests_views;
 #[cfg(test)]

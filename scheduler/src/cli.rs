@@ -13,7 +13,8 @@ use serde::Serialize;
 use crate::auth::{Caller, Role};
 pub use crate::ops::Broker;
 use crate::ops::{
-    Cancelled, FieldProblem, JobView, MAX_PAGE, Operations, OpsError, OpsResult, TriggerOptions,
+    Cancelled, FieldProblem, JobView, MAX_PAGE, MAX_TASK_PAGE, Operations, OpsError, OpsResult,
+    TASK_PAGE, TasksPage, TriggerOptions,
 };
 use crate::store::{RunDetail, RunQuery, RunRecord, Store};
 
@@ -284,15 +285,35 @@ pub enum RunsCommand {
         /// How many.
         #[arg(long, default_value_t = 20)]
         limit: i64,
+        /// List tasks too (the runs of broadcast, sharded and map/reduce fires); by default
+        /// only top-level runs, one per fire.
+        #[arg(long)]
+        tasks: bool,
     },
-    /// Show a run with its attempts and log lines.
+    /// Show a run with its attempts and log lines; a run with tasks with its tasks (a page of
+    /// them, in creation order), a task with its parent.
     Show {
         /// Run id.
         id: i64,
+        /// The page of tasks after this task id (as the previous page names it).
+        #[arg(long, value_name = "TASK_ID")]
+        tasks_after: Option<i64>,
+        /// Only tasks in this state.
+        #[arg(long, value_name = "STATE")]
+        task_state: Option<String>,
+        /// Tasks per page (1 to 1000).
+        #[arg(long, default_value_t = TASK_PAGE)]
+        task_limit: i64,
     },
-    /// Cancel a run: a waiting one at once, a running one through its worker.
+    /// Cancel a run: a waiting one at once, a running one through its worker (a run with tasks:
+    /// each of its tasks).
     Cancel {
         /// Run id.
+        id: i64,
+    },
+    /// Rerun the failed tasks of a finished run with tasks, in the same run.
+    RetryFailed {
+        /// Run id (the parent, as `chime runs list` shows it).
         id: i64,
     },
 }
@@ -495,7 +516,12 @@ async fn runs(
     out: &mut dyn Write,
 ) -> OpsResult<()> {
     match command {
-        RunsCommand::List { job, state, limit } => {
+        RunsCommand::List {
+            job,
+            state,
+            limit,
+            tasks,
+        } => {
             let zones = job_zones(ops, caller).await?;
             let page = ops
                 .runs(
@@ -504,6 +530,7 @@ async fn runs(
                         job,
                         state,
                         limit: limit.clamp(1, MAX_PAGE),
+                        include_tasks: tasks,
                         ..RunQuery::default()
                     },
                 )
@@ -519,6 +546,7 @@ async fn runs(
                     "STARTED",
                     "TOOK",
                     "ATTEMPT",
+                    "TASKS",
                     "NOTE",
                 ]);
                 for r in &runs {
@@ -531,6 +559,7 @@ async fn runs(
                         zoned(r.started_at, zone_of(&zones, &r.job)),
                         took(r),
                         r.attempt.to_string(),
+                        tasks_cell(r),
                         r.reason
                             .clone()
                             .or_else(|| r.error.clone())
@@ -539,17 +568,64 @@ async fn runs(
                 }
             })
         }
-        RunsCommand::Show { id } => {
+        RunsCommand::Show {
+            id,
+            tasks_after,
+            task_state,
+            task_limit,
+        } => {
             let detail = ops.run(caller, id).await?;
+            let tasks = if detail.run.tasks_total > 0 {
+                let limit = task_limit.clamp(1, MAX_TASK_PAGE);
+                Some(
+                    ops.tasks(caller, id, tasks_after, task_state.clone(), limit)
+                        .await?,
+                )
+            } else {
+                None
+            };
             if output == Output::Json {
-                return json_out(out, &detail);
+                let mut value = serde_json::to_value(&detail).map_err(anyhow::Error::from)?;
+                if let (Some(page), Some(map)) = (&tasks, value.as_object_mut()) {
+                    map.insert(
+                        "tasks".into(),
+                        serde_json::to_value(&page.tasks).map_err(anyhow::Error::from)?,
+                    );
+                    map.insert("tasks_next_after".into(), page.next_after.into());
+                }
+                return json_out(out, &value);
             }
             // The job's zone, if the job still exists (its runs outlive it).
             let zone = match ops.job(caller, &detail.run.job).await {
                 Ok(job) => job.timezone,
                 Err(_) => "UTC".to_owned(),
             };
-            show_run(&detail, &zone, out).map_err(io)
+            show_run(&detail, &zone, out).map_err(io)?;
+            if let Some(page) = &tasks {
+                let shown = TaskListing {
+                    run: &detail,
+                    page,
+                    after: tasks_after,
+                    state: task_state.as_deref(),
+                };
+                shown.write(&zone, out).map_err(io)?;
+            }
+            Ok(())
+        }
+        RunsCommand::RetryFailed { id } => {
+            let retried = ops.retry_failed(caller, id).await?;
+            if output == Output::Json {
+                return json_line(out, &retried);
+            }
+            writeln!(
+                out,
+                "rerunning {} task{} of run {id} of {} (the same run: `chime runs show {id}` \
+                 follows it)",
+                retried.rerun,
+                if retried.rerun == 1 { "" } else { "s" },
+                retried.job
+            )
+            .map_err(io)
         }
         RunsCommand::Cancel { id } => {
             let cancelled = ops.cancel_run(caller, id).await?;
@@ -639,10 +715,164 @@ fn show_job(job: &JobView, out: &mut dyn Write) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Longest JSON text of params or output `chime runs show` prints (`-o json` has them whole).
+const MAX_SHOWN_JSON_BYTES: usize = 2048;
+
+/// Longest text of one cell of the task table (output, error).
+const MAX_TASK_CELL_BYTES: usize = 60;
+
+/// The TASKS cell of a run in a list: a parent's progress, a task's parent and key.
+fn tasks_cell(r: &RunRecord) -> String {
+    match (&r.progress, r.parent_id) {
+        (Some(progress), _) => progress.clone(),
+        (None, Some(parent)) => {
+            format!("task of {parent}: {}", r.task_key.as_deref().unwrap_or("?"))
+        }
+        (None, None) => String::new(),
+    }
+}
+
+/// `value` as compact JSON of at most `max` bytes (cut with `…[truncated]`).
+fn capped_json(value: &serde_json::Value, max: usize) -> String {
+    chime_protocol::limits::cap_bytes(&value.to_string(), max).into_owned()
+}
+
+/// A task's place in its run: `shard 3/12 {"region":"eu"}`, `worker w-1`, `step resize (depth
+/// 1)`, `root`, `reduce`.
+fn task_place(r: &RunRecord) -> String {
+    match r.task_kind.as_deref() {
+        Some("shard") => {
+            let mut text = format!(
+                "shard {}/{}",
+                r.shard_index.map_or("?".into(), |i| i.to_string()),
+                r.shard_total.map_or("?".into(), |n| n.to_string())
+            );
+            if let Some(param) = &r.shard_param {
+                text.push(' ');
+                text.push_str(&capped_json(param, MAX_TASK_CELL_BYTES));
+            }
+            text
+        }
+        Some("broadcast") => format!("worker {}", r.target_worker.as_deref().unwrap_or("?")),
+        Some("map") => format!(
+            "step {} (depth {})",
+            r.map_step.as_deref().unwrap_or("?"),
+            r.map_depth.unwrap_or(0)
+        ),
+        Some(kind) => kind.to_owned(),
+        None => String::new(),
+    }
+}
+
+/// A page of a parent run's tasks as `chime runs show` prints it after the run.
+struct TaskListing<'a> {
+    run: &'a RunDetail,
+    page: &'a TasksPage,
+    after: Option<i64>,
+    state: Option<&'a str>,
+}
+
+impl TaskListing<'_> {
+    fn write(&self, zone: &str, out: &mut dyn Write) -> std::io::Result<()> {
+        let (run, page) = (&self.run.run, self.page);
+        let by_state = self
+            .run
+            .tasks_by_state
+            .iter()
+            .map(|(state, n)| format!("{n} {state}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        writeln!(
+            out,
+            "\ntasks: {} ({by_state})",
+            page.progress.as_deref().unwrap_or("none")
+        )?;
+        let mut t = table();
+        t.set_header([
+            "TASK",
+            "KEY",
+            "STATE",
+            "WORKER",
+            "ATTEMPT",
+            "PLACE",
+            "STARTED",
+            "TOOK",
+            "OUTPUT/ERROR",
+        ]);
+        for task in &page.tasks {
+            let note = match (&task.error, &task.output) {
+                (Some(error), _) => {
+                    chime_protocol::limits::cap_bytes(error, MAX_TASK_CELL_BYTES).into_owned()
+                }
+                (None, Some(output)) => capped_json(output, MAX_TASK_CELL_BYTES),
+                (None, None) => task.reason.clone().unwrap_or_default(),
+            };
+            t.add_row([
+                task.id.to_string(),
+                task.task_key.clone().unwrap_or_default(),
+                task.state.clone(),
+                task.worker_id.clone().unwrap_or_default(),
+                task.attempt.to_string(),
+                task_place(task),
+                zoned(task.started_at, zone),
+                took(task),
+                note,
+            ]);
+        }
+        writeln!(out, "{t}")?;
+        // Of the first page, how many follow is known from the counters.
+        let matching = match self.state {
+            Some(state) => self.run.tasks_by_state.get(state).copied().unwrap_or(0),
+            None => i64::from(run.tasks_total),
+        };
+        let filter = self
+            .state
+            .map(|s| format!(" --task-state {s}"))
+            .unwrap_or_default();
+        if let Some(next) = page.next_after {
+            let more = if self.after.is_none() {
+                format!("{} more", matching - page.tasks.len() as i64)
+            } else {
+                "more".to_owned()
+            };
+            writeln!(
+                out,
+                "{more}: chime runs show {} --tasks-after {next}{filter}",
+                run.id
+            )?;
+        }
+        Ok(())
+    }
+}
+
 fn show_run(detail: &RunDetail, zone: &str, out: &mut dyn Write) -> std::io::Result<()> {
     let r = &detail.run;
     let time = |t: Option<DateTime<Utc>>| zoned(t, zone);
     let mut t = table();
+    let mut task_rows = Vec::new();
+    if let Some(parent) = &detail.parent {
+        task_rows.push((
+            "parent",
+            format!(
+                "{} ({}{})",
+                parent.id,
+                parent.state,
+                parent
+                    .progress
+                    .as_deref()
+                    .map(|p| format!(", {p}"))
+                    .unwrap_or_default()
+            ),
+        ));
+        task_rows.push(("task", r.task_key.clone().unwrap_or_default()));
+        task_rows.push(("place", task_place(r)));
+    }
+    if let Some(progress) = &r.progress {
+        task_rows.push(("tasks", progress.clone()));
+    }
+    if let Some(output) = &r.output {
+        task_rows.push(("output", capped_json(output, MAX_SHOWN_JSON_BYTES)));
+    }
     for (k, v) in [
         ("run", r.id.to_string()),
         ("job", r.job.clone()),
@@ -654,7 +884,7 @@ fn show_run(detail: &RunDetail, zone: &str, out: &mut dyn Write) -> std::io::Res
         ("started", time(r.started_at)),
         ("finished", time(r.finished_at)),
         ("attempts", r.attempt.to_string()),
-        ("params", r.params.to_string()),
+        ("params", capped_json(&r.params, MAX_SHOWN_JSON_BYTES)),
         ("reason", r.reason.clone().unwrap_or_default()),
         ("error", r.error.clone().unwrap_or_default()),
         ("next attempt", time(r.next_attempt_at)),
@@ -672,7 +902,10 @@ fn show_run(detail: &RunDetail, zone: &str, out: &mut dyn Write) -> std::io::Res
                 _ => "-".into(),
             },
         ),
-    ] {
+    ]
+    .into_iter()
+    .chain(task_rows)
+    {
         t.add_row([k.to_owned(), v]);
     }
     writeln!(out, "{t}")?;
@@ -1061,5 +1294,165 @@ mod tests {
             parse(&["runs", "cancel", "7"]),
             Ok(Command::Runs(RunsCommand::Cancel { id: 7 }))
         ));
+    }
+
+    #[test]
+    fn a_task_reads_as_its_place_in_its_run() {
+        let mut task = RunRecord {
+            task_kind: Some("shard".into()),
+            shard_index: Some(3),
+            shard_total: Some(12),
+            shard_param: Some(serde_json::json!({"region": "eu"})),
+            parent_id: Some(41),
+            task_key: Some("shard/3".into()),
+            ..test_record()
+        };
+        assert_eq!(task_place(&task), r#"shard 3/12 {"region":"eu"}"#);
+        assert_eq!(tasks_cell(&task), "task of 41: shard/3");
+        task.task_kind = Some("broadcast".into());
+        task.target_worker = Some("w-1".into());
+        assert_eq!(task_place(&task), "worker w-1");
+        task.task_kind = Some("map".into());
+        task.map_step = Some("resize".into());
+        task.map_depth = Some(2);
+        assert_eq!(task_place(&task), "step resize (depth 2)");
+        let parent = RunRecord {
+            progress: crate::store::task_progress(12, 10, 1),
+            ..test_record()
+        };
+        assert_eq!(tasks_cell(&parent), "9/12 ok, 1 failed, 2 left");
+        assert_eq!(tasks_cell(&test_record()), "");
+        let long = serde_json::json!({"blob": "y".repeat(500)});
+        let shown = capped_json(&long, MAX_TASK_CELL_BYTES);
+        assert!(shown.len() <= MAX_TASK_CELL_BYTES && shown.ends_with("…[truncated]"));
+    }
+
+    fn test_record() -> RunRecord {
+        let at = DateTime::parse_from_rfc3339("2026-12-02T01:30:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        RunRecord {
+            id: 1,
+            job: "j".into(),
+            group: "g".into(),
+            scheduled_at: at,
+            trigger: "schedule".into(),
+            state: "queued".into(),
+            reason: None,
+            attempt: 0,
+            worker_id: None,
+            error: None,
+            params: serde_json::json!({}),
+            term: None,
+            requested_by: None,
+            created_at: at,
+            published_at: None,
+            started_at: None,
+            finished_at: None,
+            next_attempt_at: None,
+            cancel_requested_at: None,
+            cancel_requested_by: None,
+            replayed_by: None,
+            replayed_at: None,
+            parent_id: None,
+            task_key: None,
+            task_kind: None,
+            shard_index: None,
+            shard_total: None,
+            shard_param: None,
+            target_worker: None,
+            map_step: None,
+            map_depth: None,
+            output: None,
+            output_truncated: false,
+            tasks_total: 0,
+            tasks_ended: 0,
+            tasks_failed: 0,
+            progress: None,
+        }
+    }
+
+    /// `chime runs list` shows the fire with its progress, `runs show` a page of its tasks and
+    /// the command for the next, a task its parent, and `runs retry-failed` reruns the failed.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn runs_show_pages_a_parents_tasks_and_retry_failed_reruns_them(pool: sqlx::PgPool) {
+        use crate::store::tests_tasks::{set_task, sharded_run};
+        let store = Store::from_pool(pool.clone());
+        let run = async |args: &[&str]| -> String {
+            let cli =
+                Cli::try_parse_from(std::iter::once("chime").chain(args.iter().copied())).unwrap();
+            let mut out = Vec::new();
+            let code = control(&store, Output::Table, cli.command, &mut out)
+                .await
+                .unwrap();
+            assert_eq!(code, ExitCode::SUCCESS, "{args:?}");
+            String::from_utf8(out).unwrap()
+        };
+        let (parent, tasks) = sharded_run(&pool, "shard", 12, None).await;
+        for (i, id) in tasks.iter().enumerate() {
+            let end = match i {
+                0..9 => "succeeded",
+                9 => "failed",
+                _ => "running",
+            };
+            set_task(&pool, *id, end, Some("w1"), None).await;
+        }
+        let listed = run(&["runs", "list"]).await;
+        assert!(listed.contains("9/12 ok, 1 failed, 2 left"), "{listed}");
+        assert_eq!(
+            listed.lines().count(),
+            2,
+            "the header and the fire: {listed}"
+        );
+        let all = run(&["runs", "list", "--tasks"]).await;
+        assert!(all.contains("task of"), "{all}");
+
+        let parent_id = parent.to_string();
+        let shown = run(&["runs", "show", &parent_id, "--task-limit", "5"]).await;
+        assert!(
+            shown.contains("tasks: 9/12 ok, 1 failed, 2 left (1 failed, 2 running, 9 succeeded)"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("shard/4") && !shown.contains("shard/5"),
+            "{shown}"
+        );
+        let next = format!(
+            "7 more: chime runs show {parent} --tasks-after {}",
+            tasks[4]
+        );
+        assert!(shown.contains(&next), "{shown}");
+        let after = tasks[4].to_string();
+        let page = run(&["runs", "show", &parent_id, "--tasks-after", &after]).await;
+        assert!(
+            page.contains("shard/5") && page.contains("shard/11"),
+            "{page}"
+        );
+        assert!(
+            !page.contains("shard/4") && !page.contains("more:"),
+            "{page}"
+        );
+        let failed = run(&["runs", "show", &parent_id, "--task-state", "failed"]).await;
+        assert!(
+            failed.contains("shard/9") && failed.contains("boom"),
+            "{failed}"
+        );
+        assert!(!failed.contains("shard/8"), "{failed}");
+
+        let task = run(&["runs", "show", &tasks[9].to_string()]).await;
+        assert!(
+            task.contains(&format!("{parent} (running, 9/12 ok, 1 failed, 2 left)")),
+            "{task}"
+        );
+        assert!(task.contains("shard 9/12"), "{task}");
+
+        for id in &tasks[10..] {
+            set_task(&pool, *id, "succeeded", None, None).await;
+        }
+        let rerun = run(&["runs", "retry-failed", &parent_id]).await;
+        assert!(
+            rerun.starts_with(&format!("rerunning 1 task of run {parent} of shard")),
+            "{rerun}"
+        );
     }
 }

@@ -20,7 +20,11 @@
 //!   when it reaches a final state, or after [`SETTLE_AFTER`] (a run still running then is not
 //!   counted in `chime_runs_finished_total`). The first scrape of a leader starts at the newest
 //!   run: history is not replayed.
-//! * unfinished runs by job and state, workers online: one cheap query each (partial indexes).
+//!   Tasks (the runs of a broadcast, sharded or map/reduce fire) are observed like runs, but
+//!   counted in `chime_tasks_finished_total`; their parent, never published nor run itself,
+//!   only when it finishes.
+//! * unfinished runs and tasks by job and state, workers online: one cheap query each
+//!   (partial indexes).
 //! * queue depth, consumers and parking-lot depth per group: from RabbitMQ's management API
 //!   when `management_url` is set (then also unacknowledged messages), else passive declares
 //!   (nothing is created); unknown queues are left out ([`crate::broker`]).
@@ -56,6 +60,8 @@ pub const METRIC_NAMES: &[&str] = &[
     "chime_fire_publish_offset_seconds",
     "chime_runs_finished_total",
     "chime_runs_active",
+    "chime_tasks_finished_total",
+    "chime_tasks_active",
     "chime_attempts_total",
     "chime_retries_total",
     "chime_publish_confirm_seconds",
@@ -87,6 +93,8 @@ pub struct Metrics {
     attempts: IntCounterVec,
     retries: IntCounterVec,
     active: IntGaugeVec,
+    tasks_finished: IntCounterVec,
+    tasks_active: IntGaugeVec,
     queue_depth: IntGaugeVec,
     queue_consumers: IntGaugeVec,
     queue_unacked: IntGaugeVec,
@@ -148,25 +156,45 @@ impl Metrics {
         let finished = IntCounterVec::new(
             Opts::new(
                 "chime_runs_finished_total",
-                "Runs that reached a final state, by job and state.",
+                "Top-level runs (fires; tasks are in chime_tasks_finished_total) that reached a \
+                 final state, by job and state.",
             ),
             &["job", "state"],
         )?;
         let attempts = IntCounterVec::new(
-            Opts::new("chime_attempts_total", "Attempts of finished runs, by job."),
+            Opts::new(
+                "chime_attempts_total",
+                "Attempts of finished runs and tasks, by job.",
+            ),
             &["job"],
         )?;
         let retries = IntCounterVec::new(
             Opts::new(
                 "chime_retries_total",
-                "Attempts after the first of finished runs, by job.",
+                "Attempts after the first of finished runs and tasks, by job.",
             ),
             &["job"],
         )?;
         let active = IntGaugeVec::new(
             Opts::new(
                 "chime_runs_active",
-                "Unfinished runs (pending, queued, running, retrying) by job and state.",
+                "Unfinished top-level runs (pending, queued, running, retrying) by job and \
+                 state; tasks are in chime_tasks_active.",
+            ),
+            &["job", "state"],
+        )?;
+        let tasks_finished = IntCounterVec::new(
+            Opts::new(
+                "chime_tasks_finished_total",
+                "Tasks of broadcast, sharded and map/reduce runs that reached a final state, by \
+                 job and state.",
+            ),
+            &["job", "state"],
+        )?;
+        let tasks_active = IntGaugeVec::new(
+            Opts::new(
+                "chime_tasks_active",
+                "Unfinished tasks (pending, queued, running, retrying) by job and state.",
             ),
             &["job", "state"],
         )?;
@@ -218,6 +246,8 @@ impl Metrics {
         registry.register(Box::new(attempts.clone()))?;
         registry.register(Box::new(retries.clone()))?;
         registry.register(Box::new(active.clone()))?;
+        registry.register(Box::new(tasks_finished.clone()))?;
+        registry.register(Box::new(tasks_active.clone()))?;
         registry.register(Box::new(queue_depth.clone()))?;
         registry.register(Box::new(queue_consumers.clone()))?;
         registry.register(Box::new(queue_unacked.clone()))?;
@@ -242,6 +272,8 @@ impl Metrics {
             attempts,
             retries,
             active,
+            tasks_finished,
+            tasks_active,
             queue_depth,
             queue_consumers,
             queue_unacked,
@@ -258,13 +290,15 @@ impl Metrics {
 
     /// The names of every metric registered (whether or not it has samples yet).
     pub fn names(&self) -> Vec<String> {
-        let collectors: [&dyn Collector; 15] = [
+        let collectors: [&dyn Collector; 17] = [
             &self.lateness,
             &self.publish_offset,
             &self.finished,
             &self.attempts,
             &self.retries,
             &self.active,
+            &self.tasks_finished,
+            &self.tasks_active,
             &self.queue_depth,
             &self.queue_consumers,
             &self.queue_unacked,
@@ -334,6 +368,11 @@ impl Metrics {
         let mut settled_prefix = true;
         for run in rows {
             let seen = cursor.seen.entry(run.id).or_default();
+            // A parent run is neither published nor run: its tasks are, and are observed.
+            if run.has_tasks {
+                seen.published = true;
+                seen.started = true;
+            }
             if let Some(at) = run.published_at
                 && !seen.published
             {
@@ -352,9 +391,12 @@ impl Metrics {
             }
             if run.is_final && !seen.counted {
                 seen.counted = true;
-                self.finished
-                    .with_label_values(&[&run.job, &run.state])
-                    .inc();
+                let finished = if run.is_task {
+                    &self.tasks_finished
+                } else {
+                    &self.finished
+                };
+                finished.with_label_values(&[&run.job, &run.state]).inc();
                 let attempts = u64::try_from(run.attempt).unwrap_or(0);
                 self.attempts
                     .with_label_values(&[&run.job])
@@ -383,11 +425,17 @@ impl Metrics {
         self.lateness.with_label_values(&["started"]);
         self.publish_offset.reset();
         self.publish_offset.with_label_values::<&str>(&[]);
-        for family in [&self.finished, &self.attempts, &self.retries] {
+        for family in [
+            &self.finished,
+            &self.tasks_finished,
+            &self.attempts,
+            &self.retries,
+        ] {
             family.reset();
         }
         for family in [
             &self.active,
+            &self.tasks_active,
             &self.queue_depth,
             &self.queue_consumers,
             &self.queue_unacked,
@@ -401,8 +449,14 @@ impl Metrics {
     async fn refresh_database(&self, store: &Store) -> anyhow::Result<()> {
         let active = store.active_run_counts().await?;
         self.active.reset();
-        for (job, state, count) in active {
-            self.active.with_label_values(&[&job, &state]).set(count);
+        self.tasks_active.reset();
+        for (job, state, is_task, count) in active {
+            let family = if is_task {
+                &self.tasks_active
+            } else {
+                &self.active
+            };
+            family.with_label_values(&[&job, &state]).set(count);
         }
         self.workers.reset();
         for (group, count) in store.workers_online().await? {
@@ -513,5 +567,41 @@ mod tests {
         let alone = Metrics::new(None, None).expect("metrics");
         let text = alone.render(&store).await.expect("render");
         assert!(text.contains(active), "{text}");
+    }
+
+    /// A fire of a sharded job counts once among runs, its tasks among tasks.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn tasks_are_counted_apart_from_runs(pool: PgPool) {
+        use crate::store::tests_tasks::{set_task, sharded_run};
+        let store = Store::from_pool(pool.clone());
+        let metrics = Metrics::new(None, None).expect("metrics");
+        // The first scrape starts the cursor at the newest run.
+        metrics.render(&store).await.expect("render");
+        let (_, tasks) = sharded_run(&pool, "shard", 4, None).await;
+        set_task(&pool, tasks[0], "running", Some("w1"), None).await;
+        set_task(&pool, tasks[1], "succeeded", Some("w1"), None).await;
+        set_task(&pool, tasks[2], "failed", Some("w1"), None).await;
+        let text = metrics.render(&store).await.expect("render");
+        for line in [
+            "chime_runs_active{job=\"shard\",state=\"running\"} 1",
+            "chime_tasks_active{job=\"shard\",state=\"running\"} 1",
+            "chime_tasks_active{job=\"shard\",state=\"queued\"} 1",
+            "chime_tasks_finished_total{job=\"shard\",state=\"succeeded\"} 1",
+            "chime_tasks_finished_total{job=\"shard\",state=\"failed\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+        assert!(
+            !text.contains("chime_runs_finished_total{job=\"shard\""),
+            "tasks are not runs: {text}"
+        );
+        set_task(&pool, tasks[0], "succeeded", None, None).await;
+        set_task(&pool, tasks[3], "succeeded", Some("w1"), None).await;
+        let text = metrics.render(&store).await.expect("render");
+        assert!(
+            text.contains("chime_runs_finished_total{job=\"shard\",state=\"failed\"} 1"),
+            "the fire, once: {text}"
+        );
+        assert!(!has_sample(&text, "chime_tasks_active"), "{text}");
     }
 }

@@ -199,6 +199,43 @@ pub struct RunsPage {
     pub next_before: Option<i64>,
 }
 
+/// A page of a run's tasks, in creation order.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TasksPage {
+    /// The parent run.
+    pub run_id: i64,
+    /// Its tasks created so far, ended, and ended other than `succeeded`.
+    pub tasks_total: i32,
+    /// Its tasks in a final state.
+    pub tasks_ended: i32,
+    /// Its tasks that ended other than `succeeded`.
+    pub tasks_failed: i32,
+    /// Its progress in words (`9/12 ok, 1 failed, 2 left`); `None` without tasks.
+    pub progress: Option<String>,
+    /// The tasks (outputs cut to `store::MAX_LISTED_OUTPUT_BYTES` of JSON text).
+    pub tasks: Vec<RunRecord>,
+    /// Pass as `after` to get the next page; none on the last page.
+    pub next_after: Option<i64>,
+}
+
+/// Largest page of tasks ([`Operations::tasks`]); the default page is [`TASK_PAGE`].
+pub const MAX_TASK_PAGE: i64 = MAX_PAGE;
+
+/// Default page of tasks: what `chime runs show` lists of a parent before pointing to the next
+/// page.
+pub const TASK_PAGE: i64 = 100;
+
+/// What a rerun of a run's failed tasks did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RetriedFailed {
+    /// The parent run, running again.
+    pub run_id: i64,
+    /// Its job.
+    pub job: String,
+    /// Tasks put back in the outbox (for a map/reduce run, its reduce task included).
+    pub rerun: i32,
+}
+
 /// A page of the audit log, newest first.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct AuditPage {
@@ -447,10 +484,17 @@ impl Operations {
                 declared.insert(run.job.clone(), secret_params);
             }
             let names = &declared[&run.job];
-            let values = secrets::secret_values(&run.params, names);
+            let mut values = secrets::secret_values(&run.params, names);
             run.params = secrets::redact_params(&run.params, names);
+            if let Some(param) = &mut run.shard_param {
+                values.extend(secrets::secret_values(param, names));
+                *param = secrets::redact_params(param, names);
+            }
             for text in [&mut run.error, &mut run.reason].into_iter().flatten() {
                 *text = secrets::scrub(text, &values);
+            }
+            if let Some(output) = &mut run.output {
+                *output = secrets::scrub_json(&secrets::redact_params(output, names), &values);
             }
             found.push(values);
         }
@@ -777,11 +821,15 @@ impl Operations {
         Ok(RunsPage { runs, next_before })
     }
 
-    /// One run with its attempts and log lines.
+    /// One run with its attempts and log lines (a task with its parent, a parent with its
+    /// tasks counted by state).
     pub async fn run(&self, caller: &Caller, id: i64) -> OpsResult<RunDetail> {
         self.authorize(caller, Action::RunsShow, Entry::run(id))
             .await?;
         let mut detail = self.store.run(id).await?.ok_or_else(|| no_such_run(id))?;
+        if let Some(parent) = &mut detail.parent {
+            self.hide_run_secrets(caller, [&mut **parent]).await;
+        }
         let values = self
             .hide_run_secrets(caller, [&mut detail.run])
             .await
@@ -800,7 +848,105 @@ impl Operations {
         Ok(detail)
     }
 
-    /// Cancels a run: a waiting one at once, a running one through its worker.
+    /// A page of run `id`'s tasks in creation order: after task id `after`, only in `state`
+    /// when given, at most `limit` (1 ..= [`MAX_TASK_PAGE`]). A run without tasks has an
+    /// empty page.
+    pub async fn tasks(
+        &self,
+        caller: &Caller,
+        id: i64,
+        after: Option<i64>,
+        state: Option<String>,
+        limit: i64,
+    ) -> OpsResult<TasksPage> {
+        self.authorize(caller, Action::RunsShow, Entry::run(id))
+            .await?;
+        let mut problems = Vec::new();
+        if let Some(state) = &state
+            && !RUN_STATES.contains(&state.as_str())
+        {
+            problems.push(FieldProblem::new(
+                "state",
+                format!("{state:?}"),
+                format!("unknown run state; use one of {}", RUN_STATES.join(", ")),
+            ));
+        }
+        if !(1..=MAX_TASK_PAGE).contains(&limit) {
+            problems.push(FieldProblem::new(
+                "limit",
+                limit.to_string(),
+                format!("use a page size from 1 to {MAX_TASK_PAGE}"),
+            ));
+        }
+        if !problems.is_empty() {
+            return Err(OpsError::Invalid(problems));
+        }
+        let Some(counts) = self.store.task_counts(id).await? else {
+            return Err(no_such_run(id));
+        };
+        let rows = self
+            .store
+            .tasks_page(&crate::store::TaskQuery {
+                parent: id,
+                after,
+                state,
+                limit: limit + 1,
+            })
+            .await?;
+        let (mut tasks, next_after) = keyset_page(rows, limit, |t| t.id);
+        self.hide_run_secrets(caller, tasks.iter_mut()).await;
+        Ok(TasksPage {
+            run_id: id,
+            tasks_total: counts.total,
+            tasks_ended: counts.ended,
+            tasks_failed: counts.failed,
+            progress: crate::store::task_progress(counts.total, counts.ended, counts.failed),
+            tasks,
+            next_after,
+        })
+    }
+
+    /// Reruns the tasks of finished run `id` that did not succeed, in the same run
+    /// (`chime_retry_failed`): each one's next attempt with its retry budget renewed, and a
+    /// map/reduce run's reduce task after them; the run is running again.
+    pub async fn retry_failed(&self, caller: &Caller, id: i64) -> OpsResult<RetriedFailed> {
+        self.audited(
+            caller,
+            Action::RunsRetryFailed,
+            Entry::run(id),
+            async |entry| {
+                let Some(run) = self.store.task_counts(id).await? else {
+                    return Err(no_such_run(id));
+                };
+                entry.job = Some(run.job.clone());
+                // chime_retry_failed would set such a run running again with nothing to run.
+                let ended = run
+                    .state
+                    .parse::<chime_protocol::RunState>()
+                    .is_ok_and(|s| s.is_finished());
+                if run.total > 0 && run.failed == 0 && ended {
+                    return Err(OpsError::Conflict(format!(
+                        "run {id} is {} with no failed task; there is nothing to rerun \
+                         (trigger its job again for a new run)",
+                        run.state
+                    )));
+                }
+                match self.store.retry_failed_tasks(id, &caller.actor).await? {
+                    Ok(rerun) => Ok(RetriedFailed {
+                        run_id: id,
+                        job: run.job,
+                        rerun,
+                    }),
+                    Err(refusal) => Err(OpsError::Conflict(refusal.message)),
+                }
+            },
+        )
+        .await
+    }
+
+    /// Cancels a run: a waiting one at once, a running one through its worker. A run with
+    /// tasks passes the cancel on to them (in the database); for a running one, one control
+    /// message names the run and workers cancel its tasks they run.
     pub async fn cancel_run(&self, caller: &Caller, id: i64) -> OpsResult<Cancelled> {
         self.audited(caller, Action::RunsCancel, Entry::run(id), async |entry| {
             let (name, again) = match self.store.cancel_run(id, &caller.actor).await? {

@@ -161,6 +161,24 @@ pub fn scrub(text: &str, secrets: &[String]) -> String {
     text
 }
 
+/// `value` with `secrets` replaced by [`REDACTED`] in each of its strings (and object keys),
+/// as [`scrub`] does in a text: a handler's output may repeat a secret param.
+pub fn scrub_json(value: &Value, secrets: &[String]) -> Value {
+    if secrets.is_empty() {
+        return value.clone();
+    }
+    match value {
+        Value::String(text) => Value::String(scrub(text, secrets)),
+        Value::Array(items) => Value::Array(items.iter().map(|v| scrub_json(v, secrets)).collect()),
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(key, v)| (scrub(key, secrets), scrub_json(v, secrets)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
 /// The job's declared `secret_params` in a definition or change set (the JSON form of a job),
 /// ignoring anything that is not a list of strings: this runs before validation.
 pub fn declared_in(definition: &Value) -> Vec<String> {

@@ -50,6 +50,8 @@ mod tests_pause;
 mod tests_privilege;
 #[cfg(test)]
 mod tests_protocol_calls;
+#[cfg(test)]
+pub(crate) mod tests_tasks;
 mod timeline;
 
 pub use dead_letters::{DeadLetterContent, DeadLetterRecord, NewDeadLetter};
@@ -375,6 +377,63 @@ pub struct RunRecord {
     pub replayed_by: Option<String>,
     /// When it was replayed.
     pub replayed_at: Option<DateTime<Utc>>,
+    /// A task's run (its parent: the fire of a broadcast, sharded or map/reduce job); `None`
+    /// for a top-level run.
+    pub parent_id: Option<i64>,
+    /// A task's key, unique within its parent (`worker/<id>`, `shard/<n>`, `root`, `reduce`,
+    /// `<caller>/<step>/<call>/<n>`).
+    pub task_key: Option<String>,
+    /// A task's kind: `broadcast`, `shard`, `root`, `map` or `reduce`.
+    pub task_kind: Option<String>,
+    /// A shard task's index (0-based).
+    pub shard_index: Option<i32>,
+    /// A shard task's count of shards.
+    pub shard_total: Option<i32>,
+    /// A shard task's own parameter (the job's `shard_params[index]`).
+    pub shard_param: Option<serde_json::Value>,
+    /// A broadcast task's worker.
+    pub target_worker: Option<String>,
+    /// A mapped task's step name.
+    pub map_step: Option<String>,
+    /// A map/reduce task's nesting depth (the root task is 0).
+    pub map_depth: Option<i32>,
+    /// What the handler returned (JSON); in lists cut to [`MAX_LISTED_OUTPUT_BYTES`] of JSON
+    /// text (then a string, and `output_truncated`).
+    pub output: Option<serde_json::Value>,
+    /// Whether `output` was cut (it is then a string of the JSON text's start).
+    pub output_truncated: bool,
+    /// A parent's tasks created so far (0 for a run without tasks).
+    pub tasks_total: i32,
+    /// A parent's tasks in a final state.
+    pub tasks_ended: i32,
+    /// A parent's tasks that ended other than `succeeded`.
+    pub tasks_failed: i32,
+    /// A parent's progress in words ([`task_progress`]): `12/12 ok`, `9/12 ok, 1 failed, 2
+    /// left`; `None` for a run without tasks.
+    pub progress: Option<String>,
+}
+
+/// Longest JSON text of a run's `output` a list of runs or tasks carries (the run's own view
+/// has it whole, at most the protocol's 64 KiB): a page of 1,000 tasks stays a few megabytes.
+pub const MAX_LISTED_OUTPUT_BYTES: usize = 1024;
+
+/// A parent run's progress from its task counters, the one wording the CLI, the API and the
+/// dashboard show: `12/12 ok` (all succeeded), `9/12 ok, 1 failed, 2 left` (ended other than
+/// `succeeded`, and not ended yet: pending, queued, running or retrying). `None` without tasks.
+pub fn task_progress(total: i32, ended: i32, failed: i32) -> Option<String> {
+    if total <= 0 {
+        return None;
+    }
+    let ok = ended - failed;
+    let mut text = format!("{ok}/{total} ok");
+    if failed > 0 {
+        text.push_str(&format!(", {failed} failed"));
+    }
+    let left = total - ended;
+    if left > 0 {
+        text.push_str(&format!(", {left} left"));
+    }
+    Some(text)
 }
 
 /// One execution attempt.
@@ -409,7 +468,8 @@ pub struct LogLine {
     pub message: String,
 }
 
-/// A run with its attempts and log lines.
+/// A run with its attempts and log lines; a task with its parent; a parent with its tasks
+/// counted by state.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct RunDetail {
     /// The run.
@@ -419,6 +479,10 @@ pub struct RunDetail {
     pub attempts: Vec<AttemptRecord>,
     /// Its log lines, oldest first.
     pub logs: Vec<LogLine>,
+    /// A task's parent run (its `output` cut as in lists); `None` for a top-level run.
+    pub parent: Option<Box<RunRecord>>,
+    /// A parent's tasks by state (states without tasks left out); empty without tasks.
+    pub tasks_by_state: std::collections::BTreeMap<String, i64>,
 }
 
 /// Filter for [`Store::list_runs`].
@@ -430,11 +494,54 @@ pub struct RunFilter {
     pub state: Option<String>,
     /// At most this many, newest first.
     pub limit: i64,
+    /// Tasks too; by default only top-level runs (the fires) are listed.
+    pub include_tasks: bool,
+}
+
+/// A run's job, state and task counters ([`Store::task_counts`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskCounts {
+    /// Job name.
+    pub job: String,
+    /// The run's state.
+    pub state: String,
+    /// Tasks created (0: a run without tasks).
+    pub total: i32,
+    /// Tasks in a final state.
+    pub ended: i32,
+    /// Tasks that ended other than `succeeded`.
+    pub failed: i32,
+}
+
+/// A keyset page of a parent's tasks, in creation order (id).
+#[derive(Debug, Clone, Default)]
+pub struct TaskQuery {
+    /// The parent run.
+    pub parent: i64,
+    /// Only tasks with an id above this (the previous page's `next_after`).
+    pub after: Option<i64>,
+    /// Only tasks in this state.
+    pub state: Option<String>,
+    /// Page size.
+    pub limit: i64,
 }
 
 const RUN_COLUMNS: &str = "id, job_name, group_name, scheduled_at, trigger, state, reason, attempt, \
      worker_id, error, params, term, requested_by, created_at, published_at, started_at, finished_at, \
-     next_attempt_at, cancel_requested_at, cancel_requested_by, replayed_by, replayed_at";
+     next_attempt_at, cancel_requested_at, cancel_requested_by, replayed_by, replayed_at, \
+     parent_id, task_key, task_kind, shard_index, shard_total, shard_param, target_worker, \
+     map_step, map_depth, output, tasks_total, tasks_ended, tasks_failed";
+
+/// [`RUN_COLUMNS`] with the output cut to a little more than [`MAX_LISTED_OUTPUT_BYTES`] by
+/// the database (so a page of tasks does not read every task's 64 KiB), for lists.
+const LISTED_RUN_COLUMNS: &str = "id, job_name, group_name, scheduled_at, trigger, state, reason, \
+     attempt, worker_id, error, params, term, requested_by, created_at, published_at, started_at, \
+     finished_at, next_attempt_at, cancel_requested_at, cancel_requested_by, replayed_by, \
+     replayed_at, parent_id, task_key, task_kind, shard_index, shard_total, shard_param, \
+     target_worker, map_step, map_depth, tasks_total, tasks_ended, tasks_failed, \
+     CASE WHEN octet_length(output::text) > 1024 THEN to_jsonb(left(output::text, 1025)) \
+          ELSE output END AS output, \
+     octet_length(output::text) > 1024 AS output_cut";
 
 impl Store {
     /// Connects a pool to `url`.
@@ -1176,11 +1283,17 @@ impl Store {
         }))
     }
 
-    /// Runs, newest first.
+    /// Runs, newest first: top-level runs (the fires), and their tasks too with
+    /// `include_tasks`.
     pub async fn list_runs(&self, filter: &RunFilter) -> anyhow::Result<Vec<RunRecord>> {
+        let top = if filter.include_tasks {
+            ""
+        } else {
+            "AND parent_id IS NULL"
+        };
         let sql = format!(
-            "SELECT {RUN_COLUMNS} FROM chime_runs
-             WHERE ($1::text IS NULL OR job_name = $1) AND ($2::text IS NULL OR state = $2)
+            "SELECT {LISTED_RUN_COLUMNS} FROM chime_runs
+             WHERE ($1::text IS NULL OR job_name = $1) AND ($2::text IS NULL OR state = $2) {top}
              ORDER BY id DESC LIMIT $3"
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -1236,11 +1349,112 @@ impl Store {
             message: r.get("message"),
         })
         .collect();
+        let run = run_record(row);
+        let parent = match run.parent_id {
+            Some(parent) => {
+                let sql = format!("SELECT {LISTED_RUN_COLUMNS} FROM chime_runs WHERE id = $1");
+                sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .bind(parent)
+                    .fetch_optional(&self.pool)
+                    .await
+                    .with_context(|| format!("loading run {id}'s parent {parent}"))?
+                    .map(|row| Box::new(run_record(row)))
+            }
+            None => None,
+        };
+        let tasks_by_state = if run.tasks_total > 0 {
+            self.task_state_counts(id).await?
+        } else {
+            std::collections::BTreeMap::new()
+        };
         Ok(Some(RunDetail {
-            run: run_record(row),
+            run,
             attempts,
             logs,
+            parent,
+            tasks_by_state,
         }))
+    }
+
+    /// Run `id`'s job, state and task counters; `None` when there is no such run.
+    pub async fn task_counts(&self, id: i64) -> anyhow::Result<Option<TaskCounts>> {
+        let row = sqlx::query(
+            "SELECT job_name, state, tasks_total, tasks_ended, tasks_failed
+             FROM chime_runs WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await
+        .with_context(|| format!("loading run {id}'s task counters"))?;
+        Ok(row.map(|r| TaskCounts {
+            job: r.get("job_name"),
+            state: r.get("state"),
+            total: r.get("tasks_total"),
+            ended: r.get("tasks_ended"),
+            failed: r.get("tasks_failed"),
+        }))
+    }
+
+    /// Parent run `parent`'s tasks by state (served by `chime_runs_task_order`).
+    pub async fn task_state_counts(
+        &self,
+        parent: i64,
+    ) -> anyhow::Result<std::collections::BTreeMap<String, i64>> {
+        let rows = sqlx::query(
+            "SELECT state, count(*) AS n FROM chime_runs WHERE parent_id = $1
+             GROUP BY state ORDER BY state",
+        )
+        .bind(parent)
+        .fetch_all(&self.pool)
+        .await
+        .with_context(|| format!("counting run {parent}'s tasks by state"))?;
+        Ok(rows
+            .into_iter()
+            .map(|r| (r.get("state"), r.get("n")))
+            .collect())
+    }
+
+    /// A page of parent run `query.parent`'s tasks in creation order (keyset on the id, served
+    /// by `chime_runs_task_order`), their outputs cut as in lists.
+    pub async fn tasks_page(&self, query: &TaskQuery) -> anyhow::Result<Vec<RunRecord>> {
+        let sql = format!(
+            "SELECT {LISTED_RUN_COLUMNS} FROM chime_runs
+             WHERE parent_id = $1 AND id > coalesce($2, 0)
+               AND ($3::text IS NULL OR state = $3)
+             ORDER BY id LIMIT $4"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(query.parent)
+            .bind(query.after)
+            .bind(&query.state)
+            .bind(query.limit)
+            .fetch_all(&self.pool)
+            .await
+            .with_context(|| format!("listing run {}'s tasks", query.parent))?;
+        Ok(rows.into_iter().map(run_record).collect())
+    }
+
+    /// Reruns the tasks of finished parent run `parent` that did not succeed
+    /// (`chime_retry_failed`, as `by`): how many rerun, or what the database refused (22023:
+    /// not a run with tasks, or not finished) as the field, value and message.
+    pub async fn retry_failed_tasks(
+        &self,
+        parent: i64,
+        by: &str,
+    ) -> anyhow::Result<Result<i32, TriggerRefusal>> {
+        let done = sqlx::query_scalar("SELECT chime_retry_failed($1, $2)")
+            .bind(parent)
+            .bind(by)
+            .fetch_one(&self.pool)
+            .await;
+        match done {
+            Ok(n) => Ok(Ok(n)),
+            Err(e) => match TriggerRefusal::from_error(&e) {
+                Some(refusal) => Ok(Err(refusal)),
+                None => Err(anyhow::Error::new(e))
+                    .with_context(|| format!("rerunning run {parent}'s failed tasks")),
+            },
+        }
     }
 }
 
@@ -1271,7 +1485,13 @@ fn job_record(r: sqlx::postgres::PgRow) -> anyhow::Result<JobRecord> {
 }
 
 fn run_record(r: sqlx::postgres::PgRow) -> RunRecord {
-    RunRecord {
+    let (tasks_total, tasks_ended, tasks_failed) = (
+        r.get("tasks_total"),
+        r.get("tasks_ended"),
+        r.get("tasks_failed"),
+    );
+    let output = r.get("output");
+    let mut record = RunRecord {
         id: r.get("id"),
         job: r.get("job_name"),
         group: r.get("group_name"),
@@ -1294,7 +1514,31 @@ fn run_record(r: sqlx::postgres::PgRow) -> RunRecord {
         cancel_requested_by: r.get("cancel_requested_by"),
         replayed_by: r.get("replayed_by"),
         replayed_at: r.get("replayed_at"),
+        parent_id: r.get("parent_id"),
+        task_key: r.get("task_key"),
+        task_kind: r.get("task_kind"),
+        shard_index: r.get("shard_index"),
+        shard_total: r.get("shard_total"),
+        shard_param: r.get("shard_param"),
+        target_worker: r.get("target_worker"),
+        map_step: r.get("map_step"),
+        map_depth: r.get("map_depth"),
+        output,
+        output_truncated: false,
+        progress: task_progress(tasks_total, tasks_ended, tasks_failed),
+        tasks_total,
+        tasks_ended,
+        tasks_failed,
+    };
+    // LISTED_RUN_COLUMNS: the database sent the start of a longer output's text.
+    if r.try_get::<Option<bool>, _>("output_cut").ok().flatten() == Some(true)
+        && let Some(serde_json::Value::String(start)) = &record.output
+    {
+        let cut = chime_protocol::limits::cap_bytes(start, MAX_LISTED_OUTPUT_BYTES).into_owned();
+        record.output = Some(serde_json::Value::String(cut));
+        record.output_truncated = true;
     }
+    record
 }
 
 /// Stores a job named `name` of group `g` with the stored definition `spec`, as a test's

@@ -279,6 +279,7 @@ async fn measure(store: &Store, args: &Args) -> anyhow::Result<Vec<Measured>> {
         group,
         before,
         limit: 50,
+        include_tasks: false,
     };
     let mut results = Vec::new();
     results.push(

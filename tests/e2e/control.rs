@@ -86,7 +86,12 @@ async fn trigger_pause_resume_and_inspect_runs_through_the_cli(pool: PgPool) {
     let (_, shown) = run_cli(
         &store,
         Output::Json,
-        Command::Runs(RunsCommand::Show { id: run_id }),
+        Command::Runs(RunsCommand::Show {
+            id: run_id,
+            tasks_after: None,
+            task_state: None,
+            task_limit: 100,
+        }),
     )
     .await;
     let shown: serde_json::Value = serde_json::from_str(&shown).expect("JSON");
@@ -98,7 +103,12 @@ async fn trigger_pause_resume_and_inspect_runs_through_the_cli(pool: PgPool) {
     let (_, table) = run_cli(
         &store,
         Output::Table,
-        Command::Runs(RunsCommand::Show { id: run_id }),
+        Command::Runs(RunsCommand::Show {
+            id: run_id,
+            tasks_after: None,
+            task_state: None,
+            task_limit: 100,
+        }),
     )
     .await;
     assert!(
@@ -155,6 +165,7 @@ async fn trigger_pause_resume_and_inspect_runs_through_the_cli(pool: PgPool) {
             job: Some("report".into()),
             state: None,
             limit: 5,
+            tasks: false,
         }),
     )
     .await;

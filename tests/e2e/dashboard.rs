@@ -1557,3 +1557,209 @@ async fn an_admin_manages_a_shanghai_job_triggers_it_with_params_and_reads_its_r
     instance.stop().await;
     t.finish().await;
 }
+
+/// A run with tasks on the dashboard: the runs list shows the fire with its progress and not its
+/// tasks; the run page shows a progress bar and a grid with one cell per task coloured by its
+/// state (tooltip: key, worker, attempt, shard), both following the tasks live; a cell opens
+/// the task's page, which names its parent; once the run has finished with a failed task an
+/// operator reruns it with "Retry failed tasks".
+#[sqlx::test(migrations = "../migrations")]
+async fn a_run_with_tasks_shows_a_live_task_grid_and_reruns_its_failed_tasks(pool: PgPool) {
+    let group = "dashtasks";
+    let t = Setup::new(&pool).with_groups(&[group]);
+    // A sharded job's fire, expanded into its 12 tasks as the leader would, under a lease the
+    // test holds: the serving instance stays a follower and publishes nothing, so the tasks
+    // take the states the test gives them.
+    sqlx::query(
+        "INSERT INTO chime_jobs (name, group_name, spec, source) VALUES ('shards', $1, $2, 'api')",
+    )
+    .bind(group)
+    .bind(json!({"name": "shards", "group": group, "kind": "sharded", "shards": 12}))
+    .execute(&pool)
+    .await
+    .expect("job");
+    let parent: i64 = sqlx::query_scalar(
+        "INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, state)
+         VALUES ('shards', $1, now(), 'schedule', 'pending') RETURNING id",
+    )
+    .bind(group)
+    .fetch_one(&pool)
+    .await
+    .expect("parent");
+    sqlx::query(
+        "UPDATE chime_leader SET holder = 't', term = 1, expires_at = now() + interval '1 hour'",
+    )
+    .execute(&pool)
+    .await
+    .expect("lease");
+    let tasks: Vec<i64> = sqlx::query_scalar("SELECT id FROM chime_expand_run('t', 1, $1)")
+        .bind(parent)
+        .fetch_all(&pool)
+        .await
+        .expect("expansion");
+    assert_eq!(tasks.len(), 12);
+    let set = |id: i64, state: &'static str, worker: &'static str| {
+        let pool = &pool;
+        async move {
+            sqlx::query(
+                "UPDATE chime_runs SET state = $2, worker_id = $3, attempt = 1,
+                        started_at = coalesce(started_at, now() - interval '2 seconds'),
+                        finished_at = CASE WHEN chime_run_ended($2) THEN now() END,
+                        error = CASE WHEN $2 = 'failed' THEN 'shard 7: upstream refused' END
+                  WHERE id = $1",
+            )
+            .bind(id)
+            .bind(state)
+            .bind(worker)
+            .execute(pool)
+            .await
+            .expect("task state");
+        }
+    };
+    for (i, id) in tasks.iter().enumerate() {
+        match i {
+            0..7 => set(*id, "succeeded", if i % 2 == 0 { "w1" } else { "w2" }).await,
+            7 => set(*id, "failed", "w2").await,
+            8 | 9 => set(*id, "running", "w1").await,
+            _ => {}
+        }
+    }
+
+    let instance = ServingInstance::start(&pool, &t.prefix, group).await;
+    let (base, operator) = (instance.base.clone(), instance.operator.clone());
+    let browser = Browser::start().await;
+    login(&browser, &base, &operator, "token:alice (operator)").await;
+
+    // The runs list: the fire with its progress, none of its tasks.
+    browser.open(&base, "#/runs").await;
+    let row = format!("tr[data-run-id=\"{parent}\"]");
+    browser
+        .wait_text(&row, |t| t.contains("7/12 ok, 1 failed, 4 left"))
+        .await;
+    let rows = browser
+        .eval(
+            "return document.querySelectorAll('#page tbody tr').length;",
+            json!([]),
+        )
+        .await;
+    assert_eq!(rows, 1, "tasks are not listed among runs");
+
+    // The run page: progress in words and as a bar, a cell per task coloured by its state.
+    browser.open(&base, &format!("#/runs/{parent}")).await;
+    browser
+        .wait_text("#task-progress", |t| t == "7/12 ok, 1 failed, 4 left")
+        .await;
+    let cells = browser
+        .eval(
+            "return [...document.querySelectorAll('#task-grid a.cell')].map(c => \
+             [Number(c.dataset.taskId), c.dataset.state, c.className, c.title]);",
+            json!([]),
+        )
+        .await;
+    let cells = cells.as_array().expect("cells");
+    assert_eq!(cells.len(), 12, "{cells:?}");
+    let states: Vec<&str> = cells.iter().map(|c| c[1].as_str().unwrap_or("")).collect();
+    let mut expected = vec!["succeeded"; 7];
+    expected.extend(["failed", "running", "running", "queued", "queued"]);
+    assert_eq!(states, expected);
+    assert_eq!(cells[7][0], tasks[7]);
+    assert_eq!(cells[7][2], "cell bar-failed");
+    assert_eq!(
+        cells[7][3],
+        "shard/7 · failed · worker w2 · attempt 1 · shard 7/12"
+    );
+    let widths = browser
+        .eval(
+            "return [...document.querySelectorAll('#task-progress-bar > div')]\
+             .map(d => Math.round(100 * d.getBoundingClientRect().width / \
+                  d.parentElement.getBoundingClientRect().width));",
+            json!([]),
+        )
+        .await;
+    assert_eq!(widths, json!([58, 8]), "succeeded 7/12, failed 1/12");
+    assert_eq!(
+        browser
+            .eval(
+                "return document.querySelector('button.retry-failed') === null;",
+                json!([])
+            )
+            .await,
+        true,
+        "no rerun while the run is running"
+    );
+    browser.screenshot("task-grid").await;
+
+    // Live: a task ends, the page follows within a second or two.
+    set(tasks[8], "succeeded", "w1").await;
+    browser
+        .wait_text("#task-progress", |t| t == "8/12 ok, 1 failed, 3 left")
+        .await;
+    browser
+        .wait_text(
+            &format!(
+                "#task-grid a.cell[data-task-id=\"{}\"][data-state=\"succeeded\"]",
+                tasks[8]
+            ),
+            |_| true,
+        )
+        .await;
+
+    // A cell opens the task's page, which names its parent.
+    browser
+        .click(&format!("#task-grid a.cell[data-task-id=\"{}\"]", tasks[7]))
+        .await;
+    browser
+        .wait_text(
+            &format!("#page[data-page=\"runs/{}\"][data-loaded]", tasks[7]),
+            |_| true,
+        )
+        .await;
+    let fields = browser
+        .wait_text("table.fields", |t| t.contains("task of"))
+        .await;
+    assert!(fields.contains(&format!("#{parent}")), "{fields}");
+    assert!(fields.contains("shard/7 (shard 7/12)"), "{fields}");
+    assert!(fields.contains("upstream refused"), "{fields}");
+
+    // Every task ends: the run has failed, and an operator reruns its failed task.
+    for id in &tasks[9..] {
+        set(*id, "succeeded", "w1").await;
+    }
+    browser.open(&base, &format!("#/runs/{parent}")).await;
+    browser.wait_text("#run-state", |t| t == "failed").await;
+    browser.screenshot("task-grid-finished").await;
+    browser.click("button.retry-failed:not([disabled])").await;
+    let notice = browser
+        .wait_text("#notice", |t| t.starts_with("Rerunning"))
+        .await;
+    assert_eq!(notice, format!("Rerunning 1 task of run #{parent}"));
+    let states: Vec<String> =
+        sqlx::query_scalar("SELECT state FROM chime_runs WHERE id = ANY($1) ORDER BY id")
+            .bind([parent, tasks[7]].as_slice())
+            .fetch_all(&pool)
+            .await
+            .expect("states");
+    assert_eq!(
+        states,
+        ["queued", "pending"],
+        "the run runs its failed task again"
+    );
+    browser
+        .wait_text("#task-progress", |t| t == "11/12 ok, 1 left")
+        .await;
+    let audited: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM chime_audit WHERE action = 'runs.retry_failed' AND outcome = 'ok'
+            AND actor = 'token:alice' AND run_id = $1",
+    )
+    .bind(parent)
+    .fetch_one(&pool)
+    .await
+    .expect("audit");
+    assert_eq!(audited, 1);
+    assert_eq!(browser.console_errors().await, Vec::<String>::new());
+
+    browser.quit().await;
+    drop(browser);
+    instance.stop().await;
+    t.finish().await;
+}

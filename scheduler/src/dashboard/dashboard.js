@@ -5,7 +5,7 @@
 "use strict";
 
 const TOKEN_KEY = "chime.token";
-const TERMINAL = new Set(["succeeded", "failed", "cancelled", "dead", "skipped"]);
+const TERMINAL = new Set(["succeeded", "failed", "cancelled", "dead", "skipped", "lost"]);
 let me = null;
 let timer = null;
 let flash = null; // a notice to show on the page the next hash change opens
@@ -468,6 +468,7 @@ function runTable(rows, zoneOf, withJob) {
     ["finished", (r) => zoned(r.finished_at, zoneOf(r))],
     ["duration", (r) => el("span", { class: "nowrap" }, duration(runMs(r)))],
     ["worker", (r) => clipped(r.worker_id)],
+    ["tasks", (r) => (r.progress ? el("span", { class: "nowrap progress-text" }, r.progress) : "—")],
     withJob ? ["group", (r) => clipped(r.group)] : null,
     ["error", (r) => (r.error ? el("span", { class: "clip wide", title: r.error }, r.error) : "—")],
   ].filter((c) => c !== null), rows, (r) => ({ "data-run-id": r.id, "data-state": r.state, "data-job": r.job }));
@@ -753,7 +754,7 @@ async function jobForm(page, name) {
 }
 
 const RUN_STATES = ["pending", "queued", "running", "retrying", "succeeded", "failed", "dead",
-  "cancelled", "skipped"];
+  "cancelled", "skipped", "lost"];
 
 // Runs, newest first, filtered by job, state and group, paged by keyset: "Older" passes the
 // page's `next_before` as `before`. The `trail` parameter remembers the `before` of every page
@@ -815,24 +816,39 @@ async function jobZone(name) {
 
 async function run(page, id) {
   const r = await api("GET", "/api/runs/" + encodeURIComponent(id));
-  const zone = await jobZone(r.job);
+  const [zone, tasks] = await Promise.all([jobZone(r.job),
+    r.tasks_total > 0 ? api("GET", "/api/runs/" + r.id + "/tasks?limit=" + TASK_GRID_MAX) : null]);
   const at = (iso) => zoned(iso, zone);
+  const parent = r.parent;
   const fields = [
     ["job", r.job], ["group", r.group], ["trigger", r.trigger], ["requested by", r.requested_by],
+    parent ? ["task of", el("span", {}, runLink(parent.id), " ", stateCell(parent.state),
+      parent.progress ? " " + parent.progress : "")] : null,
+    parent ? ["task", r.task_key + " (" + taskPlace(r) + ")"] : null,
     ["attempt", r.attempt], ["worker", r.worker_id], ["params", r.params], ["reason", r.reason],
-    ["error", r.error], ["scheduled", at(r.scheduled_at)], ["created", at(r.created_at)],
+    ["error", r.error],
+    r.output !== null && r.output !== undefined ? ["output", el("pre", { id: "run-output", class: "payload" },
+      r.output_truncated ? r.output : JSON.stringify(r.output, null, 2))] : null,
+    ["scheduled", at(r.scheduled_at)], ["created", at(r.created_at)],
     ["published", at(r.published_at)], ["started", at(r.started_at)],
     ["finished", at(r.finished_at)], ["next attempt", at(r.next_attempt_at)],
     ["took", duration(runMs(r))],
-  ];
+  ].filter((f) => f !== null);
   const live = !TERMINAL.has(r.state);
   const logs = logBox(r, zone);
+  const retry = TERMINAL.has(r.state) && r.tasks_failed > 0
+    ? actionButton("Retry failed tasks", "retry-failed", async () => {
+      const done = await api("POST", "/api/runs/" + r.id + "/retry-failed");
+      return "Rerunning " + done.rerun + " task" + (done.rerun === 1 ? "" : "s") + " of run #" + r.id;
+    }) : null;
   page.append(...[
     el("h1", {}, "Run #" + r.id + " ", el("span", { id: "run-state", class: "state state-" + r.state }, r.state)),
     live ? actionButton("Cancel", "cancel", async () => {
       const c = await api("POST", "/api/runs/" + r.id + "/cancel");
       return "Cancel: " + c.outcome;
     }) : null,
+    retry,
+    tasks ? taskSection(r, tasks) : null,
     el("table", { class: "fields" }, fields.map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, v instanceof Node ? v : show(v))))),
     el("h2", {}, "Attempts"),
     table([["attempt", (a) => a.attempt], ["worker", (a) => a.worker_id], ["state", (a) => stateCell(a.state)],
@@ -844,6 +860,51 @@ async function run(page, id) {
   ].filter((node) => node !== null));
   page.shown = logs.shown;
   if (live) refreshIn(1000);
+}
+
+// Most tasks the run page draws in its grid (one API page); a larger run says how many more.
+const TASK_GRID_MAX = 1000;
+
+// Where a task sits in its run, in words: `shard 3/12`, `worker w-1`, `step resize`, `root`.
+function taskPlace(t) {
+  if (t.task_kind === "shard") return "shard " + t.shard_index + "/" + t.shard_total;
+  if (t.task_kind === "broadcast") return "worker " + t.target_worker;
+  if (t.task_kind === "map") return "step " + t.map_step + " (depth " + t.map_depth + ")";
+  return t.task_kind || "task";
+}
+
+// A parent run's tasks: a progress bar (succeeded green, failed red, of all tasks) with the
+// progress in words, and a grid with one cell per task coloured by its state; a cell's tooltip
+// names the task, its worker, attempt and shard, a click opens the task's own run page. The
+// run page renders again every second while the run is live, and these with it.
+function taskSection(r, page) {
+  const total = Math.max(r.tasks_total, 1);
+  const ok = r.tasks_ended - r.tasks_failed;
+  const width = (n) => (100 * n / total).toFixed(2) + "%";
+  const bar = el("div", { id: "task-progress-bar", class: "progress", role: "progressbar",
+    "aria-valuemin": 0, "aria-valuemax": r.tasks_total, "aria-valuenow": r.tasks_ended },
+  el("div", { class: "progress-ok", "data-width": width(ok) }),
+  el("div", { class: "progress-failed", "data-width": width(r.tasks_failed) }));
+  // Widths through the CSSOM: the page's Content-Security-Policy forbids inline styles.
+  for (const part of bar.children) part.style.width = part.dataset.width;
+  const cells = page.tasks.map((t) => el("a", {
+    class: "cell bar-" + t.state, href: "#/runs/" + t.id, "data-task-id": t.id, "data-state": t.state,
+    title: [t.task_key, t.state, "worker " + (t.worker_id || t.target_worker || "—"),
+      "attempt " + t.attempt, taskPlace(t)].join(" · "),
+  }));
+  const states = Object.entries(r.tasks_by_state || {}).map(([s, n]) => n + " " + s).join(", ");
+  const rest = r.tasks_total - page.tasks.length;
+  return el("div", { id: "tasks" },
+    el("h2", {}, "Tasks"),
+    el("p", {}, el("span", { id: "task-progress", class: "progress-text" }, r.progress || "no tasks"),
+      states ? el("span", { class: "muted" }, " (" + states + ")") : null),
+    bar,
+    el("div", { id: "task-grid", class: "task-grid" }, cells),
+    page.next_after ? el("p", { id: "task-more", class: "muted" },
+      "The first " + page.tasks.length + " tasks are shown; " + rest + " more: chime runs show " +
+      r.id + " --tasks-after " + page.next_after) : null,
+    el("ul", { class: "legend" }, [...new Set(page.tasks.map((t) => t.state))].map((s) =>
+      el("li", {}, el("span", { class: "swatch bar-" + s }), " " + s))));
 }
 
 // The run's log box. While the run is live its page renders again every second: the lines

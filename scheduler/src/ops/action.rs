@@ -38,6 +38,8 @@ pub enum Action {
     RunsShow,
     /// Cancel a run.
     RunsCancel,
+    /// Rerun the failed tasks of a finished run with tasks.
+    RunsRetryFailed,
     /// List workers.
     WorkersList,
     /// Each group's queues.
@@ -79,7 +81,7 @@ pub enum Effect {
 
 impl Action {
     /// Every action, in the order they are declared.
-    pub const ALL: [Action; 27] = [
+    pub const ALL: [Action; 28] = [
         Action::JobsList,
         Action::JobsShow,
         Action::JobsReport,
@@ -93,6 +95,7 @@ impl Action {
         Action::RunsList,
         Action::RunsShow,
         Action::RunsCancel,
+        Action::RunsRetryFailed,
         Action::WorkersList,
         Action::QueuesList,
         Action::OverviewShow,
@@ -127,6 +130,7 @@ impl Action {
             Action::RunsList => ("runs.list", Viewer, Reads),
             Action::RunsShow => ("runs.show", Viewer, Reads),
             Action::RunsCancel => ("runs.cancel", Operator, Changes),
+            Action::RunsRetryFailed => ("runs.retry_failed", Operator, Changes),
             Action::WorkersList => ("workers.list", Viewer, Reads),
             Action::QueuesList => ("queues.list", Viewer, Reads),
             Action::OverviewShow => ("overview.show", Viewer, Reads),
@@ -183,7 +187,7 @@ mod tests {
     fn every_action_keeps_its_name_role_and_effect() {
         use Effect::{Changes, Reads};
         use Role::{Admin, Operator, Viewer};
-        let expected: [(Action, &str, Role, Effect); 27] = [
+        let expected: [(Action, &str, Role, Effect); 28] = [
             (Action::JobsList, "jobs.list", Viewer, Reads),
             (Action::JobsShow, "jobs.show", Viewer, Reads),
             (Action::JobsReport, "jobs.report", Viewer, Reads),
@@ -197,6 +201,12 @@ mod tests {
             (Action::RunsList, "runs.list", Viewer, Reads),
             (Action::RunsShow, "runs.show", Viewer, Reads),
             (Action::RunsCancel, "runs.cancel", Operator, Changes),
+            (
+                Action::RunsRetryFailed,
+                "runs.retry_failed",
+                Operator,
+                Changes,
+            ),
             (Action::WorkersList, "workers.list", Viewer, Reads),
             (Action::QueuesList, "queues.list", Viewer, Reads),
             (Action::OverviewShow, "overview.show", Viewer, Reads),

@@ -234,6 +234,43 @@ async fn each_changing_action_is_audited_once_per_outcome(pool: PgPool) {
         .once(a, "failed", None, run, ops.cancel_run(&operator, id))
         .await;
 
+    let a = Action::RunsRetryFailed;
+    let shards = Some("sharded-job");
+    let (parent, tasks) =
+        crate::store::tests_tasks::sharded_run(&audit.pool, "sharded-job", 2, None).await;
+    for (id, end) in tasks.iter().zip(["succeeded", "failed"]) {
+        crate::store::tests_tasks::set_task(&audit.pool, *id, end, Some("w1"), None).await;
+    }
+    let parent_run = Some(parent);
+    audit
+        .once(
+            a,
+            "denied",
+            None,
+            parent_run,
+            ops.retry_failed(&viewer, parent),
+        )
+        .await;
+    audit
+        .once(
+            a,
+            "ok",
+            shards,
+            parent_run,
+            ops.retry_failed(&operator, parent),
+        )
+        .await;
+    // Running again now: refused with the reason.
+    audit
+        .once(
+            a,
+            "failed",
+            shards,
+            parent_run,
+            ops.retry_failed(&operator, parent),
+        )
+        .await;
+
     let a = Action::DlqReplay;
     audit
         .once(a, "denied", None, run, ops.replay(&viewer, id))

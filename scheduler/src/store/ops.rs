@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::Row as _;
 
-use super::{JOBS_CHANNEL, RUN_COLUMNS, RunRecord, Store, notify, run_record};
+use super::{JOBS_CHANNEL, LISTED_RUN_COLUMNS, RunRecord, Store, notify, run_record};
 use crate::job::JobSpec;
 
 /// An API token as stored (never its secret).
@@ -97,6 +97,9 @@ pub struct RunQuery {
     pub before: Option<i64>,
     /// Page size.
     pub limit: i64,
+    /// Tasks too (the runs of broadcast, sharded and map/reduce fires); by default only
+    /// top-level runs, one per fire, are listed.
+    pub include_tasks: bool,
 }
 
 /// A worker as operators see it.
@@ -145,6 +148,10 @@ pub struct ObservedRun {
     pub is_final: bool,
     /// Created long enough ago to stop watching it.
     pub settled: bool,
+    /// A task of a broadcast, sharded or map/reduce fire.
+    pub is_task: bool,
+    /// A parent run (with tasks): never published nor run by a handler itself.
+    pub has_tasks: bool,
 }
 
 impl Store {
@@ -359,13 +366,21 @@ impl Store {
 
     // ---- runs and workers -----------------------------------------------------------------
 
-    /// A page of runs, newest first. Every filter combination is served by an index on
-    /// `(column, id DESC)` (or the primary key), so a page costs the same at any depth.
+    /// A page of runs, newest first: top-level runs only, unless `include_tasks`. Every
+    /// filter combination is served by an index on `(column, id DESC)` (or the primary key),
+    /// so a page costs the same at any depth; leaving tasks out is a filter on the rows read
+    /// (a page behind a fire of many tasks reads past them).
     pub async fn runs_page(&self, query: &RunQuery) -> anyhow::Result<Vec<RunRecord>> {
+        let top = if query.include_tasks {
+            ""
+        } else {
+            "AND parent_id IS NULL"
+        };
         let sql = format!(
-            "SELECT {RUN_COLUMNS} FROM chime_runs
+            "SELECT {LISTED_RUN_COLUMNS} FROM chime_runs
              WHERE ($1::text IS NULL OR job_name = $1) AND ($2::text IS NULL OR state = $2)
                AND ($3::text IS NULL OR group_name = $3) AND ($4::bigint IS NULL OR id < $4)
+               {top}
              ORDER BY id DESC LIMIT $5"
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -557,14 +572,15 @@ impl Store {
         Ok((row.get("jobs"), row.get("paused")))
     }
 
-    /// Runs created within `window`, by state (served by `chime_runs_created`).
+    /// Top-level runs (fires, not their tasks) created within `window`, by state (served by
+    /// `chime_runs_created`).
     pub async fn run_state_counts(
         &self,
         window: std::time::Duration,
     ) -> anyhow::Result<Vec<(String, i64)>> {
         let rows = sqlx::query(
             "SELECT state, count(*) AS n FROM chime_runs
-             WHERE created_at > now() - make_interval(secs => $1)
+             WHERE created_at > now() - make_interval(secs => $1) AND parent_id IS NULL
              GROUP BY state ORDER BY state",
         )
         .bind(window.as_secs_f64())
@@ -588,9 +604,10 @@ impl Store {
     }
 
     /// Runs with an id above `after`, oldest first, at most `limit`, as the metrics observer
-    /// reads them; `settled` once a run is older than `settle`. `started_at` only once the run
-    /// has left `running` (or settled): while it runs, the column holds the claim's estimate,
-    /// which the outcome write replaces with the handler's real start (docs/runs.md).
+    /// reads them, tasks included (`is_task`); `settled` once a run is older than `settle`.
+    /// `started_at` only once the run has left `running` (or settled): while it runs, the
+    /// column holds the claim's estimate, which the outcome write replaces with the handler's
+    /// real start (docs/runs.md).
     pub async fn runs_after(
         &self,
         after: i64,
@@ -600,8 +617,8 @@ impl Store {
         let rows = sqlx::query(
             "SELECT id, job_name, state, attempt, scheduled_at, published_at,
                     CASE WHEN state <> 'running' OR settled THEN started_at END AS started_at,
-                    state IN ('succeeded', 'failed', 'dead', 'cancelled', 'skipped') AS is_final,
-                    settled
+                    chime_run_ended(state) AS is_final, settled,
+                    parent_id IS NOT NULL AS is_task, tasks_total > 0 AS has_tasks
              FROM (SELECT *, created_at < now() - make_interval(secs => $3) AS settled
                      FROM chime_runs WHERE id > $1 ORDER BY id LIMIT $2) r
              ORDER BY id",
@@ -624,23 +641,34 @@ impl Store {
                 started_at: r.get("started_at"),
                 is_final: r.get("is_final"),
                 settled: r.get("settled"),
+                is_task: r.get("is_task"),
+                has_tasks: r.get("has_tasks"),
             })
             .collect())
     }
 
-    /// Unfinished runs by job and state (served by the partial index of unfinished runs).
-    pub async fn active_run_counts(&self) -> anyhow::Result<Vec<(String, String, i64)>> {
+    /// Unfinished runs by job, state and whether they are tasks (served by the partial index
+    /// of unfinished runs): `(job, state, is_task, count)`.
+    pub async fn active_run_counts(&self) -> anyhow::Result<Vec<(String, String, bool, i64)>> {
         let rows = sqlx::query(
-            "SELECT job_name, state, count(*) AS n FROM chime_runs
+            "SELECT job_name, state, parent_id IS NOT NULL AS is_task, count(*) AS n
+             FROM chime_runs
              WHERE state IN ('pending', 'queued', 'running', 'retrying')
-             GROUP BY job_name, state ORDER BY job_name, state",
+             GROUP BY 1, 2, 3 ORDER BY 1, 2, 3",
         )
         .fetch_all(&self.pool)
         .await
         .context("counting unfinished runs")?;
         Ok(rows
             .into_iter()
-            .map(|r| (r.get("job_name"), r.get("state"), r.get("n")))
+            .map(|r| {
+                (
+                    r.get("job_name"),
+                    r.get("state"),
+                    r.get("is_task"),
+                    r.get("n"),
+                )
+            })
             .collect())
     }
 

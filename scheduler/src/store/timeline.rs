@@ -1,5 +1,5 @@
-//! The SQL of the dashboard's runs-over-time chart: runs created per time bucket, by their
-//! state now. Part of [`crate::store`].
+//! The SQL of the dashboard's runs-over-time chart: top-level runs (fires, not their tasks)
+//! created per time bucket, by their state now. Part of [`crate::store`].
 //!
 //! The query is a range scan of the index `chime_runs_created` (on `created_at`), reading the
 //! rows it finds for their state; runs are inserted in creation order, so one hour's runs sit
@@ -29,7 +29,7 @@ impl Store {
             "SELECT date_bin(make_interval(secs => $3), created_at, 'epoch') AS bucket,
                     state, count(*) AS n
              FROM chime_runs
-             WHERE created_at >= $1 AND created_at < $2
+             WHERE created_at >= $1 AND created_at < $2 AND parent_id IS NULL
              GROUP BY 1, 2 ORDER BY 1, 2",
         )
         .bind(from)
