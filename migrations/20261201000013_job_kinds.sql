@@ -39,6 +39,11 @@ ALTER TABLE chime_runs
 CREATE UNIQUE INDEX chime_runs_task_key ON chime_runs (parent_id, task_key)
     WHERE parent_id IS NOT NULL;
 
+-- Reading a run's tasks in creation order: `chime runs show`, GET /api/runs/{id}/tasks and the
+-- dashboard's task grid page through a parent's tasks by id (keyset), and count them by state;
+-- a range scan of this index serves a page (the unique key above finds them, not in id order).
+CREATE INDEX chime_runs_task_order ON chime_runs (parent_id, id) WHERE parent_id IS NOT NULL;
+
 -- The fire key is a top-level run's: tasks share their parent's job and instant.
 DROP INDEX chime_runs_fire_key;
 CREATE UNIQUE INDEX chime_runs_fire_key ON chime_runs (job_name, scheduled_at)
@@ -351,6 +356,13 @@ BEGIN
                               format('run %s is %s; only a finished run''s failed tasks rerun',
                                      parent, p.state),
                               'wait for it to finish, or cancel it first');
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM chime_runs t
+                    WHERE t.parent_id = parent AND t.state NOT IN ('succeeded', 'skipped')
+                      AND chime_run_ended(t.state)) THEN
+        PERFORM chime_invalid('run', parent::text,
+                              format('run %s has no failed task to rerun', parent),
+                              'trigger the job again to run it all anew');
     END IF;
     UPDATE chime_runs r
        SET state = 'queued', finished_at = NULL, started_at = NULL,

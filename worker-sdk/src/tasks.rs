@@ -435,7 +435,10 @@ mod jsonb_len_tests {
     #[test]
     fn counts_the_spaces_postgresql_prints() {
         for (value, text) in [
-            (serde_json::json!({"a": [1, 2], "b": {}}), r#"{"a": [1, 2], "b": {}}"#),
+            (
+                serde_json::json!({"a": [1, 2], "b": {}}),
+                r#"{"a": [1, 2], "b": {}}"#,
+            ),
             (serde_json::json!([]), "[]"),
             (serde_json::json!({"k": "v"}), r#"{"k": "v"}"#),
             (serde_json::json!("x"), r#""x""#),
@@ -444,4 +447,3 @@ mod jsonb_len_tests {
         }
     }
 }
-

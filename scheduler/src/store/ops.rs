@@ -484,7 +484,9 @@ impl Store {
                  SELECT r.id FROM chime_runs r, bound b
                  WHERE EXISTS (SELECT 1 FROM lease)
                    AND r.created_at < now() - make_interval(secs => $3)
-                   AND r.state IN ('succeeded', 'failed', 'dead', 'cancelled', 'skipped')
+                   AND chime_run_ended(r.state)
+                   -- Tasks go with their parent (ON DELETE CASCADE), never before it.
+                   AND r.parent_id IS NULL
                    AND {which}
                  ORDER BY {order} LIMIT $6
                  FOR UPDATE OF r SKIP LOCKED
