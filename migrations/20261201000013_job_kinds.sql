@@ -192,10 +192,15 @@ CREATE FUNCTION chime_tasks_published(fence_holder text, fence_term bigint, ids 
 RETURNS boolean
 LANGUAGE sql VOLATILE
 AS $$
-    WITH lease AS (SELECT term FROM chime_fence(fence_holder, fence_term)), upd AS (
-        UPDATE chime_runs r SET published_at = coalesce(r.published_at, u.at)
-          FROM unnest(ids, confirmed) AS u(id, at)
-         WHERE r.id = u.id AND EXISTS (SELECT FROM lease)
+    -- A task locked meanwhile is being claimed (or its outcome written): the claim records
+    -- published_at itself, so it is skipped rather than waited for.
+    WITH lease AS (SELECT term FROM chime_fence(fence_holder, fence_term)), locked AS (
+        SELECT r.id, u.at FROM unnest(ids, confirmed) AS u(id, at)
+          JOIN chime_runs r ON r.id = u.id
+         WHERE r.published_at IS NULL AND EXISTS (SELECT FROM lease)
+           FOR UPDATE OF r SKIP LOCKED
+    ), upd AS (
+        UPDATE chime_runs r SET published_at = l.at FROM locked l WHERE r.id = l.id
     )
     SELECT EXISTS (SELECT FROM lease)
 $$;
@@ -241,6 +246,15 @@ DECLARE
     dead_tasks bigint;
     reduce_state text;
 BEGIN
+    IF was_ended = is_ended AND was_failed = is_failed THEN
+        -- No count changes (a claim, a retry): the parent only starts running with its first
+        -- task; its row is not written again, so claims do not queue on it.
+        IF NEW.state = 'running' THEN
+            UPDATE chime_runs r SET state = 'running', started_at = NEW.started_at
+             WHERE r.id = NEW.parent_id AND r.state IN ('pending', 'queued');
+        END IF;
+        RETURN NULL;
+    END IF;
     UPDATE chime_runs r
        SET tasks_ended = r.tasks_ended + (is_ended::integer - was_ended::integer),
            tasks_failed = r.tasks_failed + (is_failed::integer - was_failed::integer),
