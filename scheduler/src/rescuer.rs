@@ -61,64 +61,52 @@ pub async fn run(store: Store, fence: Fence, settings: RescuerSettings, stop: Ca
 
 /// One pass. Returns false when the fence no longer holds.
 pub async fn pass(store: &Store, fence: &Fence, settings: &RescuerSettings) -> bool {
+    let after = settings.rescue_after;
+    batches("rescuing runs of lost workers", log_lost, || {
+        store.rescue_lost_runs(fence, after, BATCH)
+    })
+    .await
+        && batches("ending broadcast tasks of lost workers", log_lost, || {
+            store.rescue_stranded_broadcasts(fence, after, BATCH)
+        })
+        .await
+        && batches("rescuing stuck retries", log_stuck, || {
+            store.rescue_stuck_retries(fence, settings.retry_slack, BATCH)
+        })
+        .await
+}
+
+/// Runs one rescue in batches of [`BATCH`] until a batch is short, at most [`MAX_BATCHES`];
+/// `log` reports each batch. Returns false when the fence no longer holds; a failed batch is
+/// logged and left to the next pass.
+async fn batches<F, Fut>(what: &str, log: fn(&[Rescued]), mut batch: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Option<Vec<Rescued>>>>,
+{
     for _ in 0..MAX_BATCHES {
-        match store
-            .rescue_lost_runs(fence, settings.rescue_after, BATCH)
-            .await
-        {
+        match batch().await {
             Ok(None) => return false,
             Ok(Some(runs)) => {
-                log_lost(&runs);
+                log(&runs);
                 if i64::try_from(runs.len()).unwrap_or(i64::MAX) < BATCH {
                     break;
                 }
             }
             Err(e) => {
-                warn!(error = %format!("{e:#}"), "rescuing runs of lost workers failed; next pass retries");
-                break;
-            }
-        }
-    }
-    for _ in 0..MAX_BATCHES {
-        match store
-            .rescue_stranded_broadcasts(fence, settings.rescue_after, BATCH)
-            .await
-        {
-            Ok(None) => return false,
-            Ok(Some(runs)) => {
-                log_lost(&runs);
-                if i64::try_from(runs.len()).unwrap_or(i64::MAX) < BATCH {
-                    break;
-                }
-            }
-            Err(e) => {
-                warn!(error = %format!("{e:#}"), "ending broadcast tasks of lost workers failed; next pass retries");
-                break;
-            }
-        }
-    }
-    for _ in 0..MAX_BATCHES {
-        match store
-            .rescue_stuck_retries(fence, settings.retry_slack, BATCH)
-            .await
-        {
-            Ok(None) => return false,
-            Ok(Some(runs)) => {
-                for r in &runs {
-                    warn!(run_id = r.id, job = %r.job, attempt = r.attempt, detail = %r.detail,
-                          "run stuck in retrying; republishing it as the next attempt");
-                }
-                if i64::try_from(runs.len()).unwrap_or(i64::MAX) < BATCH {
-                    break;
-                }
-            }
-            Err(e) => {
-                warn!(error = %format!("{e:#}"), "rescuing stuck retries failed; next pass retries");
+                warn!(error = %format!("{e:#}"), "{what} failed; next pass retries");
                 break;
             }
         }
     }
     true
+}
+
+fn log_stuck(runs: &[Rescued]) {
+    for r in runs {
+        warn!(run_id = r.id, job = %r.job, attempt = r.attempt, detail = %r.detail,
+              "run stuck in retrying; republishing it as the next attempt");
+    }
 }
 
 fn log_lost(runs: &[Rescued]) {
