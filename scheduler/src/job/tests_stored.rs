@@ -62,6 +62,13 @@ const README_MD: &[&str] = &[
     r##"{"name":"close-unpaid-orders","group":"orders","schedule":"0 */2 * * * *","timezone":"Asia/Shanghai","params":{"batch":500},"timeout":"5m","misfire":"fire_once","misfire_grace":"5s","catchup_window":"1h","max_catchup":100,"concurrency":"forbid","retry":{"max_attempts":4,"initial":"10s","multiplier":2.0,"max":"10m","jitter":true},"alerts":{"webhook":"https://hooks.slack.com/services/…","format":"slack"},"paused":false}"##,
 ];
 
+/// The job kinds of README.md.
+const README_MD_KINDS: &[&str] = &[
+    r##"{"name":"purge-local-cache","group":"web","kind":"broadcast","min_workers":2,"timezone":"UTC","params":null,"misfire":"fire_once","misfire_grace":"5s","catchup_window":"1h","max_catchup":100,"concurrency":"allow","retry":{"max_attempts":3,"initial":"10s","multiplier":2.0,"max":"10m","jitter":true},"paused":false}"##,
+    r##"{"name":"settle-cities","group":"billing","kind":"sharded","shards":3,"shard_params":["Beijing","Shanghai","Guangzhou"],"timezone":"UTC","params":null,"misfire":"fire_once","misfire_grace":"5s","catchup_window":"1h","max_catchup":100,"concurrency":"allow","retry":{"max_attempts":3,"initial":"10s","multiplier":2.0,"max":"10m","jitter":true},"paused":false}"##,
+    r##"{"name":"monthly-totals","group":"billing","kind":"map_reduce","timezone":"UTC","params":null,"misfire":"fire_once","misfire_grace":"5s","catchup_window":"1h","max_catchup":100,"concurrency":"allow","retry":{"max_attempts":3,"initial":"10s","multiplier":2.0,"max":"10m","jitter":true},"paused":false}"##,
+];
+
 /// Definitions sent as API JSON (`POST /api/jobs`), then as stored: one per `when`, and one
 /// with every optional field.
 const API: &[(&str, &str)] = &[
@@ -179,8 +186,9 @@ fn documented_job_files_store_the_json_they_stored_before() {
         assert_stored_as("docs/configuration.md", jobs, CONFIGURATION_MD_KINDS);
     }
     let readme = job_blocks("README.md");
-    assert_eq!(readme.len(), 1, "README.md's job file");
+    assert_eq!(readme.len(), 2, "README.md's job files");
     assert_stored_as("README.md", &readme[0], README_MD);
+    assert_stored_as("README.md", &readme[1], README_MD_KINDS);
 }
 
 #[test]
