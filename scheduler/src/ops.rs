@@ -919,18 +919,8 @@ impl Operations {
                     return Err(no_such_run(id));
                 };
                 entry.job = Some(run.job.clone());
-                // chime_retry_failed would set such a run running again with nothing to run.
-                let ended = run
-                    .state
-                    .parse::<chime_protocol::RunState>()
-                    .is_ok_and(|s| s.is_finished());
-                if run.total > 0 && run.failed == 0 && ended {
-                    return Err(OpsError::Conflict(format!(
-                        "run {id} is {} with no failed task; there is nothing to rerun \
-                         (trigger its job again for a new run)",
-                        run.state
-                    )));
-                }
+                // chime_retry_failed refuses a run with no tasks, unfinished, or with nothing
+                // to rerun, naming the fix.
                 match self.store.retry_failed_tasks(id, &caller.actor).await? {
                     Ok(rerun) => Ok(RetriedFailed {
                         run_id: id,
