@@ -272,7 +272,7 @@ mod tests {
         assert_eq!(
             error.to_string(),
             "unknown run state `Running`; expected one of pending, queued, running, retrying, \
-             succeeded, failed, dead, cancelled, skipped"
+             succeeded, failed, dead, cancelled, skipped, lost"
         );
         let error = "skipped".parse::<AttemptState>().unwrap_err();
         assert!(
