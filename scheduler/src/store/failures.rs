@@ -192,6 +192,25 @@ pub struct ClaimedAlert {
 const LOST_SINCE_SQL: &str = "CASE WHEN w.id IS NULL THEN coalesce(r.started_at, r.created_at) \
      ELSE chime_worker_lost_since(w.stopped_at, w.heartbeat_at, w.heartbeat_interval_ms) END";
 
+/// The rescues' result rows: one `lease` row while the fence holds, then one per run changed
+/// (CTE `runs`), as [`rescued`] reads them.
+const RESCUED_SQL: &str = "SELECT 'lease' AS kind, NULL::bigint AS id, NULL::text AS job_name,
+                    NULL::int AS attempt, NULL::text AS state, NULL::text AS detail FROM lease
+             UNION ALL
+             SELECT 'run', id, job_name, attempt, state, detail FROM runs";
+
+/// Why worker row `w` counts as gone, for a rescue's reason: not registered, stopped at …, or
+/// no heartbeat since ….
+fn worker_gone_sql() -> String {
+    format!(
+        "CASE WHEN w.id IS NULL THEN 'not registered'
+              WHEN w.stopped_at IS NOT NULL THEN 'stopped at ' || {stopped}
+              ELSE 'no heartbeat since ' || {heartbeat} END",
+        stopped = ts_sql("w.stopped_at"),
+        heartbeat = ts_sql("w.heartbeat_at"),
+    )
+}
+
 impl Store {
     /// The database clock.
     pub async fn db_now(&self) -> anyhow::Result<DateTime<Utc>> {
@@ -227,10 +246,8 @@ impl Store {
                         r.target_worker IS NOT NULL AS broadcast,
                         chime_retry_max_attempts(r.retry_policy) AS max_attempts,
                         chime_retry_exhausted(r.retry_policy, r.attempt) AS exhausted,
-                        'worker ' || coalesce(r.worker_id, '?') || ' lost (' ||
-                        CASE WHEN w.id IS NULL THEN 'not registered'
-                             WHEN w.stopped_at IS NOT NULL THEN 'stopped at ' || {stopped}
-                             ELSE 'no heartbeat since ' || {heartbeat} END || ')' AS detail
+                        'worker ' || coalesce(r.worker_id, '?') || ' lost (' || {gone} || ')'
+                            AS detail
                  FROM chime_runs r
                  LEFT JOIN chime_workers w ON w.id = r.worker_id
                  WHERE r.state = 'running' AND EXISTS (SELECT 1 FROM lease)
@@ -270,13 +287,10 @@ impl Store {
                  WHERE r.id = l.id AND r.state = 'running' AND r.attempt = l.attempt
                  RETURNING r.id, r.job_name, r.attempt, r.state, l.detail
              )
-             SELECT 'lease' AS kind, NULL::bigint AS id, NULL::text AS job_name,
-                    NULL::int AS attempt, NULL::text AS state, NULL::text AS detail FROM lease
-             UNION ALL
-             SELECT 'run', id, job_name, attempt, state, detail FROM runs",
-            stopped = ts_sql("w.stopped_at"),
-            heartbeat = ts_sql("w.heartbeat_at"),
+             {rescued}",
+            gone = worker_gone_sql(),
             lost_since = LOST_SINCE_SQL,
+            rescued = RESCUED_SQL,
         );
         let mut tx = self.pool.begin().await?;
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -312,10 +326,7 @@ impl Store {
             "WITH {LEASE_CTE}, stranded AS (
                  SELECT r.id,
                         'its worker ' || r.target_worker || ' was lost before it started (' ||
-                        CASE WHEN w.id IS NULL THEN 'not registered'
-                             WHEN w.stopped_at IS NOT NULL THEN 'stopped at ' || {stopped}
-                             ELSE 'no heartbeat since ' || {heartbeat} END
-                        || '); a broadcast task is not moved to another worker' AS detail
+                        {gone} || '); a broadcast task is not moved to another worker' AS detail
                  FROM chime_runs r
                  LEFT JOIN chime_workers w ON w.id = r.target_worker
                  WHERE r.target_worker IS NOT NULL AND EXISTS (SELECT 1 FROM lease)
@@ -331,13 +342,10 @@ impl Store {
                  WHERE r.id = s.id
                  RETURNING r.id, r.job_name, r.attempt, r.state, s.detail
              )
-             SELECT 'lease' AS kind, NULL::bigint AS id, NULL::text AS job_name,
-                    NULL::int AS attempt, NULL::text AS state, NULL::text AS detail FROM lease
-             UNION ALL
-             SELECT 'run', id, job_name, attempt, state, detail FROM runs",
-            stopped = ts_sql("w.stopped_at"),
-            heartbeat = ts_sql("w.heartbeat_at"),
+             {rescued}",
+            gone = worker_gone_sql(),
             lost_since = LOST_SINCE_SQL,
+            rescued = RESCUED_SQL,
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(&fence.holder)
@@ -375,11 +383,9 @@ impl Store {
                      'retry of attempt ' || r.attempt || ' was due at ' || {due}
                      || ' but never started' AS detail
              )
-             SELECT 'lease' AS kind, NULL::bigint AS id, NULL::text AS job_name,
-                    NULL::int AS attempt, NULL::text AS state, NULL::text AS detail FROM lease
-             UNION ALL
-             SELECT 'run', id, job_name, attempt, state, detail FROM runs",
+             {rescued}",
             due = ts_sql("r.next_attempt_at"),
+            rescued = RESCUED_SQL,
         );
         let mut tx = self.pool.begin().await?;
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
