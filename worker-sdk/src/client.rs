@@ -153,17 +153,13 @@ impl TriggerError {
                 .map_or_else(String::new, |db| db.message().to_owned());
             return TriggerError::Forbidden(message);
         }
-        let refused = error.as_database_error().and_then(|db| {
-            let pg = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()?;
-            (pg.code() == "22023").then(|| TriggerError::Invalid {
-                field: pg.column().unwrap_or_default().to_owned(),
-                value: pg
-                    .detail()
-                    .and_then(|d| d.split_once(" = "))
-                    .map(|(_, v)| v.to_owned()),
-                message: pg.message().to_owned(),
-            })
-        });
-        refused.unwrap_or(TriggerError::Database(error))
+        match store::refusal(&error) {
+            Some(r) => TriggerError::Invalid {
+                field: r.field,
+                value: r.value,
+                message: r.message,
+            },
+            None => TriggerError::Database(error),
+        }
     }
 }

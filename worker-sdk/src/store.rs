@@ -1033,6 +1033,29 @@ pub(crate) fn is_forbidden(error: &sqlx::Error) -> bool {
         .is_some_and(|db| db.code().as_deref() == Some("42501"))
 }
 
+/// A refusal by `chime_invalid` (22023 `invalid_parameter_value`): the field (the error's
+/// COLUMN), the value (its DETAIL, `field = value`) and the message with the fix.
+pub(crate) struct Refusal {
+    pub field: String,
+    pub value: Option<String>,
+    pub message: String,
+}
+
+/// The refusal `error` carries, if it is one of `chime_invalid`'s.
+pub(crate) fn refusal(error: &sqlx::Error) -> Option<Refusal> {
+    let pg = error
+        .as_database_error()?
+        .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()?;
+    (pg.code() == "22023").then(|| Refusal {
+        field: pg.column().unwrap_or_default().to_owned(),
+        value: pg
+            .detail()
+            .and_then(|d| d.split_once(" = "))
+            .map(|(_, v)| v.to_owned()),
+        message: pg.message().to_owned(),
+    })
+}
+
 /// True for errors that say "the database was unreachable, try again", not "your query is wrong".
 pub(crate) fn is_transient(error: &sqlx::Error) -> bool {
     match error {

@@ -158,18 +158,14 @@ impl TaskError {
     /// The error of a database call `call`: 22023 is [`TaskError::Invalid`], anything else
     /// [`TaskError::Database`].
     pub(crate) fn from_database(call: &'static str, source: sqlx::Error) -> TaskError {
-        let invalid = source.as_database_error().and_then(|db| {
-            let pg = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()?;
-            (pg.code() == "22023").then(|| TaskError::Invalid {
-                field: pg.column().unwrap_or_default().to_owned(),
-                value: pg
-                    .detail()
-                    .and_then(|d| d.split_once(" = "))
-                    .map(|(_, v)| v.to_owned()),
-                message: pg.message().to_owned(),
-            })
-        });
-        invalid.unwrap_or(TaskError::Database { call, source })
+        match crate::store::refusal(&source) {
+            Some(r) => TaskError::Invalid {
+                field: r.field,
+                value: r.value,
+                message: r.message,
+            },
+            None => TaskError::Database { call, source },
+        }
     }
 
     /// True for errors another attempt may not see (the database unreachable, the attempt
