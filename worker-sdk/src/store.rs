@@ -798,7 +798,7 @@ impl TaskCalls for Store {
                         .await
                 })
                 .await
-                .map_err(|e| TaskError::from_database("chime_map", e))?;
+                .map_err(|e| task_error("chime_map", e))?;
             Ok(u32::try_from(created).unwrap_or_default())
         })
     }
@@ -822,7 +822,7 @@ impl TaskCalls for Store {
                     .await
             })
             .await
-            .map_err(|e| TaskError::from_database("chime_set_output", e))
+            .map_err(|e| task_error("chime_set_output", e))
         })
     }
 
@@ -844,7 +844,7 @@ impl TaskCalls for Store {
                 rows.iter().map(task_result).collect()
             })
             .await
-            .map_err(|e| TaskError::from_database("chime_task_results", e))
+            .map_err(|e| task_error("chime_task_results", e))
         })
     }
 }
@@ -1054,6 +1054,19 @@ pub(crate) fn refusal(error: &sqlx::Error) -> Option<Refusal> {
             .map(|(_, v)| v.to_owned()),
         message: pg.message().to_owned(),
     })
+}
+
+/// The error of a task call `call` (`chime_map`, `chime_set_output`, `chime_task_results`):
+/// a `chime_invalid` refusal is [`TaskError::Invalid`], anything else [`TaskError::Database`].
+fn task_error(call: &'static str, source: sqlx::Error) -> TaskError {
+    match refusal(&source) {
+        Some(r) => TaskError::Invalid {
+            field: r.field,
+            value: r.value,
+            message: r.message,
+        },
+        None => TaskError::Database { call, source },
+    }
 }
 
 /// True for errors that say "the database was unreachable, try again", not "your query is wrong".

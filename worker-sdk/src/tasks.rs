@@ -155,19 +155,6 @@ pub enum TaskError {
 }
 
 impl TaskError {
-    /// The error of a database call `call`: 22023 is [`TaskError::Invalid`], anything else
-    /// [`TaskError::Database`].
-    pub(crate) fn from_database(call: &'static str, source: sqlx::Error) -> TaskError {
-        match crate::store::refusal(&source) {
-            Some(r) => TaskError::Invalid {
-                field: r.field,
-                value: r.value,
-                message: r.message,
-            },
-            None => TaskError::Database { call, source },
-        }
-    }
-
     /// True for errors another attempt may not see (the database unreachable, the attempt
     /// moved on); false for those it would see again (bad items, step, output, limits).
     pub fn is_retryable(&self) -> bool {
