@@ -227,91 +227,110 @@ COMMENT ON FUNCTION chime_task_unroutable(text, bigint, bigint, text) IS
 
 -- ---- the aggregate: one home ---------------------------------------------------------------
 
--- After a task's state changed: its parent's counters, and the parent's state. The parent
--- starts running with its first task; when every task has ended it ends: `cancelled` if a
--- cancel was asked, else `succeeded` when no task failed (or `on_task_failure = "ignore"`, the
--- reason then counts the failures), else `dead` when a task is dead, else `failed`. For a
--- map/reduce run the reduce task decides: the run fails when it did, and it waits for every
--- other task (the outbox publishes it when they have ended: woken here). The parent row is
--- locked by the UPDATE, so concurrent outcomes of sibling tasks are counted one after another.
+-- After a statement changed the state of tasks: their parents' counters, and each parent's
+-- state, once per parent per statement (a batch of 512 outcomes of one run's tasks writes its
+-- parent once, not 512 times: a row-level trigger made each batch walk a growing chain of row
+-- versions of the one parent, and held the parent's lock the while). The parent starts running
+-- with its first task; when every task has ended it ends: `cancelled` if a cancel was asked,
+-- else `succeeded` when no task failed (or `on_task_failure = "ignore"`, the reason then counts
+-- the failures), else `dead` when a task is dead, else `failed`. For a map/reduce run the
+-- reduce task decides: the run fails when it did, and it waits for every other task (the
+-- outbox publishes it when they have ended: woken here). Parents are written in id order, so
+-- two statements ending tasks of the same parents lock them in the same order; a parent's
+-- UPDATE locks its row, so concurrent statements count one after another.
 CREATE FUNCTION chime_task_changed() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
-    was_ended boolean := chime_run_ended(OLD.state);
-    is_ended boolean := chime_run_ended(NEW.state);
-    was_failed boolean := was_ended AND OLD.state <> 'succeeded';
-    is_failed boolean := is_ended AND NEW.state <> 'succeeded';
+    m record;
     p chime_runs%ROWTYPE;
     spec jsonb;
     dead_tasks bigint;
     reduce_state text;
 BEGIN
-    IF was_ended = is_ended AND was_failed = is_failed THEN
-        -- No count changes (a claim, a retry): the parent only starts running with its first
-        -- task; its row is not written again, so claims do not queue on it.
-        IF NEW.state = 'running' THEN
-            UPDATE chime_runs r SET state = 'running', started_at = NEW.started_at
-             WHERE r.id = NEW.parent_id AND r.state IN ('pending', 'queued');
+    FOR m IN
+        SELECT n.parent_id AS id,
+               sum(chime_run_ended(n.state)::integer
+                   - chime_run_ended(o.state)::integer) AS ended,
+               sum((chime_run_ended(n.state) AND n.state <> 'succeeded')::integer
+                   - (chime_run_ended(o.state) AND o.state <> 'succeeded')::integer) AS failed,
+               bool_or(n.state = 'running') AS started,
+               min(n.started_at) FILTER (WHERE n.state = 'running') AS first_start
+          FROM chime_new_runs n JOIN chime_old_runs o ON o.id = n.id
+         WHERE n.parent_id IS NOT NULL AND n.state IS DISTINCT FROM o.state
+         GROUP BY n.parent_id
+         ORDER BY n.parent_id
+    LOOP
+        IF m.ended = 0 AND m.failed = 0 THEN
+            -- No count changes (claims, retries): the parent only starts running with its
+            -- first task; its row is not written again, so claims do not queue on it.
+            IF m.started THEN
+                UPDATE chime_runs r SET state = 'running', started_at = m.first_start
+                 WHERE r.id = m.id AND r.state IN ('pending', 'queued');
+            END IF;
+            CONTINUE;
         END IF;
-        RETURN NULL;
-    END IF;
-    UPDATE chime_runs r
-       SET tasks_ended = r.tasks_ended + (is_ended::integer - was_ended::integer),
-           tasks_failed = r.tasks_failed + (is_failed::integer - was_failed::integer),
-           state = CASE WHEN NEW.state = 'running' AND r.state IN ('pending', 'queued')
-                        THEN 'running' ELSE r.state END,
-           started_at = CASE WHEN NEW.state = 'running' AND r.started_at IS NULL
-                             THEN NEW.started_at ELSE r.started_at END
-     WHERE r.id = NEW.parent_id
-    RETURNING * INTO p;
-    IF NOT FOUND OR chime_run_ended(p.state) THEN
-        RETURN NULL;
-    END IF;
-    IF p.tasks_ended = p.tasks_total - 1 AND is_ended AND NEW.task_kind <> 'reduce' THEN
-        -- One task left: when it is a map/reduce run's reduce task, wake the outbox for it.
-        IF EXISTS (SELECT 1 FROM chime_runs t WHERE t.parent_id = p.id AND t.task_key = 'reduce'
-                      AND t.state = 'pending') THEN
-            PERFORM pg_notify('chime_outbox', 'reduce ' || p.id);
+        UPDATE chime_runs r
+           SET tasks_ended = r.tasks_ended + m.ended,
+               tasks_failed = r.tasks_failed + m.failed,
+               state = CASE WHEN m.started AND r.state IN ('pending', 'queued')
+                            THEN 'running' ELSE r.state END,
+               started_at = CASE WHEN m.started AND r.started_at IS NULL
+                                 THEN m.first_start ELSE r.started_at END
+         WHERE r.id = m.id
+        RETURNING * INTO p;
+        IF NOT FOUND OR chime_run_ended(p.state) THEN
+            CONTINUE;
         END IF;
-        RETURN NULL;
-    END IF;
-    IF p.tasks_ended < p.tasks_total THEN
-        RETURN NULL;
-    END IF;
-    SELECT j.spec INTO spec FROM chime_jobs j WHERE j.name = p.job_name;
-    SELECT t.state INTO reduce_state FROM chime_runs t
-     WHERE t.parent_id = p.id AND t.task_kind = 'reduce';
-    SELECT count(*) INTO dead_tasks FROM chime_runs t
-     WHERE t.parent_id = p.id AND t.state = 'dead';
-    UPDATE chime_runs r
-       SET finished_at = now(),
-           state = CASE
-               WHEN p.cancel_requested_at IS NOT NULL THEN 'cancelled'
-               WHEN reduce_state IS NOT NULL AND reduce_state <> 'succeeded'
-                   THEN CASE WHEN reduce_state = 'dead' THEN 'dead' ELSE 'failed' END
-               WHEN p.tasks_failed = 0 OR spec->>'on_task_failure' = 'ignore' THEN 'succeeded'
-               WHEN dead_tasks > 0 THEN 'dead'
-               ELSE 'failed' END,
-           reason = CASE
-               WHEN p.cancel_requested_at IS NOT NULL
-                   THEN 'cancelled by ' || coalesce(p.cancel_requested_by, '?')
-               WHEN p.tasks_failed = 0 THEN NULL
-               WHEN reduce_state IS NOT NULL AND reduce_state <> 'succeeded'
-                   THEN format('the reduce task ended %s', reduce_state)
-               ELSE format('%s of %s tasks did not succeed%s', p.tasks_failed, p.tasks_total,
-                           CASE WHEN spec->>'on_task_failure' = 'ignore'
-                                THEN ' (on_task_failure = "ignore")' ELSE '' END) END
-     WHERE r.id = p.id;
+        IF p.tasks_ended = p.tasks_total - 1 AND m.ended > 0 THEN
+            -- One task left: when it is a map/reduce run's reduce task, wake the outbox for it.
+            IF EXISTS (SELECT 1 FROM chime_runs t WHERE t.parent_id = p.id
+                          AND t.task_key = 'reduce' AND t.state = 'pending') THEN
+                PERFORM pg_notify('chime_outbox', 'reduce ' || p.id);
+            END IF;
+            CONTINUE;
+        END IF;
+        IF p.tasks_ended < p.tasks_total THEN
+            CONTINUE;
+        END IF;
+        SELECT j.spec INTO spec FROM chime_jobs j WHERE j.name = p.job_name;
+        SELECT t.state INTO reduce_state FROM chime_runs t
+         WHERE t.parent_id = p.id AND t.task_kind = 'reduce';
+        SELECT count(*) INTO dead_tasks FROM chime_runs t
+         WHERE t.parent_id = p.id AND t.state = 'dead';
+        UPDATE chime_runs r
+           SET finished_at = now(),
+               state = CASE
+                   WHEN p.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                   WHEN reduce_state IS NOT NULL AND reduce_state <> 'succeeded'
+                       THEN CASE WHEN reduce_state = 'dead' THEN 'dead' ELSE 'failed' END
+                   WHEN p.tasks_failed = 0 OR spec->>'on_task_failure' = 'ignore'
+                       THEN 'succeeded'
+                   WHEN dead_tasks > 0 THEN 'dead'
+                   ELSE 'failed' END,
+               reason = CASE
+                   WHEN p.cancel_requested_at IS NOT NULL
+                       THEN 'cancelled by ' || coalesce(p.cancel_requested_by, '?')
+                   WHEN p.tasks_failed = 0 THEN NULL
+                   WHEN reduce_state IS NOT NULL AND reduce_state <> 'succeeded'
+                       THEN format('the reduce task ended %s', reduce_state)
+                   ELSE format('%s of %s tasks did not succeed%s', p.tasks_failed,
+                               p.tasks_total,
+                               CASE WHEN spec->>'on_task_failure' = 'ignore'
+                                    THEN ' (on_task_failure = "ignore")' ELSE '' END) END
+         WHERE r.id = p.id;
+    END LOOP;
     RETURN NULL;
 END
 $$;
 COMMENT ON FUNCTION chime_task_changed() IS
-'Scheduler: keeps a parent run''s task counters and aggregate state as its tasks change state (trigger chime_runs_task_changed).';
+'Scheduler: keeps parent runs'' task counters and aggregate state as a statement changes the state of their tasks (statement trigger chime_runs_task_changed, once per parent per statement).';
 
+-- A statement trigger with transition tables (PostgreSQL allows no column list with them, so
+-- it sees every UPDATE of chime_runs; one without tasks costs a scan of its changed rows).
 CREATE TRIGGER chime_runs_task_changed
-    AFTER UPDATE OF state ON chime_runs
-    FOR EACH ROW
-    WHEN (NEW.parent_id IS NOT NULL AND OLD.state IS DISTINCT FROM NEW.state)
+    AFTER UPDATE ON chime_runs
+    REFERENCING OLD TABLE AS chime_old_runs NEW TABLE AS chime_new_runs
+    FOR EACH STATEMENT
     EXECUTE FUNCTION chime_task_changed();
 
 -- A cancel of a parent is a cancel of each of its unfinished tasks: those not started end

@@ -76,8 +76,8 @@ enum Command {
 struct RunArgs {
     /// precision: jobs every second (default 1000); burst: jobs every 10 s (10000); scale:
     /// registered jobs (100000); failover: jobs every second (100); crash: runs in flight on
-    /// the killed worker (4); runner: chime-runner shell jobs every second (20); fanout: shards
-    /// per fire (10000).
+    /// the killed worker (4); runner: chime-runner shell jobs every second (20); fanout: tasks
+    /// per fire, shards and mapped sub-tasks (10000).
     #[arg(long)]
     jobs: Option<usize>,
     /// precision: seconds of firing (default 60); burst: seconds of firing (40); throughput:
