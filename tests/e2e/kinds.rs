@@ -2,7 +2,9 @@
 //! fire runs each shard once with its parameter, a broadcast runs once on each online worker and
 //! nowhere else, a map/reduce run maps a thousand sub-tasks and reduces their outputs once, the
 //! failed shard of a finished run reruns alone in the same run, and a leader killed while it
-//! expands fires runs no task twice.
+//! expands fires runs no task twice. The workers here run in the test's process; the same kinds
+//! with worker processes SIGKILLed mid-task are in `kinds_processes.rs`, which shares the
+//! helpers `parent`, `ended_within`, `tasks` and `online`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -75,7 +77,7 @@ impl KindWorker {
 }
 
 /// The parent's state, reason and counters (total, ended, failed).
-async fn parent(pool: &PgPool, id: i64) -> (String, Option<String>, (i32, i32, i32)) {
+pub(crate) async fn parent(pool: &PgPool, id: i64) -> (String, Option<String>, (i32, i32, i32)) {
     let r = sqlx::query(
         "SELECT state, reason, tasks_total, tasks_ended, tasks_failed FROM chime_runs WHERE id = $1",
     )
@@ -96,7 +98,12 @@ async fn parent(pool: &PgPool, id: i64) -> (String, Option<String>, (i32, i32, i
 
 /// Waits until run `id` has ended; its state.
 async fn ended(pool: &PgPool, id: i64) -> String {
-    wait_for(PATIENCE, &format!("run {id} to end"), || async {
+    ended_within(pool, id, PATIENCE).await
+}
+
+/// Waits up to `patience` until run `id` has ended; its state.
+pub(crate) async fn ended_within(pool: &PgPool, id: i64, patience: Duration) -> String {
+    wait_for(patience, &format!("run {id} to end"), || async {
         let (state, _, _) = parent(pool, id).await;
         (!matches!(
             state.as_str(),
@@ -108,7 +115,10 @@ async fn ended(pool: &PgPool, id: i64) -> String {
 }
 
 /// Tasks of `parent`: id → (key, state, worker).
-async fn tasks(pool: &PgPool, parent: i64) -> BTreeMap<i64, (String, String, Option<String>)> {
+pub(crate) async fn tasks(
+    pool: &PgPool,
+    parent: i64,
+) -> BTreeMap<i64, (String, String, Option<String>)> {
     sqlx::query("SELECT id, task_key, state, worker_id FROM chime_runs WHERE parent_id = $1")
         .bind(parent)
         .fetch_all(pool)
@@ -125,7 +135,7 @@ async fn tasks(pool: &PgPool, parent: i64) -> BTreeMap<i64, (String, String, Opt
 }
 
 /// Waits until `n` workers of the group are registered and online.
-async fn online(pool: &PgPool, n: i64) {
+pub(crate) async fn online(pool: &PgPool, n: i64) {
     wait_for(PATIENCE, &format!("{n} workers online"), || async {
         let count: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM chime_workers

@@ -15,6 +15,7 @@ mod fencing;
 mod fires;
 mod ha;
 mod kinds;
+mod kinds_processes;
 mod ops;
 mod outage;
 mod policies;

@@ -18,7 +18,7 @@ use std::time::Duration;
 use chime_scheduler::job::JobSpec;
 use chime_scheduler::leader::LeaseTimings;
 use chime_scheduler::planner::PlannerTimings;
-use chime_scheduler::service::{self, ServiceConfig};
+use chime_scheduler::service::{self, DutySettings, ServiceConfig};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -63,6 +63,16 @@ pub struct Scheduler {
 impl Scheduler {
     /// Starts an instance serving `jobs`.
     pub fn start(config: ServiceConfig, jobs: Vec<JobSpec>) -> Scheduler {
+        Scheduler::start_with(config, DutySettings::default(), jobs)
+    }
+
+    /// Starts an instance serving `jobs` with the given settings of the leader's duties (a
+    /// faster rescuer, say).
+    pub fn start_with(
+        config: ServiceConfig,
+        duties: DutySettings,
+        jobs: Vec<JobSpec>,
+    ) -> Scheduler {
         let shutdown = CancellationToken::new();
         let (reload_tx, reload_rx) = mpsc::channel(4);
         let (kill_tx, kill_rx) = std::sync::mpsc::channel::<()>();
@@ -76,7 +86,7 @@ impl Scheduler {
                 .worker_threads(2)
                 .enable_all()
                 .build()?;
-            let handle = runtime.spawn(service::run_instance(config, loader, reload_rx, token));
+            let handle = runtime.spawn(service::run_with(config, duties, loader, reload_rx, token));
             // Either the service ends (graceful stop) or the test kills the runtime.
             let (done_tx, done_rx) = std::sync::mpsc::channel();
             runtime.spawn(async move {
@@ -109,6 +119,17 @@ impl Scheduler {
     pub fn on(t: &Setup, instance: &str, jobs: Vec<JobSpec>) -> Scheduler {
         let config = service_config(&t.database_url, &t.amqp_url, instance, &t.prefix);
         Scheduler::start(config, jobs)
+    }
+
+    /// [`Scheduler::on`] with the given settings of the leader's duties.
+    pub fn on_with(
+        t: &Setup,
+        instance: &str,
+        jobs: Vec<JobSpec>,
+        duties: DutySettings,
+    ) -> Scheduler {
+        let config = service_config(&t.database_url, &t.amqp_url, instance, &t.prefix);
+        Scheduler::start_with(config, duties, jobs)
     }
 
     /// Replaces the job list and reloads, as SIGHUP does.
