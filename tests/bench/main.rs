@@ -59,7 +59,8 @@ enum Command {
     Crash(RunArgs),
     /// N chime-runner shell jobs every second: scheduled instant → the job's process started.
     Runner(RunArgs),
-    /// A sharded job of N shards fired 3 times: expansion, publishing and the run's end.
+    /// Fires of N tasks: a sharded job of N shards and a map/reduce job mapping N sub-tasks,
+    /// 3 each: publishing, last start and the run's end, tasks/s against 3,000.
     Fanout(RunArgs),
     /// Every scenario in turn.
     All(RunArgs),
