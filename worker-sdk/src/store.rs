@@ -1231,7 +1231,11 @@ mod tests {
             .execute(&mut *tx)
             .await
             .unwrap();
-        assert_eq!(seq_scans(&mut tx).await - before, 1, "the count sees a scan");
+        assert_eq!(
+            seq_scans(&mut tx).await - before,
+            1,
+            "the count sees a scan"
+        );
     }
 
     /// Every statement of the module prepares against the migrated schema: a renamed
