@@ -175,6 +175,9 @@ async fn measure(sandbox: &Sandbox, params: &Params) -> anyhow::Result<Report> {
     Ok(report(params, &fires))
 }
 
+/// A worker running in this process until its stop token fires.
+type WorkerTask = tokio::task::JoinHandle<Result<(), chime_worker::WorkerError>>;
+
 /// The scenario's workers: a no-op shard handler; a map/reduce handler whose root maps
 /// `params.items` sub-tasks (numbers) in one call and whose sub-tasks do nothing; a reducer
 /// that reads every result and stores how many it read.
@@ -182,10 +185,7 @@ fn start_workers(
     sandbox: &Sandbox,
     group: &str,
     params: &Params,
-) -> anyhow::Result<(
-    CancellationToken,
-    Vec<tokio::task::JoinHandle<Result<(), chime_worker::WorkerError>>>,
-)> {
+) -> anyhow::Result<(CancellationToken, Vec<WorkerTask>)> {
     let stop = CancellationToken::new();
     let mut tasks = Vec::with_capacity(params.workers);
     for n in 0..params.workers {
