@@ -247,6 +247,11 @@ DECLARE
     dead_tasks bigint;
     reduce_state text;
 BEGIN
+    -- Most statements change no task (runs of single jobs): one scan of the changed rows says
+    -- so, and nothing is planned for them.
+    IF NOT EXISTS (SELECT 1 FROM chime_new_runs n WHERE n.parent_id IS NOT NULL) THEN
+        RETURN NULL;
+    END IF;
     -- EXECUTE plans the sums anew for each statement: a plan cached by the function would be
     -- one made for the sizes of the transition tables it first saw (a join fit for one row,
     -- seconds for a batch of 10,000).
