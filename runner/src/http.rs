@@ -563,7 +563,7 @@ pub fn render_url(spec: &HttpSpec, values: &RunValues<'_>) -> Result<Url, JobErr
                 Ok(utf8_percent_encode(&values.text(name)?, URL_VALUE).to_string())
             }
             Segment::Context(field) => {
-                Ok(utf8_percent_encode(&values.context(*field), URL_VALUE).to_string())
+                Ok(utf8_percent_encode(&values.context(*field)?, URL_VALUE).to_string())
             }
             Segment::Env(_) | Segment::Literal(_) => Ok(String::new()),
         })
@@ -606,10 +606,10 @@ pub fn render_body(template: &BodyTemplate, values: &RunValues<'_>) -> Result<Va
                 }
                 value
             }
-            Some(Segment::Context(field)) => values.context_json(*field),
+            Some(Segment::Context(field)) => values.context_json(*field)?,
             _ => Value::String(t.render(|segment| match segment {
                 Segment::Param(name) => values.text(name),
-                Segment::Context(field) => Ok(values.context(*field)),
+                Segment::Context(field) => values.context(*field),
                 Segment::Env(_) | Segment::Literal(_) => Ok(String::new()),
             })?),
         },
@@ -642,7 +642,7 @@ fn render_headers(
         let text = template
             .render(|segment| match segment {
                 Segment::Param(p) => values.text(p),
-                Segment::Context(field) => Ok(values.context(*field)),
+                Segment::Context(field) => values.context(*field),
                 Segment::Env(var) => Ok(spec.env.get(var).cloned().unwrap_or_default()),
                 Segment::Literal(_) => Ok(String::new()),
             })
