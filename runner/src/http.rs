@@ -1,5 +1,7 @@
 //! `kind = "http"` handlers: call a declared HTTP endpoint, map its status to the run's outcome,
-//! log its (capped) response body as the task's output.
+//! log its (capped) response body as the task's output and, on an expected status, store it as
+//! the run's output (`ctx.set_output`, what a map/reduce reducer reads): the JSON value when it
+//! is JSON that fits [`MAX_TASK_OUTPUT_BYTES`], else `{"status": N, "body": "<text cut to fit>"}`.
 //!
 //! The URL is a template checked against the handler's `allow` list of URL prefixes twice: at
 //! load (its fixed part, before any placeholder) and at every run (after the params, each
@@ -10,6 +12,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use chime_protocol::limits::MAX_TASK_OUTPUT_BYTES;
 use chime_worker::{JobContext, JobError, Level};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
@@ -563,7 +566,7 @@ pub fn render_url(spec: &HttpSpec, values: &RunValues<'_>) -> Result<Url, JobErr
                 Ok(utf8_percent_encode(&values.text(name)?, URL_VALUE).to_string())
             }
             Segment::Context(field) => {
-                Ok(utf8_percent_encode(&values.context(*field), URL_VALUE).to_string())
+                Ok(utf8_percent_encode(&values.context(*field)?, URL_VALUE).to_string())
             }
             Segment::Env(_) | Segment::Literal(_) => Ok(String::new()),
         })
@@ -606,10 +609,10 @@ pub fn render_body(template: &BodyTemplate, values: &RunValues<'_>) -> Result<Va
                 }
                 value
             }
-            Some(Segment::Context(field)) => values.context_json(*field),
+            Some(Segment::Context(field)) => values.context_json(*field)?,
             _ => Value::String(t.render(|segment| match segment {
                 Segment::Param(name) => values.text(name),
-                Segment::Context(field) => Ok(values.context(*field)),
+                Segment::Context(field) => values.context(*field),
                 Segment::Env(_) | Segment::Literal(_) => Ok(String::new()),
             })?),
         },
@@ -642,7 +645,7 @@ fn render_headers(
         let text = template
             .render(|segment| match segment {
                 Segment::Param(p) => values.text(p),
-                Segment::Context(field) => Ok(values.context(*field)),
+                Segment::Context(field) => values.context(*field),
                 Segment::Env(var) => Ok(spec.env.get(var).cloned().unwrap_or_default()),
                 Segment::Literal(_) => Ok(String::new()),
             })
@@ -786,7 +789,17 @@ pub async fn run(spec: &HttpSpec, ctx: JobContext, params: Value) -> Result<(), 
     output.finish();
     let code = status.as_u16();
     if spec.expect.contains(code) {
-        return Ok(());
+        let stored = response_output(code, &response.body, response.cut, output.redactor());
+        return ctx.set_output(&stored).await.map_err(|e| {
+            let message = output.with_tail(&format!(
+                "{target}: HTTP {status}, but storing the response as the run's output failed: {e}"
+            ));
+            if e.is_retryable() {
+                JobError::retry(message)
+            } else {
+                JobError::fail(message)
+            }
+        });
     }
     if spec.retry_statuses.contains(code) {
         let message = output.with_tail(&format!(
@@ -802,6 +815,87 @@ pub async fn run(spec: &HttpSpec, ctx: JobContext, params: Value) -> Result<(), 
     ))))
 }
 
+/// The length of `value` as PostgreSQL prints a `jsonb`, which is what `chime_set_output`
+/// and the SDK measure against [`MAX_TASK_OUTPUT_BYTES`]: compact JSON plus a space after each
+/// `:` and each `,`.
+pub fn jsonb_len(value: &Value) -> usize {
+    fn separators(value: &Value) -> usize {
+        match value {
+            Value::Array(items) => {
+                items.len().saturating_sub(1) + items.iter().map(separators).sum::<usize>()
+            }
+            Value::Object(entries) => {
+                (entries.len() * 2).saturating_sub(1)
+                    + entries.values().map(separators).sum::<usize>()
+            }
+            _ => 0,
+        }
+    }
+    value.to_string().len() + separators(value)
+}
+
+/// Bytes `c` takes inside a JSON string.
+fn escaped_len(c: char) -> usize {
+    match c {
+        '"' | '\\' | '\n' | '\r' | '\t' | '\u{8}' | '\u{c}' => 2,
+        c if (c as u32) < 0x20 => 6,
+        c => c.len_utf8(),
+    }
+}
+
+/// `value` with every secret replaced in its strings and keys; a number holding one becomes the
+/// string `[redacted]`.
+fn redact_json(value: Value, redactor: &Redactor) -> Value {
+    match value {
+        Value::String(s) => Value::String(redactor.redact(&s)),
+        Value::Number(n) => {
+            let text = n.to_string();
+            if redactor.redact(&text) == text {
+                Value::Number(n)
+            } else {
+                Value::String("[redacted]".into())
+            }
+        }
+        Value::Array(items) => Value::Array(
+            items
+                .into_iter()
+                .map(|v| redact_json(v, redactor))
+                .collect(),
+        ),
+        Value::Object(entries) => Value::Object(
+            entries
+                .into_iter()
+                .map(|(k, v)| (redactor.redact(&k), redact_json(v, redactor)))
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
+/// What an expected response stores as the run's output, secrets redacted: the body's JSON value
+/// when the body was read whole, is JSON and fits [`MAX_TASK_OUTPUT_BYTES`] (as `jsonb`);
+/// otherwise `{"status": N, "body": "<the body as text, cut to fit>"}`.
+pub fn response_output(status: u16, body: &[u8], cut: bool, redactor: &Redactor) -> Value {
+    if !cut && let Ok(value) = serde_json::from_slice::<Value>(body) {
+        let value = redact_json(value, redactor);
+        if jsonb_len(&value) <= MAX_TASK_OUTPUT_BYTES {
+            return value;
+        }
+    }
+    let text = redactor.redact(&String::from_utf8_lossy(body));
+    let room =
+        MAX_TASK_OUTPUT_BYTES - jsonb_len(&serde_json::json!({"status": status, "body": ""}));
+    let mut used = 0;
+    let end = text
+        .char_indices()
+        .find_map(|(at, c)| {
+            used += escaped_len(c);
+            (used > room).then_some(at)
+        })
+        .unwrap_or(text.len());
+    serde_json::json!({"status": status, "body": &text[..end]})
+}
+
 /// An error with its sources, `: `-separated.
 fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
@@ -815,4 +909,96 @@ fn error_chain(error: &dyn std::error::Error) -> String {
         source = e.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn redactor() -> Redactor {
+        let mut r = Redactor::default();
+        r.add("s3cr3t-t0ken");
+        r.add("123456789");
+        r
+    }
+
+    #[test]
+    fn jsonb_len_counts_the_spaces_postgresql_prints() {
+        // As `SELECT '…'::jsonb::text` prints them.
+        for (value, text) in [
+            (json!({"a": [1, 2], "b": {}}), r#"{"a": [1, 2], "b": {}}"#),
+            (json!([]), "[]"),
+            (json!({}), "{}"),
+            (json!("x\ny"), r#""x\ny""#),
+        ] {
+            assert_eq!(jsonb_len(&value), text.len(), "{text}");
+        }
+    }
+
+    #[test]
+    fn a_json_body_that_fits_is_stored_as_its_value_with_secrets_redacted() {
+        let body =
+            br#"{"token": "s3cr3t-t0ken", "id": 123456789, "rows": [1, 2], "s3cr3t-t0ken": true}"#;
+        assert_eq!(
+            response_output(200, body, false, &redactor()),
+            json!({"token": "[redacted]", "id": "[redacted]", "rows": [1, 2], "[redacted]": true})
+        );
+        assert_eq!(
+            response_output(200, b" 42 ", false, &Redactor::default()),
+            json!(42)
+        );
+        // A JSON string escaping the secret still has it redacted.
+        assert_eq!(
+            response_output(200, br#""\u0073\u0033cr3t-t0ken""#, false, &redactor()),
+            json!("[redacted]")
+        );
+    }
+
+    #[test]
+    fn a_body_that_is_not_json_is_stored_as_status_and_text() {
+        assert_eq!(
+            response_output(201, b"done, token s3cr3t-t0ken", false, &redactor()),
+            json!({"status": 201, "body": "done, token [redacted]"})
+        );
+        assert_eq!(
+            response_output(204, b"", false, &redactor()),
+            json!({"status": 204, "body": ""})
+        );
+        // Cut at max_response: JSON or not, it is not whole.
+        assert_eq!(
+            response_output(200, b"[1, 2", true, &redactor()),
+            json!({"status": 200, "body": "[1, 2"})
+        );
+        assert_eq!(
+            response_output(200, b"12", true, &redactor()),
+            json!({"status": 200, "body": "12"})
+        );
+    }
+
+    #[test]
+    fn a_body_too_big_is_cut_to_fit_the_output_limit() {
+        // JSON too big: its text, cut.
+        let big = json!({"items": vec!["x".repeat(100); 1000]}).to_string();
+        let out = response_output(200, big.as_bytes(), false, &redactor());
+        assert_eq!(out["status"], 200);
+        let text = out["body"].as_str().unwrap();
+        assert!(big.starts_with(text) && text.len() < big.len());
+        assert!(jsonb_len(&out) <= MAX_TASK_OUTPUT_BYTES);
+        assert!(
+            jsonb_len(&out) > MAX_TASK_OUTPUT_BYTES - 4,
+            "{}",
+            jsonb_len(&out)
+        );
+
+        // Escapes count at their escaped size; a multi-byte character is never split.
+        for filler in ["\"", "\u{1}", "é", "日本"] {
+            let body = filler.repeat(MAX_TASK_OUTPUT_BYTES);
+            let out = response_output(200, body.as_bytes(), false, &redactor());
+            let len = jsonb_len(&out);
+            assert!(len <= MAX_TASK_OUTPUT_BYTES, "{filler:?}: {len}");
+            assert!(len > MAX_TASK_OUTPUT_BYTES - 12, "{filler:?}: {len}");
+            assert!(body.starts_with(out["body"].as_str().unwrap()));
+        }
+    }
 }

@@ -391,7 +391,7 @@ pub fn render_argv(spec: &ShellSpec, values: &RunValues<'_>) -> Result<Vec<Strin
         .map(|template| {
             let arg = template.render(|segment| match segment {
                 Segment::Param(name) => values.text(name),
-                Segment::Context(field) => Ok(values.context(*field)),
+                Segment::Context(field) => values.context(*field),
                 // Refused at load: `{env:…}` only parses in HTTP headers.
                 Segment::Env(_) | Segment::Literal(_) => Ok(String::new()),
             })?;
@@ -428,11 +428,15 @@ pub fn render_env(
     for name in &spec.env_from_params {
         env.insert(name.clone(), values.text(name)?);
     }
+    // CHIME_RUN_ID, CHIME_JOB, CHIME_ATTEMPT, CHIME_SCHEDULED_AT; a shard task's
+    // CHIME_SHARD_INDEX, CHIME_SHARD_TOTAL and (when its job has one) CHIME_SHARD_PARAM.
     for field in crate::template::ContextField::ALL {
-        env.insert(
-            format!("CHIME_{}", field.name().to_uppercase()),
-            values.context(field),
-        );
+        let value = match values.context(field) {
+            Ok(value) => value,
+            Err(ParamError::NotAShard { .. } | ParamError::NoShardParam { .. }) => continue,
+            Err(e) => return Err(e),
+        };
+        env.insert(format!("CHIME_{}", field.name().to_uppercase()), value);
     }
     Ok(env.into_iter().collect())
 }

@@ -1,8 +1,10 @@
 //! Templates: config strings with `{name}` placeholders, parsed once at load and filled per run.
 //!
 //! A placeholder is `{param}` (a run param, by name), `{ctx:run_id}`, `{ctx:job}`,
-//! `{ctx:attempt}` or `{ctx:scheduled_at}` (the run's own values), or `{env:NAME}` (the
-//! runner's environment, in HTTP headers only, read once at load). `{{` and `}}` stand for
+//! `{ctx:attempt}` or `{ctx:scheduled_at}` (the run's own values), `{ctx:shard_index}`,
+//! `{ctx:shard_total}` or `{ctx:shard_param}` (a sharded job's task's shard; any other run
+//! refuses them when it fills them), or `{env:NAME}` (the runner's environment, in HTTP headers
+//! only, read once at load). `{{` and `}}` stand for
 //! literal braces. Filling a template never re-reads the filled text, so a param holding
 //! `{other}` or `}}` stays exactly that text.
 
@@ -22,15 +24,24 @@ pub enum ContextField {
     Attempt,
     /// `{ctx:scheduled_at}`: the run's scheduled instant, RFC 3339 in UTC.
     ScheduledAt,
+    /// `{ctx:shard_index}`: a shard task's 0-based index.
+    ShardIndex,
+    /// `{ctx:shard_total}`: how many shards the task's run has.
+    ShardTotal,
+    /// `{ctx:shard_param}`: the job's `shard_params` entry for the task's index.
+    ShardParam,
 }
 
 impl ContextField {
     /// Every field, in the order the docs list them.
-    pub const ALL: [ContextField; 4] = [
+    pub const ALL: [ContextField; 7] = [
         ContextField::RunId,
         ContextField::Job,
         ContextField::Attempt,
         ContextField::ScheduledAt,
+        ContextField::ShardIndex,
+        ContextField::ShardTotal,
+        ContextField::ShardParam,
     ];
 
     /// The name after `ctx:`.
@@ -40,7 +51,18 @@ impl ContextField {
             ContextField::Job => "job",
             ContextField::Attempt => "attempt",
             ContextField::ScheduledAt => "scheduled_at",
+            ContextField::ShardIndex => "shard_index",
+            ContextField::ShardTotal => "shard_total",
+            ContextField::ShardParam => "shard_param",
         }
+    }
+
+    /// True for the fields only a sharded job's task has.
+    pub fn is_shard(self) -> bool {
+        matches!(
+            self,
+            ContextField::ShardIndex | ContextField::ShardTotal | ContextField::ShardParam
+        )
     }
 
     fn parse(name: &str) -> Option<ContextField> {
@@ -79,7 +101,8 @@ pub enum TemplateError {
     BadName(String),
     /// `{ctx:…}` with an unknown field.
     #[error(
-        "`{{ctx:{0}}}` is not a run value: use ctx:run_id, ctx:job, ctx:attempt or ctx:scheduled_at"
+        "`{{ctx:{0}}}` is not a run value: use ctx:run_id, ctx:job, ctx:attempt, \
+         ctx:scheduled_at, ctx:shard_index, ctx:shard_total or ctx:shard_param"
     )]
     UnknownContext(String),
     /// `{env:…}` where the environment is not allowed.
@@ -295,6 +318,40 @@ mod tests {
                 .to_string()
                 .contains("write `{{` and `}}` for literal braces")
         );
+    }
+
+    #[test]
+    fn shard_placeholders_parse_as_context_fields() {
+        let t = Template::parse(
+            "{ctx:shard_index}/{ctx:shard_total} {ctx:shard_param}",
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            t.segments(),
+            [
+                Segment::Context(ContextField::ShardIndex),
+                lit("/"),
+                Segment::Context(ContextField::ShardTotal),
+                lit(" "),
+                Segment::Context(ContextField::ShardParam),
+            ]
+        );
+        assert!(t.params().is_empty());
+        assert_eq!(
+            Template::parse("{ctx:shard_param}", false)
+                .unwrap()
+                .single(),
+            Some(&Segment::Context(ContextField::ShardParam))
+        );
+        let shard: Vec<_> = ContextField::ALL
+            .into_iter()
+            .filter(|f| f.is_shard())
+            .map(ContextField::name)
+            .collect();
+        assert_eq!(shard, ["shard_index", "shard_total", "shard_param"]);
+        let message = TemplateError::UnknownContext("shard".into()).to_string();
+        assert!(message.contains("ctx:shard_index"), "{message}");
     }
 
     #[test]

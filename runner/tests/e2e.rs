@@ -1,6 +1,7 @@
 //! The `chime-runner` binary against the real PostgreSQL and RabbitMQ: a trigger published as
 //! the scheduler does runs a shell handler, whose stdout lines land in `chime_run_logs`; SIGTERM
-//! drains, stopping a running job's process group.
+//! drains, stopping a running job's process group. A sharded job's task sees its shard; an http
+//! handler's JSON response lands in `chime_runs.output`.
 //!
 //! Needs `DATABASE_URL` (`#[sqlx::test]` gives the test its own database) and RabbitMQ at
 //! `AMQP_URL` (default the local one); the test uses its own queue prefix and group and deletes
@@ -11,7 +12,7 @@ use std::time::Duration;
 
 use chime_protocol::Trigger;
 use chime_protocol::topology::{Topology, WORK_KEY};
-use chime_protocol::wire::{CONTENT_TYPE, HEADER_ATTEMPT, PROTOCOL_VERSION};
+use chime_protocol::wire::{CONTENT_TYPE, HEADER_ATTEMPT, PROTOCOL_VERSION, Shard, Task, TaskKind};
 use chime_test_kit::{Setup, done_if, wait_for};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel};
@@ -74,6 +75,21 @@ async fn submit(
     params: Value,
 ) -> i64 {
     let run_id = insert_run(&setup.pool, &setup.group, job, &params).await;
+    publish(setup, channel, topology, run_id, job, params, None).await;
+    run_id
+}
+
+/// Publishes the trigger of run `run_id` (task `task` of its parent, if any) as the scheduler
+/// does.
+async fn publish(
+    setup: &Setup,
+    channel: &Channel,
+    topology: &Topology,
+    run_id: i64,
+    job: &str,
+    params: Value,
+    task: Option<Task>,
+) {
     let scheduled_at = sqlx::query_scalar("SELECT scheduled_at FROM chime_runs WHERE id = $1")
         .bind(run_id)
         .fetch_one(&setup.pool)
@@ -89,7 +105,7 @@ async fn submit(
         params,
         timeout_ms: None,
         retry: None,
-        task: None,
+        task,
     };
     let mut headers = FieldTable::default();
     headers.insert(HEADER_ATTEMPT.into(), AMQPValue::LongUInt(1));
@@ -101,7 +117,6 @@ async fn submit(
     let body = trigger.to_body();
     chime_test_kit::publish_routed(channel, &topology.exchange(), WORK_KEY, &body, &properties)
         .await;
-    run_id
 }
 
 async fn state(pool: &PgPool, run_id: i64) -> (String, Option<String>) {
@@ -128,6 +143,143 @@ async fn logs(pool: &PgPool, run_id: i64) -> Vec<(String, String)> {
         .fetch_all(pool)
         .await
         .unwrap()
+}
+
+/// Starts the runner binary on `config`.
+fn start_runner(config: &std::path::Path) -> Runner {
+    Runner(Some(
+        Command::new(env!("CARGO_BIN_EXE_chime-runner"))
+            .arg("--config")
+            .arg(config)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    ))
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_shard_task_sees_its_shard_and_an_http_response_becomes_the_run_output(pool: PgPool) {
+    let setup = Setup::new(&pool);
+    let topology = Topology::new(setup.prefix.as_str(), setup.group.as_str());
+    let (connection, channel) = chime_test_kit::confirm_channel(&setup.amqp_url).await;
+    topology.declare(&channel).await.unwrap();
+
+    // The endpoint: answers JSON naming the run it was called for.
+    let app = axum::Router::new().route(
+        "/jobs/settle/{run}",
+        axum::routing::post(
+            |axum::extract::Path(run): axum::extract::Path<i64>| async move {
+                axum::Json(json!({"settled": run, "rows": [1, 2, 3]}))
+            },
+        ),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("runner.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"[worker]
+group = "{group}"
+database_url = "{database_url}"
+amqp_url = "{amqp_url}"
+queue_prefix = "{prefix}"
+drain_timeout = "1s"
+
+[[handlers]]
+name = "per-region"
+kind = "shell"
+argv = ["sh", "-c", "echo \"shard $1 of region $2; env $CHIME_SHARD_INDEX/$CHIME_SHARD_TOTAL $CHIME_SHARD_PARAM\"", "sh", "{{ctx:shard_index}}/{{ctx:shard_total}}", "{{ctx:shard_param}}"]
+
+[[handlers]]
+name = "settle"
+kind = "http"
+url = "{base}/jobs/settle/{{ctx:run_id}}"
+allow = ["{base}/jobs/"]
+method = "POST"
+"#,
+            group = setup.group,
+            database_url = setup.database_url,
+            amqp_url = setup.amqp_url,
+            prefix = setup.prefix,
+        ),
+    )
+    .unwrap();
+    let runner = start_runner(&config);
+
+    // A sharded job's fire as the leader expands it: a parent run (never published) and its
+    // task `shard/1` of 2, whose trigger carries the shard. The parent counts one task, so it
+    // ends with it.
+    let parent: i64 = sqlx::query_scalar(
+        "INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, params, state,
+                                 tasks_total)
+         VALUES ('per-region', $1, now(), 'manual', 'null', 'queued', 1) RETURNING id",
+    )
+    .bind(&setup.group)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let task_run: i64 = sqlx::query_scalar(
+        "INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, params, state,
+                                 parent_id, task_key, task_kind, shard_index, shard_total,
+                                 shard_param)
+         SELECT job_name, group_name, scheduled_at, trigger, params, 'queued', id, 'shard/1',
+                'shard', 1, 2, '\"eu-west\"'
+           FROM chime_runs WHERE id = $1 RETURNING id",
+    )
+    .bind(parent)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let task = Task {
+        parent_run_id: parent,
+        key: "shard/1".into(),
+        kind: TaskKind::Shard,
+        shard: Some(Shard {
+            index: 1,
+            total: 2,
+            param: Some(json!("eu-west")),
+        }),
+        worker: None,
+        step: None,
+        depth: None,
+    };
+    publish(
+        &setup,
+        &channel,
+        &topology,
+        task_run,
+        "per-region",
+        Value::Null,
+        Some(task),
+    )
+    .await;
+    assert_eq!(wait_state(&pool, task_run, "succeeded").await, None);
+    assert_eq!(
+        logs(&pool, task_run).await,
+        [(
+            "info".to_owned(),
+            "shard 1/2 of region eu-west; env 1/2 eu-west".to_owned()
+        )]
+    );
+    assert_eq!(wait_state(&pool, parent, "succeeded").await, None);
+
+    let settle = submit(&setup, &channel, &topology, "settle", Value::Null).await;
+    assert_eq!(wait_state(&pool, settle, "succeeded").await, None);
+    let output: Option<Value> = sqlx::query_scalar("SELECT output FROM chime_runs WHERE id = $1")
+        .bind(settle)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(output, Some(json!({"settled": settle, "rows": [1, 2, 3]})));
+
+    assert!(runner.terminate().await, "the runner did not exit cleanly");
+    let _ = connection.close(200, "test done".into()).await;
+    setup.finish().await;
 }
 
 #[sqlx::test(migrations = "../migrations")]
@@ -168,15 +320,7 @@ kill_grace = "1s"
         ),
     )
     .unwrap();
-    let runner = Runner(Some(
-        Command::new(env!("CARGO_BIN_EXE_chime-runner"))
-            .arg("--config")
-            .arg(&config)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
-    ));
+    let runner = start_runner(&config);
 
     let run_id = submit(
         &setup,

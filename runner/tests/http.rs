@@ -1,5 +1,6 @@
 //! HTTP handlers against a local axum server (no other services): status mapping, the body
-//! template, the response cap, header redaction, and the allow list at load and at run time.
+//! template, the response cap, header redaction, the response stored as the run's output, and
+//! the allow list at load and at run time.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
@@ -11,9 +12,10 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::{any, get, post};
+use chime_protocol::limits::MAX_TASK_OUTPUT_BYTES;
 use chime_runner::config::{HandlerSpec, parse};
 use chime_worker::testing::{TestJob, TestRun};
-use chime_worker::{JobError, Level};
+use chime_worker::{JobError, Level, Shard, Task, TaskKind};
 use serde_json::{Value, json};
 
 /// The secret the tests put in a header; it must never show in a log line or an error.
@@ -56,6 +58,17 @@ async fn server() -> (String, Arc<Hits>) {
                     "auth: {auth}\ncontent-type: {content_type}\nbody: {}",
                     String::from_utf8_lossy(&body)
                 )
+            }),
+        )
+        .route(
+            "/jobs/json",
+            post(|headers: HeaderMap, body: Bytes| async move {
+                // What it got, as JSON, the secret included.
+                let auth = headers
+                    .get("authorization")
+                    .map(|v| v.to_str().unwrap().to_owned());
+                let received: Value = serde_json::from_slice(&body).unwrap();
+                axum::Json(json!({"received": received, "auth": auth}))
             }),
         )
         .route(
@@ -248,6 +261,82 @@ async fn the_response_is_read_up_to_max_response_only() {
         "… the response body was cut at 8 KiB (max_response); the rest was not read"
     );
     assert_eq!(logged.len(), 4);
+}
+
+#[tokio::test]
+async fn an_expected_response_is_stored_as_the_run_output_json_as_its_value() {
+    let (base, _) = server().await;
+    // A shard task: `{ctx:shard_param}` alone is the shard param's JSON value, the response's
+    // JSON is the output, and the secret it echoes is redacted there too.
+    let handler = format!(
+        r#"url = "{base}/jobs/json"
+           allow = ["{base}/jobs/"]
+           headers = {{ Authorization = "Bearer {SECRET}" }}
+           body = {{ region = "{{ctx:shard_param}}", shard = "{{ctx:shard_index}}", of = "{{ctx:shard_index}} of {{ctx:shard_total}}" }}"#
+    );
+    let run = TestJob::new("h")
+        .task(Task {
+            parent_run_id: 41,
+            key: "shard/1".into(),
+            kind: TaskKind::Shard,
+            shard: Some(Shard {
+                index: 1,
+                total: 3,
+                param: Some(json!({"name": "eu", "zones": 2})),
+            }),
+            worker: None,
+            step: None,
+            depth: None,
+        })
+        .run(chime_runner::handler(spec(&handler)), Value::Null)
+        .await;
+    assert_eq!(run.result, Ok(()), "{:?}", run.logs);
+    assert_eq!(
+        run.output,
+        Some(json!({
+            "received": {"region": {"name": "eu", "zones": 2}, "shard": 1, "of": "1 of 3"},
+            "auth": "[redacted]",
+        }))
+    );
+
+    // Not a shard: the body cannot be filled, nothing is sent or stored.
+    let run = self::run(&handler, Value::Null).await;
+    let err = run.result.as_ref().unwrap_err();
+    assert!(!err.is_retryable());
+    assert!(
+        err.message()
+            .contains("has no value: run 42 is not a task of a sharded job"),
+        "{err}"
+    );
+    assert_eq!(run.output, None);
+
+    // Text: status and body.
+    let allow = format!("allow = [\"{base}/jobs/\"]");
+    let run = self::run(&format!("url = \"{base}/jobs/ok\"\n{allow}"), Value::Null).await;
+    assert_eq!(
+        run.output,
+        Some(json!({"status": 200, "body": "done\nsecond line"}))
+    );
+
+    // Read up to max_response, then cut to fit the output limit.
+    let run = self::run(
+        &format!("url = \"{base}/jobs/big\"\n{allow}\nmax_response = \"1MiB\""),
+        Value::Null,
+    )
+    .await;
+    let output = run.output.unwrap();
+    let body = output["body"].as_str().unwrap();
+    assert!(body.len() < MAX_TASK_OUTPUT_BYTES && body.len() > MAX_TASK_OUTPUT_BYTES - 64);
+    assert!(body.bytes().all(|b| b == b'z'));
+
+    // A status that is not expected stores nothing.
+    let run = self::run(
+        &format!("url = \"{base}/jobs/status/404\"\n{allow}"),
+        Value::Null,
+    )
+    .await;
+    assert!(run.result.is_err());
+    assert_eq!(run.output, None);
 }
 
 #[tokio::test]

@@ -6,7 +6,7 @@ use std::time::Duration;
 use chime_runner::config::{HandlerSpec, parse};
 use chime_test_kit::{done_if, wait_for};
 use chime_worker::testing::{TestJob, TestRun};
-use chime_worker::{JobError, Level};
+use chime_worker::{JobError, Level, Shard, Task, TaskKind};
 use serde_json::{Value, json};
 
 /// The spec of the one handler in `handler` (TOML fields of a `[[handlers]]` table).
@@ -392,6 +392,79 @@ async fn the_child_gets_only_the_declared_environment() {
     );
     assert!(lines(&run).contains(&"REGION=eu-west".to_owned()));
     assert!(lines(&run).contains(&"CHIME_JOB=h".to_owned()));
+}
+
+/// Task `shard/index` of run 41, a sharded job's fire of `total` shards.
+fn shard_task(index: u32, total: u32, param: Option<Value>) -> Task {
+    Task {
+        parent_run_id: 41,
+        key: format!("shard/{index}"),
+        kind: TaskKind::Shard,
+        shard: Some(Shard {
+            index,
+            total,
+            param,
+        }),
+        worker: None,
+        step: None,
+        depth: None,
+    }
+}
+
+#[tokio::test]
+async fn a_shard_task_sees_its_shard_in_placeholders_and_the_environment() {
+    let handler = r#"argv = ["sh", "-c", "echo \"$1 $2 env $CHIME_SHARD_INDEX/$CHIME_SHARD_TOTAL ${{CHIME_SHARD_PARAM-unset}}\"", "sh", "{ctx:shard_index}/{ctx:shard_total}", "{ctx:shard_param}"]"#;
+    let cases = [
+        (json!("Guangzhou"), "1/3 Guangzhou env 1/3 Guangzhou"),
+        (
+            json!({"region": "eu"}),
+            r#"1/3 {"region":"eu"} env 1/3 {"region":"eu"}"#,
+        ),
+    ];
+    for (param, line) in cases {
+        let run = TestJob::new("h")
+            .task(shard_task(1, 3, Some(param)))
+            .run(chime_runner::handler(spec(handler)), Value::Null)
+            .await;
+        assert_eq!(run.result, Ok(()), "{:?}", run.logs);
+        assert_eq!(run.logs, [info(line)]);
+    }
+
+    // A shard without a shard_params entry: no CHIME_SHARD_PARAM, and `{ctx:shard_param}`
+    // refuses to fill.
+    let env_only = r#"argv = ["sh", "-c", "echo \"$CHIME_SHARD_INDEX/$CHIME_SHARD_TOTAL ${{CHIME_SHARD_PARAM-unset}}\""]"#;
+    let run = TestJob::new("h")
+        .task(shard_task(0, 2, None))
+        .run(chime_runner::handler(spec(env_only)), Value::Null)
+        .await;
+    assert_eq!(run.result, Ok(()));
+    assert_eq!(run.logs, [info("0/2 unset")]);
+    let run = TestJob::new("h")
+        .task(shard_task(0, 2, None))
+        .run(chime_runner::handler(spec(handler)), Value::Null)
+        .await;
+    let err = run.result.as_ref().unwrap_err();
+    assert!(!err.is_retryable());
+    assert!(
+        err.message().contains(
+            "`{ctx:shard_param}` has no value: shard 0 of 2 has no entry in the job's shard_params"
+        ),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn shard_placeholders_fail_a_run_that_is_not_a_shard_without_retry() {
+    let run = run(r#"argv = ["echo", "{ctx:shard_index}"]"#, Value::Null).await;
+    let err = run.result.as_ref().unwrap_err();
+    assert!(!err.is_retryable());
+    assert!(
+        err.message()
+            .contains("`{ctx:shard_index}` has no value: run 1 is not a task of a sharded job"),
+        "{err}"
+    );
+    // Nothing ran.
+    assert!(run.logs.is_empty(), "{:?}", run.logs);
 }
 
 #[tokio::test]
