@@ -105,6 +105,25 @@ pub const MAX_MAP_ITEMS_PER_CALL: u32 = 10_000;
 /// bytes.
 pub const MAX_TASK_OUTPUT_BYTES: usize = 64 * 1024;
 
+/// The length of `value` as PostgreSQL prints a `jsonb`, which is what `chime_set_output`
+/// measures against [`MAX_TASK_OUTPUT_BYTES`]: compact JSON plus a space after each `:` and
+/// each `,` (the SDKs and `chime-runner` measure the same before they store an output).
+pub fn jsonb_text_len(value: &serde_json::Value) -> usize {
+    fn separators(value: &serde_json::Value) -> usize {
+        match value {
+            serde_json::Value::Array(items) => {
+                items.len().saturating_sub(1) + items.iter().map(separators).sum::<usize>()
+            }
+            serde_json::Value::Object(entries) => {
+                (entries.len() * 2).saturating_sub(1)
+                    + entries.values().map(separators).sum::<usize>()
+            }
+            _ => 0,
+        }
+    }
+    value.to_string().len() + separators(value)
+}
+
 /// Longest name of a map/reduce step (the step `ctx.map` names its tasks with), in bytes:
 /// ASCII letters, digits, `_`, `-` and `.`.
 pub const MAX_MAP_STEP_LEN: usize = 64;
@@ -171,6 +190,23 @@ const _: () = assert!(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn jsonb_text_len_counts_the_spaces_postgresql_prints() {
+        // As `SELECT '…'::jsonb::text` prints them.
+        for (value, text) in [
+            (
+                serde_json::json!({"a": [1, 2], "b": {}}),
+                r#"{"a": [1, 2], "b": {}}"#,
+            ),
+            (serde_json::json!([]), "[]"),
+            (serde_json::json!({}), "{}"),
+            (serde_json::json!({"k": "v"}), r#"{"k": "v"}"#),
+            (serde_json::json!("x\ny"), r#""x\ny""#),
+        ] {
+            assert_eq!(jsonb_text_len(&value), text.len(), "{text}");
+        }
+    }
 
     /// Every `MAX_*` bound of this file is named in docs/configuration.md's "Limits" table, but
     /// those of the wire alone, which docs/protocol.md describes with the messages they cause.

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use chime_protocol::limits::MAX_TASK_OUTPUT_BYTES;
+use chime_protocol::limits::{MAX_TASK_OUTPUT_BYTES, jsonb_text_len};
 use chime_worker::{JobContext, JobError, Level};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
@@ -815,25 +815,6 @@ pub async fn run(spec: &HttpSpec, ctx: JobContext, params: Value) -> Result<(), 
     ))))
 }
 
-/// The length of `value` as PostgreSQL prints a `jsonb`, which is what `chime_set_output`
-/// and the SDK measure against [`MAX_TASK_OUTPUT_BYTES`]: compact JSON plus a space after each
-/// `:` and each `,`.
-pub fn jsonb_len(value: &Value) -> usize {
-    fn separators(value: &Value) -> usize {
-        match value {
-            Value::Array(items) => {
-                items.len().saturating_sub(1) + items.iter().map(separators).sum::<usize>()
-            }
-            Value::Object(entries) => {
-                (entries.len() * 2).saturating_sub(1)
-                    + entries.values().map(separators).sum::<usize>()
-            }
-            _ => 0,
-        }
-    }
-    value.to_string().len() + separators(value)
-}
-
 /// Bytes `c` takes inside a JSON string.
 fn escaped_len(c: char) -> usize {
     match c {
@@ -878,13 +859,13 @@ fn redact_json(value: Value, redactor: &Redactor) -> Value {
 pub fn response_output(status: u16, body: &[u8], cut: bool, redactor: &Redactor) -> Value {
     if !cut && let Ok(value) = serde_json::from_slice::<Value>(body) {
         let value = redact_json(value, redactor);
-        if jsonb_len(&value) <= MAX_TASK_OUTPUT_BYTES {
+        if jsonb_text_len(&value) <= MAX_TASK_OUTPUT_BYTES {
             return value;
         }
     }
     let text = redactor.redact(&String::from_utf8_lossy(body));
     let room =
-        MAX_TASK_OUTPUT_BYTES - jsonb_len(&serde_json::json!({"status": status, "body": ""}));
+        MAX_TASK_OUTPUT_BYTES - jsonb_text_len(&serde_json::json!({"status": status, "body": ""}));
     let mut used = 0;
     let end = text
         .char_indices()
@@ -921,19 +902,6 @@ mod tests {
         r.add("s3cr3t-t0ken");
         r.add("123456789");
         r
-    }
-
-    #[test]
-    fn jsonb_len_counts_the_spaces_postgresql_prints() {
-        // As `SELECT '…'::jsonb::text` prints them.
-        for (value, text) in [
-            (json!({"a": [1, 2], "b": {}}), r#"{"a": [1, 2], "b": {}}"#),
-            (json!([]), "[]"),
-            (json!({}), "{}"),
-            (json!("x\ny"), r#""x\ny""#),
-        ] {
-            assert_eq!(jsonb_len(&value), text.len(), "{text}");
-        }
     }
 
     #[test]
@@ -984,18 +952,18 @@ mod tests {
         assert_eq!(out["status"], 200);
         let text = out["body"].as_str().unwrap();
         assert!(big.starts_with(text) && text.len() < big.len());
-        assert!(jsonb_len(&out) <= MAX_TASK_OUTPUT_BYTES);
+        assert!(jsonb_text_len(&out) <= MAX_TASK_OUTPUT_BYTES);
         assert!(
-            jsonb_len(&out) > MAX_TASK_OUTPUT_BYTES - 4,
+            jsonb_text_len(&out) > MAX_TASK_OUTPUT_BYTES - 4,
             "{}",
-            jsonb_len(&out)
+            jsonb_text_len(&out)
         );
 
         // Escapes count at their escaped size; a multi-byte character is never split.
         for filler in ["\"", "\u{1}", "é", "日本"] {
             let body = filler.repeat(MAX_TASK_OUTPUT_BYTES);
             let out = response_output(200, body.as_bytes(), false, &redactor());
-            let len = jsonb_len(&out);
+            let len = jsonb_text_len(&out);
             assert!(len <= MAX_TASK_OUTPUT_BYTES, "{filler:?}: {len}");
             assert!(len > MAX_TASK_OUTPUT_BYTES - 12, "{filler:?}: {len}");
             assert!(body.starts_with(out["body"].as_str().unwrap()));

@@ -291,7 +291,7 @@ impl TaskScope {
         output: &T,
     ) -> Result<(), TaskError> {
         let value = serde_json::to_value(output).map_err(TaskError::Output)?;
-        let bytes = jsonb_text_len(&value).map_err(TaskError::Output)?;
+        let bytes = chime_protocol::limits::jsonb_text_len(&value);
         if bytes > MAX_TASK_OUTPUT_BYTES {
             return Err(TaskError::OutputTooLarge { bytes });
         }
@@ -389,44 +389,5 @@ mod tests {
         assert!(gone.into_job_error().is_retryable());
         let big = TaskError::OutputTooLarge { bytes: 70_000 };
         assert!(big.to_string().contains("limits::MAX_TASK_OUTPUT_BYTES"));
-    }
-}
-
-/// The length of `value` as PostgreSQL prints a `jsonb` (what `chime_set_output` measures):
-/// compact JSON plus a space after each `:` and each `,` (the Python SDK measures the same).
-fn jsonb_text_len(value: &serde_json::Value) -> Result<usize, serde_json::Error> {
-    fn separators(value: &serde_json::Value) -> usize {
-        match value {
-            serde_json::Value::Array(items) => {
-                items.len().saturating_sub(1) + items.iter().map(separators).sum::<usize>()
-            }
-            serde_json::Value::Object(entries) => {
-                entries.len() * 2 - usize::from(!entries.is_empty())
-                    + entries.values().map(separators).sum::<usize>()
-            }
-            _ => 0,
-        }
-    }
-    Ok(serde_json::to_vec(value)?.len() + separators(value))
-}
-
-#[cfg(test)]
-mod jsonb_len_tests {
-    use super::jsonb_text_len;
-
-    /// As PostgreSQL prints them: `SELECT '{"a": [1, 2], "b": {}}'::jsonb::text`.
-    #[test]
-    fn counts_the_spaces_postgresql_prints() {
-        for (value, text) in [
-            (
-                serde_json::json!({"a": [1, 2], "b": {}}),
-                r#"{"a": [1, 2], "b": {}}"#,
-            ),
-            (serde_json::json!([]), "[]"),
-            (serde_json::json!({"k": "v"}), r#"{"k": "v"}"#),
-            (serde_json::json!("x"), r#""x""#),
-        ] {
-            assert_eq!(jsonb_text_len(&value).unwrap(), text.len(), "{text}");
-        }
     }
 }
