@@ -145,6 +145,36 @@ async fn logs(pool: &PgPool, run_id: i64) -> Vec<(String, String)> {
         .unwrap()
 }
 
+/// Writes `runner.toml` in `dir`: the `[worker]` table of `setup`'s group, queue prefix and
+/// services (`extra` adds keys to it), then `handlers`.
+fn write_config(
+    dir: &std::path::Path,
+    setup: &Setup,
+    extra: &str,
+    handlers: &str,
+) -> std::path::PathBuf {
+    let config = dir.join("runner.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"[worker]
+group = "{group}"
+{extra}database_url = "{database_url}"
+amqp_url = "{amqp_url}"
+queue_prefix = "{prefix}"
+drain_timeout = "1s"
+
+{handlers}"#,
+            group = setup.group,
+            database_url = setup.database_url,
+            amqp_url = setup.amqp_url,
+            prefix = setup.prefix,
+        ),
+    )
+    .unwrap();
+    config
+}
+
 /// Starts the runner binary on `config`.
 fn start_runner(config: &std::path::Path) -> Runner {
     Runner(Some(
@@ -179,18 +209,12 @@ async fn a_shard_task_sees_its_shard_and_an_http_response_becomes_the_run_output
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
 
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("runner.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"[worker]
-group = "{group}"
-database_url = "{database_url}"
-amqp_url = "{amqp_url}"
-queue_prefix = "{prefix}"
-drain_timeout = "1s"
-
-[[handlers]]
+    let config = write_config(
+        dir.path(),
+        &setup,
+        "",
+        &format!(
+            r#"[[handlers]]
 name = "per-region"
 kind = "shell"
 argv = ["sh", "-c", "echo \"shard $1 of region $2; env $CHIME_SHARD_INDEX/$CHIME_SHARD_TOTAL $CHIME_SHARD_PARAM\"", "sh", "{{ctx:shard_index}}/{{ctx:shard_total}}", "{{ctx:shard_param}}"]
@@ -201,14 +225,9 @@ kind = "http"
 url = "{base}/jobs/settle/{{ctx:run_id}}"
 allow = ["{base}/jobs/"]
 method = "POST"
-"#,
-            group = setup.group,
-            database_url = setup.database_url,
-            amqp_url = setup.amqp_url,
-            prefix = setup.prefix,
+"#
         ),
-    )
-    .unwrap();
+    );
     let runner = start_runner(&config);
 
     // A sharded job's fire as the leader expands it: a parent run (never published) and its
@@ -290,22 +309,14 @@ async fn the_runner_binary_runs_a_triggered_shell_job_and_stores_its_output(pool
     topology.declare(&channel).await.unwrap();
 
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("runner.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"[worker]
-group = "{group}"
-capacity = 2
-database_url = "{database_url}"
-amqp_url = "{amqp_url}"
-queue_prefix = "{prefix}"
-drain_timeout = "1s"
-
-[[handlers]]
+    let config = write_config(
+        dir.path(),
+        &setup,
+        "capacity = 2\n",
+        r#"[[handlers]]
 name = "greet"
 kind = "shell"
-argv = ["sh", "-c", "echo \"hello, $1\"; echo \"run $CHIME_RUN_ID\"; echo warned >&2", "sh", "{{name}}"]
+argv = ["sh", "-c", "echo \"hello, $1\"; echo \"run $CHIME_RUN_ID\"; echo warned >&2", "sh", "{name}"]
 
 [[handlers]]
 name = "long"
@@ -313,13 +324,7 @@ kind = "shell"
 argv = ["sh", "-c", "trap '' TERM; echo $$; exec sleep 100"]
 kill_grace = "1s"
 "#,
-            group = setup.group,
-            database_url = setup.database_url,
-            amqp_url = setup.amqp_url,
-            prefix = setup.prefix,
-        ),
-    )
-    .unwrap();
+    );
     let runner = start_runner(&config);
 
     let run_id = submit(
