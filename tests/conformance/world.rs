@@ -297,6 +297,11 @@ impl World {
     pub fn spawn_worker(&mut self) -> anyhow::Result<WorkerProcess> {
         self.workers += 1;
         let id = unique(&format!("conf-w{}-", self.workers));
+        // A worker declares a durable queue of its own (broadcast tasks); it outlives the
+        // process, so the world deletes it at the end with the group's.
+        if let Some(guard) = &self.guard {
+            guard.add_worker_queue(&self.group, &id);
+        }
         let mut command = tokio::process::Command::new("sh");
         command
             .arg("-c")
