@@ -2,8 +2,9 @@
 //! SDK's integration tests (`worker-sdk/tests/`): one way to wait for a condition
 //! ([`wait_for`]), one way to capture what a worker or handler did ([`Events`]), and one
 //! per-test setup ([`Setup`]: the test's own database, its own queue prefix and group, and the
-//! deletion of its exchanges and queues, also when the test fails), and database roles that are
-//! dropped when the test ends ([`RoleGuard`]).
+//! deletion of its exchanges and queues, also when the test fails), database roles that are
+//! dropped when the test ends ([`RoleGuard`]), and the files under `deploy/` as the tests beside
+//! each binary check them ([`Unit`], [`env_file`]).
 //!
 //! A test reads like this (tests/README.md has the longer version):
 //!
@@ -30,6 +31,7 @@
 //! dev-dependency without the scheduler ever depending on the SDK.
 
 mod broker;
+mod deploy;
 mod events;
 mod roles;
 mod setup;
@@ -38,6 +40,7 @@ mod wait;
 pub use broker::{
     AMQP_URL, TopologyGuard, amqp_url, confirm_channel, passive_declare, publish_routed, unique,
 };
+pub use deploy::{Unit, deploy_path, env_file};
 pub use events::{Events, LogGuard, capture_logs};
 pub use roles::RoleGuard;
 pub use setup::{Setup, database_url, init_tracing};
