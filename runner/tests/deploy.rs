@@ -75,3 +75,38 @@ fn the_runner_environment_file_sets_only_what_a_worker_reads() {
         assert!(!value.is_empty(), "runner.env sets {name} empty");
     }
 }
+
+#[test]
+fn the_compose_runner_config_passes_check_and_serves_the_compose_job() {
+    let config = chime_test_kit::deploy_path("docker/runner.toml");
+    let out = Command::new(env!("CARGO_BIN_EXE_chime-runner"))
+        .arg("--config")
+        .arg(&config)
+        .arg("--check")
+        .output()
+        .expect("the chime-runner binary runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("job \"disk-usage\" -> shell handler"),
+        "{stdout}"
+    );
+    // The scheduler's job file declares that job in the runner's group, and compose mounts the
+    // config where the runner's command reads it.
+    let jobs = std::fs::read_to_string(chime_test_kit::deploy_path("docker/jobs.toml"))
+        .expect("deploy/docker/jobs.toml");
+    assert!(
+        jobs.contains("name = \"disk-usage\"\ngroup = \"ops\""),
+        "{jobs}"
+    );
+    let compose = std::fs::read_to_string(chime_test_kit::deploy_path("compose.yaml"))
+        .expect("deploy/compose.yaml");
+    assert!(
+        compose.contains("command: [\"chime-runner\", \"--config\", \"/etc/chime/runner.toml\"]")
+    );
+    assert!(compose.contains("- ./docker/runner.toml:/etc/chime/runner.toml:ro"));
+}
