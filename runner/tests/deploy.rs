@@ -110,3 +110,52 @@ fn the_compose_runner_config_passes_check_and_serves_the_compose_job() {
     );
     assert!(compose.contains("- ./docker/runner.toml:/etc/chime/runner.toml:ro"));
 }
+
+#[test]
+fn the_kubernetes_runner_passes_check_and_outlasts_its_drain() {
+    let config = chime_test_kit::deploy_path("kubernetes/base/runner.toml");
+    let out = Command::new(env!("CARGO_BIN_EXE_chime-runner"))
+        .arg("--config")
+        .arg(&config)
+        .arg("--check")
+        .output()
+        .expect("the chime-runner binary runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let manifest =
+        std::fs::read_to_string(chime_test_kit::deploy_path("kubernetes/base/runner.yaml"))
+            .expect("deploy/kubernetes/base/runner.yaml");
+    // The ConfigMap `chime-runner` (its file runner.toml) is mounted where the args read it.
+    assert!(
+        manifest
+            .contains("args: [\"chime-runner\", \"--config\", \"/etc/chime/runner/runner.toml\"]")
+    );
+    assert!(manifest.contains("mountPath: /etc/chime/runner\n"));
+    assert!(manifest.contains("name: chime-runner\n"));
+    let grace: u64 = manifest
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("terminationGracePeriodSeconds: "))
+        .expect("terminationGracePeriodSeconds")
+        .parse()
+        .expect("seconds");
+    assert!(Duration::from_secs(grace) > DEFAULT_DRAIN_TIMEOUT + DEFAULT_KILL_GRACE);
+    let read = [
+        ENV_DATABASE_URL,
+        ENV_AMQP_URL,
+        ENV_QUEUE_PREFIX,
+        ENV_WORKER_ID,
+    ];
+    for name in manifest
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- name: CHIME_"))
+    {
+        let name = format!("CHIME_{name}");
+        assert!(
+            read.contains(&name.as_str()),
+            "runner.yaml sets {name}, which nothing reads"
+        );
+    }
+}

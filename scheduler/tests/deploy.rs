@@ -333,3 +333,171 @@ fn the_image_builds_the_binaries_the_services_run_and_runs_as_a_user() {
     let cli = Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
     assert!(matches!(cli.command, Command::Scheduler { .. }));
 }
+
+// ---- deploy/kubernetes/ --------------------------------------------------------------------
+
+/// Every document of `deploy/kubernetes/<relative>`.
+fn manifests(relative: &str) -> Vec<Yaml> {
+    let path = deploy_path("kubernetes").join(relative);
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    YamlLoader::load_from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The value at `path` (mapping keys; a number indexes a list).
+fn at<'a>(node: &'a Yaml, path: &[&str]) -> &'a Yaml {
+    let mut node = node;
+    for key in path {
+        node = match key.parse::<usize>() {
+            Ok(i) => &node[i],
+            Err(_) => &node[*key],
+        };
+    }
+    node
+}
+
+fn text<'a>(node: &'a Yaml, path: &[&str]) -> &'a str {
+    at(node, path)
+        .as_str()
+        .unwrap_or_else(|| panic!("{path:?} is not a string in {node:?}"))
+}
+
+#[test]
+fn the_kubernetes_base_runs_schedulers_with_probes_a_disruption_budget_and_its_config() {
+    let kustomization = manifests("base/kustomization.yaml").remove(0);
+    let mut documents = Vec::new();
+    for resource in strings(field(&kustomization, "resources")) {
+        documents.extend(manifests(&format!("base/{resource}")));
+    }
+    // The generated ConfigMaps: their files exist; the job file loads.
+    let mut config_maps: Vec<(String, Vec<String>)> = Vec::new();
+    for generator in at(&kustomization, &["configMapGenerator"])
+        .as_vec()
+        .expect("configMapGenerator")
+    {
+        let files = strings(field(generator, "files"));
+        for file in &files {
+            assert!(
+                deploy_path("kubernetes/base").join(file).exists(),
+                "no {file}"
+            );
+        }
+        config_maps.push((text(generator, &["name"]).to_owned(), files));
+    }
+    let jobs = deploy_path("kubernetes/base/jobs.toml");
+    chime_scheduler::config::load_job_files(&[jobs]).expect("the base's job file loads");
+    let secret = manifests("base/secret.example.yaml").remove(0);
+    let kind = |d: &Yaml| d["kind"].as_str().unwrap_or_default().to_owned();
+
+    let scheduler = documents
+        .iter()
+        .find(|d| kind(d) == "Deployment" && text(d, &["metadata", "name"]) == "chime-scheduler")
+        .expect("a chime-scheduler Deployment");
+    let replicas = at(scheduler, &["spec", "replicas"])
+        .as_i64()
+        .expect("replicas");
+    assert!(replicas >= 2, "one scheduler leads, another takes over");
+    let pod = at(scheduler, &["spec", "template", "spec"]);
+    assert!(at(pod, &["securityContext", "runAsNonRoot"]).as_bool() == Some(true));
+    let container = at(pod, &["containers", "0"]);
+    let args = strings(Some(at(container, &["args"])));
+    let cli = Cli::try_parse_from(&args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    assert!(matches!(cli.command, Command::Scheduler { .. }));
+
+    // Its environment: settings only, values from the Secret's keys or given here.
+    let mut env = Vec::new();
+    for variable in at(container, &["env"]).as_vec().expect("env") {
+        let name = text(variable, &["name"]).to_owned();
+        let known = SETTINGS_KEYS
+            .iter()
+            .any(|key| format!("CHIME_{}", key.replace('.', "__").to_uppercase()) == name);
+        assert!(
+            known || CLI_VARIABLES.contains(&name.as_str()),
+            "{name} is no setting"
+        );
+        if let Some(key) = at(variable, &["valueFrom", "secretKeyRef", "key"]).as_str() {
+            let value = text(&secret, &["stringData", key]);
+            env.push((name, value.to_owned()));
+        } else if let Some(value) = variable["value"].as_str() {
+            env.push((name, value.to_owned()));
+        } else {
+            env.push((name, "pod-name".to_owned()));
+        }
+    }
+    let settings = Settings::load_with_env(None, env)
+        .unwrap_or_else(|e| panic!("the scheduler's settings do not load:\n{e}"));
+
+    // Probes on the port it binds; the job file is in the mounted ConfigMap.
+    let port = at(container, &["ports", "0"]);
+    assert_eq!(
+        port["containerPort"].as_i64(),
+        Some(i64::from(settings.bind.port()))
+    );
+    let port_name = text(port, &["name"]);
+    for (probe, path) in [("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")] {
+        assert_eq!(text(container, &[probe, "httpGet", "path"]), path);
+        assert_eq!(text(container, &[probe, "httpGet", "port"]), port_name);
+    }
+    assert!(
+        !at(container, &["lifecycle", "preStop"]).is_badvalue(),
+        "a preStop hook"
+    );
+    let mount = at(container, &["volumeMounts", "0"]);
+    let volume = pod["volumes"]
+        .as_vec()
+        .expect("volumes")
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .expect("the mounted volume");
+    let config_map = text(volume, &["configMap", "name"]);
+    let (_, files) = config_maps
+        .iter()
+        .find(|(name, _)| name == config_map)
+        .expect("a generated ConfigMap");
+    for job_file in &settings.jobs {
+        let dir = job_file.parent().expect("a directory");
+        let file = job_file
+            .file_name()
+            .expect("a file")
+            .to_str()
+            .expect("utf-8");
+        assert_eq!(dir, PathBuf::from(text(mount, &["mountPath"])));
+        assert!(
+            files.iter().any(|f| f == file),
+            "{file} is not in {config_map}"
+        );
+    }
+
+    // A disruption budget that keeps a leader and a stand-by; a Service on the named port.
+    let labels = at(scheduler, &["spec", "template", "metadata", "labels"]);
+    let budget = documents
+        .iter()
+        .find(|d| kind(d) == "PodDisruptionBudget")
+        .expect("a PodDisruptionBudget");
+    assert_eq!(at(budget, &["spec", "selector", "matchLabels"]), labels);
+    let min = at(budget, &["spec", "minAvailable"])
+        .as_i64()
+        .expect("minAvailable");
+    assert!(
+        (2..replicas).contains(&min) || replicas == 2 && min == 1,
+        "{min} of {replicas}"
+    );
+    let service = documents
+        .iter()
+        .find(|d| kind(d) == "Service")
+        .expect("a Service");
+    assert_eq!(at(service, &["spec", "selector"]), labels);
+    assert_eq!(
+        text(service, &["spec", "ports", "0", "targetPort"]),
+        port_name
+    );
+    let monitor = manifests("monitoring/servicemonitor.yaml").remove(0);
+    assert_eq!(
+        text(&monitor, &["spec", "endpoints", "0", "port"]),
+        text(service, &["spec", "ports", "0", "name"])
+    );
+    assert_eq!(
+        text(&monitor, &["spec", "endpoints", "0", "path"]),
+        "/metrics"
+    );
+}
