@@ -16,7 +16,8 @@
 //!   [`timing::MAX_LEAD`] under the workers' [`timing::TRIGGER_HOLD_MAX`]);
 //! - [`redact`] — the one function that hides a URL's secrets;
 //! - `tls` (feature `amqp`) — TLS options of the broker connection and the one way both sides
-//!   connect.
+//!   connect; `secret_file` (feature `amqp`, IO like `tls`) — a setting's value read from the
+//!   file a `CHIME_<KEY>_FILE` variable names, the one way both sides read one.
 //!
 //! **Invariants.** Everything here but the `amqp` parts is pure: no IO, no clock. A relation
 //! between two constants that the code relies on is a `const` assertion, so breaking it fails
@@ -29,6 +30,8 @@ pub mod headers;
 pub mod limits;
 pub mod redact;
 pub mod retry;
+#[cfg(feature = "amqp")]
+pub mod secret_file;
 pub mod state;
 pub mod timing;
 #[cfg(feature = "amqp")]

@@ -48,6 +48,10 @@ pub const MAX_NAME_BYTES: usize = 63;
 /// Largest JSON encoding of a job's or a manual trigger's `params`, in bytes.
 pub const MAX_PARAMS_BYTES: usize = 64 * 1024;
 
+/// Largest file a `CHIME_<KEY>_FILE` variable may name (a secret file holds one value: a URL, a
+/// webhook): 64 KiB.
+pub const MAX_SECRET_FILE_BYTES: u64 = 64 * 1024;
+
 /// Most missed fires `misfire = "fire_all"` runs (`max_catchup`): the misfire policy decides at
 /// most this many fires per call, so a larger value could never take effect.
 pub const MAX_CATCHUP: u32 = 1_000;

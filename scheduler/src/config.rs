@@ -27,8 +27,9 @@ pub use jobs::{
 pub(crate) use jobs::{LoadedJob, identifier_problem, load_located_jobs};
 pub use settings::{
     ALERT_GROUP_KEYS, AlertSettings, DEFAULT_AMQP_URL, DEFAULT_BIND, DEFAULT_DATABASE_URL,
-    DEFAULT_QUEUE_PREFIX, GroupAlertSettings, LeaderSettings, PlannerSettings, RescuerSettings,
-    RetentionSettings, SETTINGS_KEYS, Settings, default_instance_id, host_name, webhook_target,
+    DEFAULT_QUEUE_PREFIX, FILE_SETTINGS, GroupAlertSettings, LeaderSettings, PlannerSettings,
+    RescuerSettings, RetentionSettings, SETTINGS_KEYS, Settings, default_instance_id, host_name,
+    webhook_target,
 };
 
 /// Which job a [`ConfigError`] is about.

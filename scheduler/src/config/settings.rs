@@ -22,6 +22,7 @@ use chime_protocol::limits::{
     MAX_LOOKAHEAD, MAX_RESCUE_WAIT, MAX_RETENTION,
 };
 use chime_protocol::redact::redact_url;
+use chime_protocol::secret_file::FILE_SUFFIX;
 use chime_protocol::tls::AmqpTls;
 use config::{Source, ValueKind};
 
@@ -73,6 +74,16 @@ pub const SETTINGS_KEYS: &[&str] = &[
 /// Keys of one group's alert overrides, `alerts.groups.<group>.<key>`.
 pub const ALERT_GROUP_KEYS: &[&str] =
     &["webhook", "format", "min_interval", "consecutive_failures"];
+
+/// Settings whose value may come from a file instead: `CHIME_<KEY>_FILE` names a file holding
+/// it (a Kubernetes or Docker secret mounted as a file), and `CHIME_<KEY>` is then left unset.
+/// A group's `alerts.groups.<group>.webhook` may too.
+pub const FILE_SETTINGS: &[&str] = &[
+    "database_url",
+    "amqp_url",
+    "management_url",
+    "alerts.webhook",
+];
 
 /// Prefix of the settings' environment variables.
 const ENV_PREFIX: &str = "CHIME";
@@ -371,8 +382,15 @@ pub fn host_name() -> String {
 
 /// Where a setting's value came from, to name it in messages.
 enum Place<'a> {
-    File { origin: &'a str, key: &'a str },
-    Env { key: &'a str },
+    File {
+        origin: &'a str,
+        key: &'a str,
+    },
+    /// `via`: the `CHIME_<KEY>_FILE` variable and file the value was read from, if it was.
+    Env {
+        key: &'a str,
+        via: Option<&'a str>,
+    },
 }
 
 impl Place<'_> {
@@ -395,9 +413,15 @@ impl Place<'_> {
     fn error(&self, value: Option<String>, message: impl Into<String>) -> ConfigError {
         match self {
             Place::File { origin, key } => ConfigError::key(*origin, *key, value, message),
-            Place::Env { key } => ConfigError {
+            Place::Env { key, via } => ConfigError {
                 value,
-                ..ConfigError::at(format!("environment variable {}", env_var(key)), message)
+                ..ConfigError::at(
+                    via.map_or_else(
+                        || format!("environment variable {}", env_var(key)),
+                        str::to_owned,
+                    ),
+                    message,
+                )
             },
         }
     }
@@ -413,6 +437,8 @@ struct Layers {
     file: Option<(String, config::Map<String, config::Value>)>,
     /// Dotted, lowercased keys, as `config::Environment` makes them.
     env: config::Map<String, config::Value>,
+    /// Keys of `env` read from files: the variable and the file, for messages.
+    via: BTreeMap<String, String>,
 }
 
 impl Layers {
@@ -426,7 +452,8 @@ impl Layers {
     /// The value of `key` (from the environment first, then the file) and where it came from.
     fn get<'a>(&'a self, key: &'a str) -> Option<(&'a config::Value, Place<'a>)> {
         if let Some(value) = self.env.get(key) {
-            return Some((value, Place::Env { key }));
+            let via = self.via.get(key).map(String::as_str);
+            return Some((value, Place::Env { key, via }));
         }
         let (origin, root) = self.file.as_ref()?;
         // A group name may itself contain dots: `alerts.groups.<group>.<key>`.
@@ -476,14 +503,16 @@ fn resolve(
     env: Option<config::Map<String, String>>,
 ) -> Result<Settings, ConfigErrors> {
     let mut errors = Vec::new();
+    let mut env = env.unwrap_or_else(process_env);
+    let via = values_from_files(&mut env, &mut errors);
     let env = config::Environment::with_prefix(ENV_PREFIX)
         .prefix_separator("_")
         .separator("__")
         .ignore_empty(true)
-        .source(env)
+        .source(Some(env))
         .collect()
         .map_err(|e| ConfigError::at("environment", e.to_string()))?;
-    let layers = Layers { file, env };
+    let layers = Layers { file, env, via };
     if let Some((origin, root)) = &layers.file {
         unknown_file_keys(origin, root, "", &mut errors);
     }
@@ -931,6 +960,86 @@ fn unknown_file_keys(
             message,
         ));
     }
+}
+
+/// The process's `CHIME_*` variables (others, and any that is not UTF-8, are not Chime's).
+fn process_env() -> config::Map<String, String> {
+    std::env::vars_os()
+        .filter_map(|(name, value)| Some((name.into_string().ok()?, value.into_string().ok()?)))
+        .filter(|(name, _)| name.starts_with(&format!("{ENV_PREFIX}_")))
+        .collect()
+}
+
+/// Whether `CHIME_<KEY>` (`variable`) is a setting that may come from a file.
+fn file_setting(variable: &str) -> bool {
+    FILE_SETTINGS.iter().any(|key| env_var(key) == variable)
+        || variable
+            .strip_prefix(&format!("{ENV_PREFIX}_ALERTS__GROUPS__"))
+            .is_some_and(|rest| rest.ends_with("__WEBHOOK") && rest.len() > "__WEBHOOK".len())
+}
+
+/// Replaces each `CHIME_<KEY>_FILE` variable of `env` by `CHIME_<KEY>` holding the named file's
+/// contents (without its final line break), for the settings of [`FILE_SETTINGS`]. A file that
+/// cannot be read, is empty or too large, a value given both ways, or a `_FILE` variable for
+/// another setting is an error naming the variable. Returns, per settings key read from a file,
+/// the variable and the file, for later messages about the value.
+fn values_from_files(
+    env: &mut config::Map<String, String>,
+    errors: &mut Vec<ConfigError>,
+) -> BTreeMap<String, String> {
+    let mut via = BTreeMap::new();
+    let mut file_variables: Vec<String> = env
+        .keys()
+        .filter(|name| name.starts_with(&format!("{ENV_PREFIX}_")) && name.ends_with(FILE_SUFFIX))
+        .cloned()
+        .collect();
+    file_variables.sort();
+    for name in file_variables {
+        let base = &name[..name.len() - FILE_SUFFIX.len()];
+        let origin = format!("environment variable {name}");
+        let key = base[ENV_PREFIX.len() + 1..]
+            .to_lowercase()
+            .replace("__", ".");
+        if !file_setting(base) {
+            if SETTINGS_KEYS.contains(&key.as_str()) {
+                let path = env.remove(&name).unwrap_or_default();
+                errors.push(ConfigError {
+                    value: Some(format!("{path:?}")),
+                    ..ConfigError::at(
+                        origin,
+                        format!(
+                            "{key} cannot come from a file (only {} and a group's webhook can); \
+                             set {base} itself",
+                            FILE_SETTINGS.join(", ")
+                        ),
+                    )
+                });
+            }
+            continue;
+        }
+        let path = env.remove(&name).unwrap_or_default();
+        if path.is_empty() {
+            continue;
+        }
+        if env.get(base).is_some_and(|value| !value.is_empty()) {
+            errors.push(ConfigError::at(
+                origin,
+                format!("{base} is set too; give the value one way, the variable or the file"),
+            ));
+            continue;
+        }
+        match chime_protocol::secret_file::read(Path::new(&path)) {
+            Ok(value) => {
+                env.insert(base.to_owned(), value);
+                via.insert(key, format!("{origin} (file {path:?})"));
+            }
+            Err(error) => errors.push(ConfigError {
+                value: Some(format!("{path:?}")),
+                ..ConfigError::at(origin, error.to_string())
+            }),
+        }
+    }
+    via
 }
 
 /// Reports `CHIME_*` variables that look like a misspelt setting. Other unknown `CHIME_*`

@@ -2,11 +2,13 @@
 //! configuration (no IO); [`Worker::run`] hands it to the runtime's `run`.
 
 use std::fmt;
+use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
 use chime_protocol::limits::MAX_UNHANDLED_WAIT;
 use chime_protocol::redact::redact_url;
+use chime_protocol::secret_file::{FILE_SUFFIX, SecretFileError};
 use chime_protocol::tls::{AmqpTls, TlsError};
 use chime_protocol::topology::{DEFAULT_PREFIX, Topology};
 use serde::de::DeserializeOwned;
@@ -131,6 +133,26 @@ pub enum BuildError {
     /// database URL (`sslrootcert`, `sslcert`, `sslkey`) is missing or invalid.
     #[error("{0}")]
     Tls(#[from] TlsError),
+    /// `CHIME_DATABASE_URL_FILE` or `CHIME_AMQP_URL_FILE` names a file that gives no value.
+    #[error("environment variable {variable} = {path:?}: {source}")]
+    SecretFile {
+        /// The `…_FILE` variable.
+        variable: String,
+        /// The file it names.
+        path: String,
+        /// What is wrong with the file.
+        #[source]
+        source: SecretFileError,
+    },
+    /// Both `CHIME_<KEY>` and `CHIME_<KEY>_FILE` are set.
+    #[error(
+        "environment variables {variable} and {variable}_FILE are both set: give the value one \
+         way, the variable or the file"
+    )]
+    SecretTwice {
+        /// The variable, without `_FILE`.
+        variable: String,
+    },
 }
 
 /// Configures a [`Worker`]; start with [`Worker::builder`].
@@ -155,6 +177,10 @@ pub struct WorkerBuilder {
     handlers: Handlers,
     duplicate: Option<String>,
     duplicate_reducer: Option<String>,
+    /// A URL's `…_FILE` variable that gave no value: returned by `build` unless the URL is
+    /// then given in code.
+    database_url_error: Option<BuildError>,
+    amqp_url_error: Option<BuildError>,
 }
 
 impl fmt::Debug for WorkerBuilder {
@@ -179,12 +205,14 @@ impl WorkerBuilder {
     /// default `CHIME_DATABASE_URL`, else [`DEFAULT_DATABASE_URL`].
     pub fn database_url(mut self, url: impl Into<String>) -> Self {
         self.database_url = Some(url.into());
+        self.database_url_error = None;
         self
     }
 
     /// The RabbitMQ URL; default `CHIME_AMQP_URL`, else [`DEFAULT_AMQP_URL`].
     pub fn amqp_url(mut self, url: impl Into<String>) -> Self {
         self.amqp_url = url.into();
+        self.amqp_url_error = None;
         self
     }
 
@@ -368,6 +396,14 @@ impl WorkerBuilder {
         if self.unhandled_wait > MAX_UNHANDLED_WAIT {
             return Err(BuildError::UnhandledWaitTooLong(self.unhandled_wait));
         }
+        if self.pool.is_none()
+            && let Some(error) = self.database_url_error
+        {
+            return Err(error);
+        }
+        if let Some(error) = self.amqp_url_error {
+            return Err(error);
+        }
         let database = match (self.pool, self.database_url) {
             (Some(pool), _) => Database::Pool(pool),
             (None, Some(url)) => {
@@ -474,14 +510,16 @@ impl Worker {
 
     /// [`Worker::builder`] with the environment looked up through `env`.
     fn builder_with_env(group: String, env: impl Fn(&str) -> Option<String>) -> WorkerBuilder {
-        let env = |name| env(name).filter(|value: &String| !value.is_empty());
+        let env = |name: &str| env(name).filter(|value: &String| !value.is_empty());
+        let (database_url, database_url_error) = value_or_file(&env, ENV_DATABASE_URL);
+        let (amqp_url, amqp_url_error) = value_or_file(&env, ENV_AMQP_URL);
         WorkerBuilder {
             group,
             pool: None,
-            database_url: Some(
-                env(ENV_DATABASE_URL).unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned()),
-            ),
-            amqp_url: env(ENV_AMQP_URL).unwrap_or_else(|| DEFAULT_AMQP_URL.to_owned()),
+            database_url: Some(database_url.unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned())),
+            amqp_url: amqp_url.unwrap_or_else(|| DEFAULT_AMQP_URL.to_owned()),
+            database_url_error,
+            amqp_url_error,
             amqp_tls: AmqpTls::default(),
             prefix: env(ENV_QUEUE_PREFIX).unwrap_or_else(|| DEFAULT_PREFIX.to_owned()),
             capacity: DEFAULT_CAPACITY,
@@ -560,6 +598,36 @@ async fn wait_for_signal() {
     }
 }
 
+/// Variable `name`'s value, or the value in the file `name_FILE` names (a mounted secret:
+/// `chime_protocol::secret_file`); with the error to return from `build` when that file gives
+/// none or both are set.
+fn value_or_file(
+    env: &impl Fn(&str) -> Option<String>,
+    name: &str,
+) -> (Option<String>, Option<BuildError>) {
+    let variable = format!("{name}{FILE_SUFFIX}");
+    match (env(name), env(&variable)) {
+        (value, None) => (value, None),
+        (Some(value), Some(_)) => (
+            Some(value),
+            Some(BuildError::SecretTwice {
+                variable: name.to_owned(),
+            }),
+        ),
+        (None, Some(path)) => match chime_protocol::secret_file::read(Path::new(&path)) {
+            Ok(value) => (Some(value), None),
+            Err(source) => (
+                None,
+                Some(BuildError::SecretFile {
+                    variable,
+                    path,
+                    source,
+                }),
+            ),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -631,6 +699,82 @@ mod tests {
         let w = defaults.handle("a", noop).build().expect("builds");
         assert_eq!(w.config.amqp_url, DEFAULT_AMQP_URL);
         assert_eq!(w.topology().work_queue(), "chime.g.work");
+    }
+
+    /// The URLs come from the files `CHIME_DATABASE_URL_FILE` and `CHIME_AMQP_URL_FILE` name (a
+    /// mounted secret); a file that gives no value, or a URL given both ways, fails `build`
+    /// naming the variable, unless the URL is then given in code.
+    #[tokio::test]
+    async fn the_urls_come_from_secret_files_and_a_bad_one_fails_the_build() {
+        let dir = std::env::temp_dir().join(format!("chime-sdk-secrets-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("db"), "postgres://file:pw@db.internal/chime\n").unwrap();
+        std::fs::write(dir.join("mq"), "amqp://file:pw@mq.internal:5672/%2f\n").unwrap();
+        std::fs::write(dir.join("empty"), "").unwrap();
+        let path = |name: &str| dir.join(name).to_str().unwrap().to_owned();
+        let with = |vars: Vec<(&'static str, String)>| {
+            move |name: &str| {
+                vars.iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| v.clone())
+            }
+        };
+
+        let files = with(vec![
+            ("CHIME_DATABASE_URL_FILE", path("db")),
+            ("CHIME_AMQP_URL_FILE", path("mq")),
+        ]);
+        let builder = Worker::builder_with_env("g".into(), files);
+        assert_eq!(
+            builder.database_url.as_deref(),
+            Some("postgres://file:pw@db.internal/chime")
+        );
+        let w = builder.handle("a", noop).build().expect("builds");
+        assert_eq!(w.config.amqp_url, "amqp://file:pw@mq.internal:5672/%2f");
+
+        let empty = with(vec![("CHIME_AMQP_URL_FILE", path("empty"))]);
+        let error = Worker::builder_with_env("g".into(), &empty)
+            .handle("a", noop)
+            .build()
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            error,
+            format!(
+                "environment variable CHIME_AMQP_URL_FILE = {:?}: the file is empty; write the \
+                 value into it",
+                path("empty")
+            )
+        );
+        // Given in code, the URL no longer needs the file.
+        Worker::builder_with_env("g".into(), &empty)
+            .amqp_url("amqp://mine@h:5672/%2f")
+            .handle("a", noop)
+            .build()
+            .expect("the explicit URL wins");
+
+        let twice = with(vec![
+            ("CHIME_DATABASE_URL", "postgres://env@db/chime".to_owned()),
+            ("CHIME_DATABASE_URL_FILE", path("missing")),
+        ]);
+        let error = Worker::builder_with_env("g".into(), &twice)
+            .handle("a", noop)
+            .build()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with(
+                "environment variables CHIME_DATABASE_URL and CHIME_DATABASE_URL_FILE are both set"
+            ),
+            "{error}"
+        );
+        // A pool of its own needs no database URL at all.
+        Worker::builder_with_env("g".into(), &twice)
+            .pool(lazy_pool())
+            .handle("a", noop)
+            .build()
+            .expect("the pool wins");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// The worker id comes from CHIME_WORKER_ID unless given; it must be non-empty and fit

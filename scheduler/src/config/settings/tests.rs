@@ -661,3 +661,101 @@ fn retention_mistakes_name_the_key() {
     assert_eq!(defaults.batch_size, 1000);
     assert_eq!(defaults.audit_max_age, Duration::from_secs(400 * 24 * 3600));
 }
+
+/// A directory of secret files, deleted with it.
+fn secret_files(files: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    for (name, text) in files {
+        std::fs::write(dir.path().join(name), text).expect("write a secret file");
+    }
+    dir
+}
+
+fn path_in(dir: &tempfile::TempDir, name: &str) -> String {
+    dir.path().join(name).to_str().expect("utf-8").to_owned()
+}
+
+#[test]
+fn urls_and_webhooks_come_from_files_named_by_file_variables() {
+    let dir = secret_files(&[
+        ("db", "postgres://chime:s3cret@db.prod:5432/chime\n"),
+        ("mq", "amqps://chime:s3cret@mq.prod:5671/%2f\r\n"),
+        ("hook", "https://hooks.slack.com/services/T/B/x"),
+        ("orders-hook", "https://alerts.internal/orders\n"),
+    ]);
+    let settings = from_toml(
+        "[alerts.groups.orders]\nformat = \"slack\"\n",
+        &[
+            ("CHIME_DATABASE_URL_FILE", &path_in(&dir, "db")),
+            ("CHIME_AMQP_URL_FILE", &path_in(&dir, "mq")),
+            ("CHIME_ALERTS__WEBHOOK_FILE", &path_in(&dir, "hook")),
+            (
+                "CHIME_ALERTS__GROUPS__ORDERS__WEBHOOK_FILE",
+                &path_in(&dir, "orders-hook"),
+            ),
+        ],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        settings.database_url,
+        "postgres://chime:s3cret@db.prod:5432/chime"
+    );
+    assert_eq!(settings.amqp_url, "amqps://chime:s3cret@mq.prod:5671/%2f");
+    assert_eq!(
+        settings.alerts.webhook.as_deref(),
+        Some("https://hooks.slack.com/services/T/B/x")
+    );
+    assert_eq!(
+        settings.alerts.groups["orders"].webhook.as_deref(),
+        Some("https://alerts.internal/orders")
+    );
+}
+
+#[test]
+fn a_bad_secret_file_or_a_value_given_twice_names_the_variable_and_the_fix() {
+    let dir = secret_files(&[
+        ("db", "postgres://chime:s3cret@db.prod:5432/chime\n"),
+        ("empty", "\n"),
+        ("mysql", "mysql://root:hunter2@db/chime\n"),
+        (
+            "big",
+            &"x".repeat(
+                usize::try_from(chime_protocol::limits::MAX_SECRET_FILE_BYTES).unwrap() + 1,
+            ),
+        ),
+    ]);
+    let missing = path_in(&dir, "missing");
+    let errors = toml_errors(
+        "",
+        &[
+            ("CHIME_DATABASE_URL", "postgres://chime@db.prod/chime"),
+            ("CHIME_DATABASE_URL_FILE", &path_in(&dir, "db")),
+            ("CHIME_AMQP_URL_FILE", &missing),
+            ("CHIME_MANAGEMENT_URL_FILE", &path_in(&dir, "empty")),
+            ("CHIME_ALERTS__WEBHOOK_FILE", &path_in(&dir, "big")),
+            ("CHIME_BIND_FILE", "/run/secrets/bind"),
+        ],
+    );
+    let expected = [
+        "environment variable CHIME_ALERTS__WEBHOOK_FILE = \"BIG\": the file has 65537 bytes, more than 65536; a secret file holds one value".replace("BIG", &path_in(&dir, "big")),
+        format!("environment variable CHIME_AMQP_URL_FILE = {missing:?}: cannot read the file (No such file or directory (os error 2)); give the path of a readable file holding the value"),
+        "environment variable CHIME_BIND_FILE = \"/run/secrets/bind\": bind cannot come from a file (only database_url, amqp_url, management_url, alerts.webhook and a group's webhook can); set CHIME_BIND itself".to_owned(),
+        "environment variable CHIME_DATABASE_URL_FILE: CHIME_DATABASE_URL is set too; give the value one way, the variable or the file".to_owned(),
+        format!("environment variable CHIME_MANAGEMENT_URL_FILE = {:?}: the file is empty; write the value into it", path_in(&dir, "empty")),
+    ];
+    assert_eq!(errors, expected);
+
+    // A bad value read from a file is reported at the file variable, its password hidden.
+    let errors = toml_errors("", &[("CHIME_DATABASE_URL_FILE", &path_in(&dir, "mysql"))]);
+    let [error] = errors.as_slice() else {
+        panic!("{errors:?}")
+    };
+    assert!(
+        error.starts_with(&format!(
+            "environment variable CHIME_DATABASE_URL_FILE (file {:?}) = \"mysql://root:***@db/chime\": expected a URL starting with",
+            path_in(&dir, "mysql")
+        )),
+        "{error}"
+    );
+    assert!(!error.contains("hunter2"), "{error}");
+}
