@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from conftest import AMQP_URL, Env, wait_for
@@ -31,10 +32,22 @@ async def test_sigterm_lets_running_handlers_finish_then_interrupts_the_rest(env
                                          worker_id)
 
         await wait_for("the example worker to register", registered, timeout=20)
-        short = await env.trigger("sleep", {"seconds": 1.0})
+
+        def handler_started(run_id: int) -> Callable[[], Awaitable[Any]]:
+            # "running" is the claim; the handler itself starts once it has a slot, and its
+            # first log line says it is sleeping: the signal below must find both handlers
+            # running, not one still waiting to start.
+            async def check() -> Any:
+                return await env.db.fetchval(
+                    "SELECT count(*) FROM chime_run_logs WHERE run_id = $1 AND message LIKE "
+                    "'sleeping %'", run_id)
+            return check
+
         long = await env.trigger("sleep", {"seconds": 120.0})
-        await env.wait_run(short, "running")
-        await env.wait_run(long, "running")
+        await wait_for("the long handler to start", handler_started(long), timeout=20)
+        short = await env.trigger("sleep", {"seconds": 1.5})
+        await wait_for("the short handler to start", handler_started(short), timeout=20)
+        assert await env.run_state(short) == "running"
         proc.send_signal(signal.SIGTERM)
         out, _ = await asyncio.wait_for(proc.communicate(), 30)
         assert proc.returncode == 0, out.decode()[-2000:]
