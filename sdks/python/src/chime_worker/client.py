@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -12,6 +11,7 @@ import asyncpg
 
 from .errors import ConfigError
 from .protocol import MAX_NAME_BYTES, MAX_PARAMS_BYTES
+from .secret_file import value_or_file
 
 
 @dataclass(frozen=True)
@@ -24,12 +24,12 @@ class Triggered:
 class Client:
     """A connection to Chime's database for triggering runs.
 
-        async with Client() as chime:              # CHIME_DATABASE_URL
+        async with Client() as chime:              # CHIME_DATABASE_URL (or its _FILE)
             run = await chime.trigger("send-report", {"day": "2026-12-01"})
     """
 
     def __init__(self, database_url: str | None = None, *, actor: str = "python-sdk") -> None:
-        self.database_url = (database_url or os.environ.get("CHIME_DATABASE_URL")
+        self.database_url = (database_url or value_or_file("CHIME_DATABASE_URL")
                              or "postgres://postgres@127.0.0.1:5432/chime")
         self.actor = actor
         self._conn: asyncpg.Connection | None = None

@@ -41,6 +41,7 @@ from .protocol import (DEFAULT_DELIVERY_LIMIT, DEFAULT_PREFIX, HEADER_ATTEMPT,
                        TRIGGER_HOLD_MAX_MS, WORK_KEY, DecodeError, Tier, Topology, Trigger,
                        check_trigger, decode_trigger, from_ms, header_int, ms_of, plan_wait,
                        quote, rfc3339, tier_for, unhandled_pause)
+from .secret_file import value_or_file
 from .store import Claim, ClaimRequest, OutcomeRow, Snapshot, Store, create_pool
 from .tasks import TaskCallError, TaskResult
 
@@ -239,7 +240,8 @@ class Worker:
 
     Settings not given here come from the environment (`CHIME_DATABASE_URL`, `CHIME_AMQP_URL`,
     `CHIME_QUEUE_PREFIX`, `CHIME_GROUP`, `CHIME_WORKER_ID`, `CHIME_CAPACITY`, `CHIME_HOLD`),
-    else the defaults of the Rust SDK.
+    else the defaults of the Rust SDK. `CHIME_DATABASE_URL_FILE` and `CHIME_AMQP_URL_FILE`
+    may instead name a file holding the URL (a mounted secret; `chime_worker.secret_file`).
     """
 
     def __init__(
@@ -264,8 +266,11 @@ class Worker:
         if not group:
             raise ConfigError(f"no executor group: pass Worker(group=...) or set {ENV_GROUP}")
         self.group = group
-        self.database_url = database_url or _env(ENV_DATABASE_URL) or DEFAULT_DATABASE_URL
-        self.amqp_url = amqp_url or _env(ENV_AMQP_URL) or DEFAULT_AMQP_URL
+        # The environment (or the file its `_FILE` names) only when no URL is given here: a
+        # URL in code wins, and a bad secret file it replaces is not read.
+        self.database_url = (database_url or value_or_file(ENV_DATABASE_URL)
+                             or DEFAULT_DATABASE_URL)
+        self.amqp_url = amqp_url or value_or_file(ENV_AMQP_URL) or DEFAULT_AMQP_URL
         self.prefix = prefix or _env(ENV_QUEUE_PREFIX) or DEFAULT_PREFIX
         for what, name in (("group", group), ("queue prefix", self.prefix)):
             if not _NAME.fullmatch(name):
