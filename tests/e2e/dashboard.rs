@@ -10,9 +10,9 @@
 //! reads its times in its zone, its job page, its report and a readable workers page. Screenshots of every
 //! page go to `target/dashboard-screenshots/` for a person to look at.
 //!
-//! chromedriver and chromium come from the Debian packages of those names (`.ci/run` installs
-//! them when missing). The WebDriver protocol is plain JSON over HTTP, so the test speaks it
-//! with the `reqwest` client the API tests already use.
+//! chromedriver and chromium come from the Debian packages of those names
+//! (`deploy/local/test.sh` installs them when missing). The WebDriver protocol is plain JSON
+//! over HTTP, so the test speaks it with the `reqwest` client the API tests already use.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -50,7 +50,9 @@ impl Browser {
             .stderr(Stdio::null())
             .process_group(0)
             .spawn()
-            .expect("chromedriver (Debian package chromium-driver; .ci/run installs it)");
+            .expect(
+                "chromedriver (Debian package chromium-driver; deploy/local/test.sh installs it)",
+            );
         let mut browser = Browser {
             http: reqwest::Client::new(),
             session: format!("http://127.0.0.1:{port}"),

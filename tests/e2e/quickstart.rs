@@ -3,6 +3,8 @@
 //! configured only through `CHIME_DATABASE_URL`, `CHIME_AMQP_URL` and `CHIME_QUEUE_PREFIX`, runs
 //! a triggered run of its job to success and drains on SIGTERM.
 
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::Duration;
 
 use chime_e2e::process::{Process, sibling_binary};
@@ -85,4 +87,74 @@ async fn the_readme_quickstart_worker_runs_a_job_configured_by_environment(pool:
     assert!(printed.contains("closing up to 5 orders"), "{printed}");
     scheduler.stop().await.expect("scheduler stops");
     t.finish().await;
+}
+
+/// Issue 16: README's first command on a machine without RabbitMQ (its commands are hidden from
+/// `PATH` here). As root on Debian it installs the distribution's package (dry run: it prints the
+/// commands and changes nothing); as another user it exits non-zero, printing the exact install
+/// command and the containers alternative, instead of failing on a missing `rabbitmqctl`.
+#[test]
+fn the_services_script_installs_a_missing_broker_or_prints_how() {
+    let script = chime_test_kit::deploy_path("local/services.sh");
+    // PATH without the directories holding RabbitMQ's commands (/sbin and /usr/sbin alike).
+    let path: Vec<PathBuf> = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .filter(|d| {
+            !["rabbitmq-server", "rabbitmqctl"]
+                .iter()
+                .any(|c| d.join(c).exists())
+        })
+        .collect();
+    let path = std::env::join_paths(path).expect("a PATH");
+    let run = |as_nobody: bool| {
+        let mut command = if as_nobody {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "nobody", "--", "bash"]);
+            c
+        } else {
+            Command::new("bash")
+        };
+        command
+            .arg(&script)
+            .env("PATH", &path)
+            .env("CHIME_SERVICES_DRY_RUN", "1")
+            .output()
+            .expect("running deploy/local/services.sh")
+    };
+    let root = std::fs::metadata("/proc/self").is_ok_and(|m| {
+        use std::os::unix::fs::MetadataExt as _;
+        m.uid() == 0
+    });
+    let debian = Path::new("/etc/debian_version").exists();
+
+    if root && debian {
+        let out = run(false);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains("would run: apt-get update -q")
+                && stdout.contains(
+                    "would run: env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+                     rabbitmq-server"
+                ),
+            "{stdout}"
+        );
+        assert!(
+            !stdout.contains("postgresql"),
+            "PostgreSQL is installed: {stdout}"
+        );
+    }
+    // Not root (nobody, when this test runs as root): nothing can be installed.
+    let out = run(root);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("not installed: rabbitmq-server")
+            && stderr.contains("sudo apt-get install -y rabbitmq-server")
+            && stderr.contains("docker compose -f deploy/compose.yaml up"),
+        "{stderr}"
+    );
 }
