@@ -57,6 +57,10 @@ pub enum Command {
         /// Job files, in addition to the `jobs` setting.
         #[arg(long = "jobs", value_name = "FILE")]
         jobs: Vec<PathBuf>,
+        /// Reload the job files when they change (a burst of changes: one reload, 500 ms after
+        /// the last), as SIGHUP does; also the `watch` setting.
+        #[arg(long)]
+        watch: bool,
     },
     /// Apply database migrations and exit.
     Migrate,
@@ -1234,6 +1238,18 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<Command, clap::Error> {
         Cli::try_parse_from(std::iter::once("chime").chain(args.iter().copied())).map(|c| c.command)
+    }
+
+    #[test]
+    fn scheduler_watch_is_off_unless_asked_for() {
+        assert!(matches!(
+            parse(&["scheduler", "--jobs", "jobs.toml"]),
+            Ok(Command::Scheduler { watch: false, .. })
+        ));
+        assert!(matches!(
+            parse(&["scheduler", "--watch"]),
+            Ok(Command::Scheduler { watch: true, jobs }) if jobs.is_empty()
+        ));
     }
 
     #[test]

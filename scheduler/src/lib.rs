@@ -28,3 +28,4 @@ pub mod schedule;
 pub mod secrets;
 pub mod service;
 pub mod store;
+pub mod watch;

@@ -45,9 +45,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
     let settings = Settings::load(cli.config.as_deref()).map_err(|e| anyhow::anyhow!("{e}"))?;
     match cli.command {
-        Command::Scheduler { jobs } => {
+        Command::Scheduler { jobs, watch } => {
             let mut settings = settings;
             settings.jobs.extend(jobs);
+            settings.watch |= watch;
             service::run(settings, stop_on_signal()?).await?;
             Ok(ExitCode::SUCCESS)
         }

@@ -58,7 +58,8 @@ pub struct DutySettings {
 
 /// The `chime scheduler` server: one instance as `settings` say (its job files, the leader's
 /// duties, retention, and the API, health probes and `/metrics` on `bind`) until `shutdown`.
-/// SIGHUP re-reads the job files and applies the difference.
+/// SIGHUP re-reads the job files and applies the difference; with `watch`, so does a change
+/// of them ([`crate::watch`], debounced by [`crate::watch::Debounce`]'s defaults).
 pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
     let config = ServiceConfig {
         database_url: settings.database_url.clone(),
@@ -85,10 +86,21 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Res
         retention: Some(settings.retention),
         management_url: settings.management_url.clone(),
     };
+    let watch = settings.watch.then(|| settings.jobs.clone());
     let loader: JobLoader =
         Arc::new(move || settings.load_jobs().map_err(|e| anyhow::anyhow!("{e}")));
 
     let (reload_tx, reload_rx) = mpsc::channel(4);
+    // A change of the job files sends the same reload as SIGHUP; the watcher ends with the
+    // instance (or when the reload channel closes).
+    if let Some(patterns) = watch {
+        crate::watch::spawn(
+            &patterns,
+            reload_tx.clone(),
+            crate::watch::Debounce::default(),
+            shutdown.clone(),
+        );
+    }
     let mut hangup = signal(SignalKind::hangup())?;
     let hangups_stop = shutdown.clone();
     tokio::spawn(async move {

@@ -369,8 +369,10 @@ fn the_kubernetes_base_runs_schedulers_with_probes_a_disruption_budget_and_its_c
     for resource in strings(field(&kustomization, "resources")) {
         documents.extend(manifests(&format!("base/{resource}")));
     }
-    // The generated ConfigMaps: their files exist; the job file loads.
+    // The generated ConfigMaps: their files exist; the job file loads. Which keep their name
+    // (updated in place) and which get a hash suffix (a change rolls the pods).
     let mut config_maps: Vec<(String, Vec<String>)> = Vec::new();
+    let mut in_place: Vec<String> = Vec::new();
     for generator in at(&kustomization, &["configMapGenerator"])
         .as_vec()
         .expect("configMapGenerator")
@@ -382,8 +384,17 @@ fn the_kubernetes_base_runs_schedulers_with_probes_a_disruption_budget_and_its_c
                 "no {file}"
             );
         }
-        config_maps.push((text(generator, &["name"]).to_owned(), files));
+        let name = text(generator, &["name"]).to_owned();
+        if at(generator, &["options", "disableNameSuffixHash"]).as_bool() == Some(true) {
+            in_place.push(name.clone());
+        }
+        config_maps.push((name, files));
     }
+    // The runner does not reload: its config must roll its pods.
+    assert!(
+        !in_place.iter().any(|name| name == "chime-runner"),
+        "chime-runner's ConfigMap keeps its hash suffix"
+    );
     let jobs = deploy_path("kubernetes/base/jobs.toml");
     chime_scheduler::config::load_job_files(&[jobs]).expect("the base's job file loads");
     let secret = manifests("base/secret.example.yaml").remove(0);
@@ -402,7 +413,11 @@ fn the_kubernetes_base_runs_schedulers_with_probes_a_disruption_budget_and_its_c
     let container = at(pod, &["containers", "0"]);
     let args = strings(Some(at(container, &["args"])));
     let cli = Cli::try_parse_from(&args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
-    assert!(matches!(cli.command, Command::Scheduler { .. }));
+    // --watch: an edit of the job ConfigMap, updated in place, is reloaded without a restart.
+    assert!(
+        matches!(cli.command, Command::Scheduler { watch: true, .. }),
+        "the schedulers run `chime scheduler --watch`: {args:?}"
+    );
 
     // Its environment: settings only, values from the Secret's keys or given here.
     let mut env = Vec::new();
@@ -450,6 +465,14 @@ fn the_kubernetes_base_runs_schedulers_with_probes_a_disruption_budget_and_its_c
         .find(|v| v["name"] == mount["name"])
         .expect("the mounted volume");
     let config_map = text(volume, &["configMap", "name"]);
+    assert!(
+        in_place.iter().any(|name| name == config_map),
+        "{config_map} is watched, so it is updated in place: disableNameSuffixHash: true"
+    );
+    assert!(
+        mount["subPath"].is_badvalue(),
+        "kubelet never updates a subPath mount: mount the directory"
+    );
     let (_, files) = config_maps
         .iter()
         .find(|(name, _)| name == config_map)

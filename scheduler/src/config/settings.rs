@@ -55,6 +55,7 @@ pub const SETTINGS_KEYS: &[&str] = &[
     "bind",
     "queue_prefix",
     "jobs",
+    "watch",
     "leader.lease_ttl",
     "leader.renew_interval",
     "planner.lookahead",
@@ -111,6 +112,9 @@ pub struct Settings {
     /// Job files and patterns (see [`super::expand_job_patterns`]); relative ones from a
     /// settings file are already resolved against that file's directory.
     pub jobs: Vec<PathBuf>,
+    /// Reload the job files when they change, as on SIGHUP (`chime scheduler --watch` sets it
+    /// too; [`crate::watch`]).
+    pub watch: bool,
     /// Leader election timings.
     pub leader: LeaderSettings,
     /// Planner timings.
@@ -306,6 +310,7 @@ impl Default for Settings {
                 .expect("DEFAULT_BIND is a socket address"),
             queue_prefix: DEFAULT_QUEUE_PREFIX.to_owned(),
             jobs: Vec::new(),
+            watch: false,
             leader: LeaderSettings::default(),
             planner: PlannerSettings::default(),
             rescuer: RescuerSettings::default(),
@@ -326,6 +331,7 @@ impl fmt::Debug for Settings {
             .field("bind", &self.bind)
             .field("queue_prefix", &self.queue_prefix)
             .field("jobs", &self.jobs)
+            .field("watch", &self.watch)
             .field("leader", &self.leader)
             .field("planner", &self.planner)
             .field("rescuer", &self.rescuer)
@@ -583,6 +589,9 @@ fn resolve(
     }
     if let Some(jobs) = job_patterns(&layers, base_dir, &mut errors) {
         settings.jobs = jobs;
+    }
+    if let Some(watch) = boolean(&layers, "watch", &mut errors) {
+        settings.watch = watch;
     }
     let lease_ttl = duration_at_most(&layers, "leader.lease_ttl", MAX_LEASE_TTL, &mut errors);
     let renew_interval =
@@ -1097,6 +1106,29 @@ fn string<'a>(
             None
         }
     }
+}
+
+/// A `true`/`false` setting: a boolean in a file, `true` or `false` in the environment.
+fn boolean(layers: &Layers, key: &str, errors: &mut Vec<ConfigError>) -> Option<bool> {
+    let (value, place) = layers.get(key)?;
+    let parsed = match (&value.kind, &place) {
+        (ValueKind::Boolean(b), _) => Some(*b),
+        (ValueKind::String(text), Place::Env { .. }) => {
+            match text.trim().to_ascii_lowercase().as_str() {
+                "true" => Some(true),
+                "false" => Some(false),
+                _ => None,
+            }
+        }
+        _ => None,
+    };
+    if parsed.is_none() {
+        errors.push(place.error(
+            Some(render_config(value)),
+            "expected true or false (unquoted in a file)",
+        ));
+    }
+    parsed
 }
 
 fn url_setting(

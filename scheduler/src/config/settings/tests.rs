@@ -71,6 +71,7 @@ fn settings_file_sets_every_key_and_resolves_job_paths_against_its_directory() {
             bind: "0.0.0.0:9000".parse().unwrap(),
             queue_prefix: "acme".into(),
             jobs: vec![fixture("jobs.d/*"), PathBuf::from("/etc/chime/extra.toml")],
+            watch: true,
             leader: LeaderSettings {
                 lease_ttl: Duration::from_secs(6),
                 renew_interval: Duration::from_secs(2),
@@ -200,7 +201,7 @@ fn unknown_keys_suggest_the_setting_meant() {
     assert_eq!(
         errors,
         [
-            r#"chime.toml: key "colour" = "blue": unknown key; remove it, or use one of the settings: database_url, amqp_url, amqp_tls.ca_file, amqp_tls.cert_file, amqp_tls.key_file, management_url, instance_id, bind, queue_prefix, jobs, leader.lease_ttl, leader.renew_interval, planner.lookahead, rescuer.interval, rescuer.rescue_after, rescuer.retry_slack, alerts.webhook, alerts.format, alerts.min_interval, alerts.consecutive_failures, retention.max_age, retention.interval, retention.batch_size, retention.audit_max_age"#,
+            r#"chime.toml: key "colour" = "blue": unknown key; remove it, or use one of the settings: database_url, amqp_url, amqp_tls.ca_file, amqp_tls.cert_file, amqp_tls.key_file, management_url, instance_id, bind, queue_prefix, jobs, watch, leader.lease_ttl, leader.renew_interval, planner.lookahead, rescuer.interval, rescuer.rescue_after, rescuer.retry_slack, alerts.webhook, alerts.format, alerts.min_interval, alerts.consecutive_failures, retention.max_age, retention.interval, retention.batch_size, retention.audit_max_age"#,
             r#"chime.toml: key "databse_url" = "postgres://db/chime": unknown key; did you mean "database_url"?"#,
             r#"chime.toml: key "leader.renew_intreval" = "1s": unknown key; did you mean "leader.renew_interval"?"#,
             r#"chime.toml: key "lease_ttl" = "5s": unknown key; did you mean "leader.lease_ttl"?"#,
@@ -758,4 +759,25 @@ fn a_bad_secret_file_or_a_value_given_twice_names_the_variable_and_the_fix() {
         "{error}"
     );
     assert!(!error.contains("hunter2"), "{error}");
+}
+
+#[test]
+fn watch_is_a_boolean_in_the_file_and_true_or_false_in_the_environment() {
+    assert!(!from_toml("", &[]).unwrap().watch);
+    assert!(from_toml("watch = true", &[]).unwrap().watch);
+    assert!(from_toml("", &[("CHIME_WATCH", "true")]).unwrap().watch);
+    assert!(
+        !from_toml("watch = true", &[("CHIME_WATCH", "false")])
+            .unwrap()
+            .watch,
+        "the environment wins"
+    );
+    assert_eq!(
+        toml_errors("watch = \"yes\"", &[]),
+        [r#"chime.toml: key "watch" = "yes": expected true or false (unquoted in a file)"#]
+    );
+    assert_eq!(
+        toml_errors("", &[("CHIME_WATCH", "on")]),
+        [r#"environment variable CHIME_WATCH = "on": expected true or false (unquoted in a file)"#]
+    );
 }
