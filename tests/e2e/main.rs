@@ -18,6 +18,7 @@ mod kinds;
 mod kinds_processes;
 mod ops;
 mod outage;
+mod pg_failover;
 mod policies;
 mod quickstart;
 mod restarts;

@@ -8,6 +8,7 @@
 //! parallel without seeing each other's runs or messages.
 
 pub mod chaos;
+pub mod pg_failover;
 pub mod process;
 pub mod services;
 
