@@ -105,13 +105,16 @@ fn the_services_script_installs_a_missing_broker_or_prints_how() {
         })
         .collect();
     let path = std::env::join_paths(path).expect("a PATH");
+    // Found on the whole PATH: a command's own PATH is where its program is looked up, and
+    // runuser is in /usr/sbin, beside RabbitMQ's commands.
+    let (bash, runuser) = (on_path("bash"), on_path("runuser"));
     let run = |as_nobody: bool| {
         let mut command = if as_nobody {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "nobody", "--", "bash"]);
+            let mut c = Command::new(&runuser);
+            c.args(["-u", "nobody", "--"]).arg(&bash);
             c
         } else {
-            Command::new("bash")
+            Command::new(&bash)
         };
         command
             .arg(&script)
@@ -157,4 +160,12 @@ fn the_services_script_installs_a_missing_broker_or_prints_how() {
             && stderr.contains("docker compose -f deploy/compose.yaml up"),
         "{stderr}"
     );
+}
+
+/// `command`'s path on this process's `PATH`; panics naming it when it is not there.
+fn on_path(command: &str) -> PathBuf {
+    std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .map(|d| d.join(command))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{command} is not on PATH"))
 }
