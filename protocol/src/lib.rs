@@ -14,7 +14,8 @@
 //! - [`limits`] — the documented upper bound of every value that crosses an edge;
 //! - [`timing`] — the time bounds one side promises and the other relies on (the scheduler's
 //!   [`timing::MAX_LEAD`] under the workers' [`timing::TRIGGER_HOLD_MAX`]);
-//! - [`redact`] — the one function that hides a URL's secrets;
+//! - [`redact`] — the one function that hides a URL's secrets; [`addresses`] — several broker
+//!   addresses of one cluster and the one rule both sides connect through them by;
 //! - `tls` (feature `amqp`) — TLS options of the broker connection and the one way both sides
 //!   connect; `secret_file` (feature `amqp`, IO like `tls`) — a setting's value read from the
 //!   file a `CHIME_<KEY>_FILE` variable names, the one way both sides read one.
@@ -24,6 +25,7 @@
 //! the build. A change to a wire type is additive (a new optional field) or bumps
 //! [`PROTOCOL_VERSION`].
 
+pub mod addresses;
 pub mod backoff;
 #[cfg(feature = "amqp")]
 pub mod headers;

@@ -52,6 +52,11 @@ pub const MAX_PARAMS_BYTES: usize = 64 * 1024;
 /// webhook): 64 KiB.
 pub const MAX_SECRET_FILE_BYTES: u64 = 64 * 1024;
 
+/// Most broker addresses one process is given (`amqp_urls`, `CHIME_AMQP_URLS`): the nodes of
+/// one cluster, tried in order at connect. More than a handful is a mistake (a cluster of 16 is
+/// already large; a load balancer is one address).
+pub const MAX_AMQP_URLS: usize = 16;
+
 /// Most missed fires `misfire = "fire_all"` runs (`max_catchup`): the misfire policy decides at
 /// most this many fires per call, so a larger value could never take effect.
 pub const MAX_CATCHUP: u32 = 1_000;

@@ -189,6 +189,9 @@ pub struct WorkerSettings {
     pub database_url: Option<String>,
     /// RabbitMQ URL.
     pub amqp_url: Option<String>,
+    /// Several addresses of one RabbitMQ cluster, tried in order (`amqp_urls`; not with
+    /// `amqp_url`).
+    pub amqp_urls: Option<Vec<String>>,
     /// Queue name prefix.
     pub queue_prefix: Option<String>,
     /// How long a shutdown waits for running handlers before cancelling them.
@@ -207,6 +210,14 @@ impl fmt::Debug for WorkerSettings {
             .field("worker_id", &self.worker_id)
             .field("database_url", &redact(&self.database_url))
             .field("amqp_url", &redact(&self.amqp_url))
+            .field(
+                "amqp_urls",
+                &self.amqp_urls.as_ref().map(|urls| {
+                    urls.iter()
+                        .map(|url| chime_protocol::redact::redact_url(url))
+                        .collect::<Vec<_>>()
+                }),
+            )
             .field("queue_prefix", &self.queue_prefix)
             .field("drain_timeout", &self.drain_timeout)
             .field("cancel_grace", &self.cancel_grace)
@@ -261,6 +272,7 @@ struct RawWorker {
     worker_id: Option<String>,
     database_url: Option<String>,
     amqp_url: Option<String>,
+    amqp_urls: Option<Vec<String>>,
     queue_prefix: Option<String>,
     drain_timeout: Option<String>,
     cancel_grace: Option<String>,
@@ -675,6 +687,40 @@ fn check_worker(
             }
         }
     }
+    if let Some(urls) = &raw.amqp_urls {
+        let shown = || {
+            let redacted: Vec<String> = urls
+                .iter()
+                .map(|url| chime_protocol::redact::redact_url(url))
+                .collect();
+            format!("{redacted:?}")
+        };
+        if raw.amqp_url.is_some() {
+            check.error(
+                "worker.amqp_urls",
+                Some(shown()),
+                "worker.amqp_url is set too; give one address as amqp_url or several as \
+                 amqp_urls, not both (put the amqp_url address into the list and remove it)",
+            );
+        } else if let Err(problem) = chime_protocol::addresses::check_count(urls.len()) {
+            check.error("worker.amqp_urls", Some(shown()), problem.to_string());
+        }
+        for (index, url) in urls.iter().enumerate() {
+            let scheme = url.split_once("://").map(|(s, _)| s);
+            if !scheme.is_some_and(|s| ["amqp", "amqps"].contains(&s)) || url.len() > 4096 {
+                check.error(
+                    "worker.amqp_urls",
+                    Some(quoted(&chime_protocol::redact::redact_url(url))),
+                    format!(
+                        "address {} of {}: must be an amqp:// or amqps:// URL of at most 4096 \
+                         bytes",
+                        index + 1,
+                        urls.len()
+                    ),
+                );
+            }
+        }
+    }
     if let Some(prefix) = &raw.queue_prefix
         && let Some(problem) = name_problem(prefix)
     {
@@ -728,6 +774,7 @@ fn check_worker(
         worker_id: raw.worker_id.clone(),
         database_url: raw.database_url.clone(),
         amqp_url: raw.amqp_url.clone(),
+        amqp_urls: raw.amqp_urls.clone(),
         queue_prefix: raw.queue_prefix.clone(),
         drain_timeout: drain_timeout?,
         cancel_grace: cancel_grace?,

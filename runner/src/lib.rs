@@ -80,6 +80,9 @@ pub fn worker(config: &RunnerConfig) -> WorkerBuilder {
     if let Some(url) = &settings.amqp_url {
         builder = builder.amqp_url(url.as_str());
     }
+    if let Some(urls) = &settings.amqp_urls {
+        builder = builder.amqp_urls(urls.iter().map(String::as_str));
+    }
     if let Some(prefix) = &settings.queue_prefix {
         builder = builder.prefix(prefix.as_str());
     }

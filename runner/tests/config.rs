@@ -144,6 +144,38 @@ fn defaults_give_cancel_grace_room_for_kill_grace() {
     assert_eq!(shell.max_output, 1024 * 1024);
 }
 
+#[test]
+fn several_broker_addresses_are_a_list_not_given_with_amqp_url() {
+    let handler = "\n[[handlers]]\nname = \"dump\"\nkind = \"shell\"\nargv = [\"x\"]\n";
+    let list = "amqp_urls = [\"amqp://a:pw@mq-1:5672/%2f\", \"amqp://a:pw@mq-2:5672/%2f\"]\n";
+    let config = parse("runner.toml", &format!("{WORKER}{list}{handler}")).unwrap();
+    assert_eq!(
+        config.worker.amqp_urls.as_deref(),
+        Some(
+            &[
+                "amqp://a:pw@mq-1:5672/%2f".to_owned(),
+                "amqp://a:pw@mq-2:5672/%2f".to_owned()
+            ][..]
+        )
+    );
+    assert!(!format!("{:?}", config.worker).contains(":pw@"));
+
+    let both = format!("{WORKER}amqp_url = \"amqp://a:pw@mq-0:5672/%2f\"\n{list}{handler}");
+    assert_eq!(
+        errors(&both),
+        [
+            "runner.toml: field \"worker.amqp_urls\" = [\"amqp://a:***@mq-1:5672/%2f\", \"amqp://a:***@mq-2:5672/%2f\"]: worker.amqp_url is set too; give one address as amqp_url or several as amqp_urls, not both (put the amqp_url address into the list and remove it)"
+        ]
+    );
+    let bad = format!("{WORKER}amqp_urls = [\"http://a:pw@mq-1\"]\n{handler}");
+    assert_eq!(
+        errors(&bad),
+        [
+            "runner.toml: field \"worker.amqp_urls\" = \"http://a:***@mq-1\": address 1 of 1: must be an amqp:// or amqps:// URL of at most 4096 bytes"
+        ]
+    );
+}
+
 const EXAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/runner.toml");
 
 #[test]

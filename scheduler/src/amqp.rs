@@ -19,6 +19,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use chime_protocol::Topology;
+use chime_protocol::addresses::Addresses;
 use chime_protocol::redact::redact_url;
 use chime_protocol::tls::AmqpTls;
 use lapin::options::{
@@ -123,6 +124,36 @@ impl Connection {
         }
     }
 
+    /// Opens a connection (as [`Connection::open`]) to the first of `addresses` that accepts,
+    /// starting after the address of its last connection ([`Addresses::connect`], the rule the
+    /// workers connect by too); a refused address is logged and the next one tried. The error
+    /// is the last address's.
+    pub async fn open_first(
+        addresses: &Addresses,
+        tls: &AmqpTls,
+        name: &str,
+    ) -> Result<Connection, ConnectError> {
+        let several = addresses.urls().len() > 1;
+        let (url, connection) = addresses
+            .connect(|url| {
+                let url = url.to_owned();
+                async move {
+                    let opened = Connection::open(&url, tls, name).await;
+                    if let Err(error) = &opened
+                        && several
+                    {
+                        tracing::warn!(connection = name, error = %chain(error), "broker address unreachable; trying the next");
+                    }
+                    opened
+                }
+            })
+            .await?;
+        if several {
+            tracing::debug!(connection = name, url = %redact_url(&url), "connected to a broker address");
+        }
+        Ok(connection)
+    }
+
     /// Whether the connection is still open.
     pub fn is_connected(&self) -> bool {
         self.inner.status().connected()
@@ -139,6 +170,18 @@ impl Connection {
     pub async fn close(&self, reason: &str) -> Result<(), Error> {
         Ok(self.inner.close(200, reason.into()).await?)
     }
+}
+
+/// `error` and its sources, `: `-separated (as anyhow's `{:#}`).
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// Whether the broker at `url` (TLS options `tls`) accepts a connection: one is opened (named
@@ -422,5 +465,63 @@ mod tests {
             }
         );
         assert!(parse_url("amqp://host:notaport").is_err());
+    }
+    /// A port nothing listens on (bound, then released).
+    fn dead_port() -> u16 {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("addr").port()
+    }
+
+    /// Against the shared broker: with a dead address first, the connection goes to the second;
+    /// the next connection (as after losing that one) starts at the address after it, so it
+    /// goes to the third, and from there wraps around past the dead one to the second again.
+    #[tokio::test]
+    async fn connects_to_the_first_reachable_address_and_after_a_loss_to_the_next() {
+        let dead = format!("amqp://guest:guest@127.0.0.1:{}/%2f", dead_port());
+        let second = crate::config::DEFAULT_AMQP_URL.to_owned();
+        let third = "amqp://guest:guest@localhost:5672/%2f".to_owned();
+        let addresses =
+            Addresses::new(vec![dead.clone(), second.clone(), third.clone()]).expect("three");
+        let tls = AmqpTls::default();
+        let name = format!("chime-test-fallback-{}", std::process::id());
+        let tried = std::sync::Mutex::new(Vec::new());
+        let open = |url: &str| {
+            tried.lock().unwrap().push(url.to_owned());
+            let url = url.to_owned();
+            let (tls, name) = (&tls, name.as_str());
+            async move { Connection::open(&url, tls, name).await }
+        };
+
+        let (url, first) = addresses.connect(open).await.expect("the second address");
+        assert_eq!(url, second);
+        assert!(first.is_connected());
+        assert_eq!(*tried.lock().unwrap(), [dead.clone(), second.clone()]);
+        first.close("lost").await.expect("close");
+
+        tried.lock().unwrap().clear();
+        let (url, next) = addresses.connect(open).await.expect("the third address");
+        assert_eq!(url, third);
+        next.close("lost").await.expect("close");
+        let (url, again) = addresses.connect(open).await.expect("the second again");
+        assert_eq!(url, second);
+        assert_eq!(*tried.lock().unwrap(), [third, dead.clone(), second]);
+        again.close("done").await.expect("close");
+
+        // The scheduler's own entry point follows the same rule, and fails with the last
+        // address's error when none answers.
+        let connection = Connection::open_first(&addresses, &tls, &name)
+            .await
+            .expect("a reachable address");
+        connection.close("done").await.expect("close");
+        let only_dead = Addresses::new(vec![dead.clone(), dead]).expect("two");
+        let error = Connection::open_first(&only_dead, &tls, &name)
+            .await
+            .expect_err("nothing answers");
+        assert!(
+            error
+                .to_string()
+                .starts_with("connecting to RabbitMQ at amqp://guest:***@127.0.0.1:"),
+            "{error}"
+        );
     }
 }

@@ -25,6 +25,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use chime_protocol::addresses::Addresses;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -59,8 +60,9 @@ pub struct ApiState {
 /// How `/readyz` checks the broker, and its last answer.
 #[derive(Debug, Default)]
 pub struct Readiness {
-    /// RabbitMQ URL to open a connection to; none: the broker is not checked.
-    pub amqp_url: Option<String>,
+    /// The broker addresses to open a connection to (any one that accepts will do); none: the
+    /// broker is not checked.
+    pub amqp_urls: Option<Addresses>,
     /// TLS options of an `amqps://` URL.
     pub amqp_tls: chime_protocol::tls::AmqpTls,
     /// The last answer and when it was found. Held while a check runs, so concurrent probes
@@ -69,13 +71,13 @@ pub struct Readiness {
 }
 
 impl Readiness {
-    /// Checks the database and the broker at `amqp_url` (with `amqp_tls` for `amqps://`).
+    /// Checks the database and the broker at `amqp_urls` (with `amqp_tls` for `amqps://`).
     pub fn with_broker(
-        amqp_url: impl Into<String>,
+        amqp_urls: impl Into<Addresses>,
         amqp_tls: chime_protocol::tls::AmqpTls,
     ) -> Readiness {
         Readiness {
-            amqp_url: Some(amqp_url.into()),
+            amqp_urls: Some(amqp_urls.into()),
             amqp_tls,
             ..Readiness::default()
         }
@@ -165,7 +167,7 @@ impl Server {
         broker: Broker,
         leadership: watch::Receiver<Leadership>,
     ) -> anyhow::Result<Server> {
-        let readiness = Readiness::with_broker(broker.amqp_url.clone(), broker.amqp_tls.clone());
+        let readiness = Readiness::with_broker(broker.amqp_urls.clone(), broker.amqp_tls.clone());
         let ops = Operations::new(store.clone(), Some(broker.clone()));
         check_exposure(bind, &ops).await?;
         let listener = tokio::net::TcpListener::bind(bind)
@@ -844,9 +846,9 @@ async fn check_readiness(s: &ApiState) -> (StatusCode, Value) {
             Ok(Err(e)) => Err(format!("{e:#}")),
             Err(_) => Err("no answer within 2s".to_owned()),
         };
-    let broker = match &s.readiness.amqp_url {
+    let broker = match &s.readiness.amqp_urls {
         None => None,
-        Some(url) => Some(crate::parking::ping(url, &s.readiness.amqp_tls).await),
+        Some(urls) => Some(crate::parking::ping(urls, &s.readiness.amqp_tls).await),
     };
     let ready = database.is_ok() && broker.as_ref().is_none_or(Result::is_ok);
     let check = |r: &Result<(), String>| match r {

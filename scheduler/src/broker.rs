@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context as _;
+use chime_protocol::addresses::Addresses;
 use chime_protocol::wire::ControlMessage;
 use serde::{Deserialize, Serialize};
 
@@ -53,8 +54,8 @@ pub const MANAGEMENT_TIMEOUT: Duration = Duration::from_secs(2);
 /// metrics). `Debug` hides the password.
 #[derive(Clone)]
 pub struct Broker {
-    /// RabbitMQ URL.
-    pub amqp_url: String,
+    /// The broker addresses, tried in order ([`Connection::open_first`]).
+    pub amqp_urls: Addresses,
     /// TLS options of an `amqps://` URL.
     pub amqp_tls: AmqpTls,
     /// Queue and exchange name prefix.
@@ -76,7 +77,7 @@ static BROKERS: AtomicU64 = AtomicU64::new(0);
 impl std::fmt::Debug for Broker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Broker")
-            .field("amqp_url", &redact(&self.amqp_url))
+            .field("amqp_urls", &self.amqp_urls)
             .field("amqp_tls", &self.amqp_tls)
             .field("queue_prefix", &self.queue_prefix)
             .field(
@@ -91,11 +92,12 @@ impl std::fmt::Debug for Broker {
 }
 
 impl Broker {
-    /// The broker at `amqp_url`, with names under `queue_prefix`; queue figures come from
-    /// passive declares until [`Broker::with_management_url`] names a management API.
-    pub fn new(amqp_url: impl Into<String>, queue_prefix: impl Into<String>) -> Broker {
+    /// The broker at `amqp_urls` (one URL or several [`Addresses`]), with names under
+    /// `queue_prefix`; queue figures come from passive declares until
+    /// [`Broker::with_management_url`] names a management API.
+    pub fn new(amqp_urls: impl Into<Addresses>, queue_prefix: impl Into<String>) -> Broker {
         Broker {
-            amqp_url: amqp_url.into(),
+            amqp_urls: amqp_urls.into(),
             amqp_tls: AmqpTls::default(),
             queue_prefix: queue_prefix.into(),
             management: None,
@@ -127,11 +129,12 @@ impl Broker {
             return Ok(connection.clone());
         }
         *slot = None;
-        let connection =
-            Arc::new(Connection::open(&self.amqp_url, &self.amqp_tls, &self.link.name).await?);
+        let connection = Arc::new(
+            Connection::open_first(&self.amqp_urls, &self.amqp_tls, &self.link.name).await?,
+        );
         let opened = self.link.opened.fetch_add(1, Ordering::Relaxed) + 1;
         if opened > 1 {
-            tracing::info!(url = %redact(&self.amqp_url), opened, "operations reconnected to the broker");
+            tracing::info!(urls = %self.amqp_urls.redacted(), opened, "operations reconnected to the broker");
         }
         *slot = Some(connection.clone());
         Ok(connection)
@@ -218,7 +221,7 @@ impl Broker {
     /// passive declares.
     pub fn with_management_url(mut self, url: Option<&str>) -> Broker {
         self.management = url.map(|url| {
-            Arc::new(Management::new(url, &self.amqp_url).map_err(|e| format!("{e:#}")))
+            Arc::new(Management::new(url, self.amqp_urls.first()).map_err(|e| format!("{e:#}")))
         });
         self
     }

@@ -70,7 +70,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         command => {
             let store = Store::connect(&settings.database_url, 2).await?;
-            let broker = Broker::new(&settings.amqp_url, &settings.queue_prefix)
+            let broker = Broker::new(settings.amqp_addresses(), &settings.queue_prefix)
                 .with_amqp_tls(settings.amqp_tls.clone())
                 .with_management_url(settings.management_url.as_deref());
             let caller = Caller::cli_as(cli.actor.as_deref());

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use chime_protocol::Topology;
+use chime_protocol::addresses::Addresses;
 use chime_protocol::headers;
 use chime_protocol::limits::{self, MAX_HEADER_VALUE_BYTES, MAX_TRIGGER_BYTES};
 use chime_protocol::wire::{
@@ -210,7 +211,7 @@ fn stored_size(letter: &NewDeadLetter) -> usize {
 pub async fn run(
     store: Store,
     fence: Fence,
-    amqp_url: String,
+    amqp_urls: Addresses,
     amqp_tls: AmqpTls,
     prefix: String,
     name: String,
@@ -224,7 +225,7 @@ pub async fn run(
             () = tokio::time::sleep(DRAIN_PERIOD) => {}
         }
         if !connection.as_ref().is_some_and(Connection::is_connected) {
-            connection = match Connection::open(&amqp_url, &amqp_tls, &name).await {
+            connection = match Connection::open_first(&amqp_urls, &amqp_tls, &name).await {
                 Ok(c) => Some(c),
                 Err(e) => {
                     let e = anyhow::Error::new(e);
@@ -485,14 +486,14 @@ impl ParkingLot {
     }
 }
 
-/// Whether the broker at `url` accepts a connection (for `/readyz`).
-pub async fn ping(url: &str, tls: &AmqpTls) -> Result<(), String> {
-    match ParkingLot::connect(url, tls, "").await {
-        Ok(lot) => {
-            lot.close().await;
+/// Whether one of the broker addresses `urls` accepts a connection (for `/readyz`).
+pub async fn ping(urls: &Addresses, tls: &AmqpTls) -> Result<(), String> {
+    match Connection::open_first(urls, tls, "chime-cli").await {
+        Ok(connection) => {
+            let _ = connection.close("done").await;
             Ok(())
         }
-        Err(e) => Err(format!("{e:#}")),
+        Err(e) => Err(format!("{:#}", anyhow::Error::new(e))),
     }
 }
 

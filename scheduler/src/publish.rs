@@ -14,7 +14,7 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use chime_protocol::Topology;
-use chime_protocol::redact::redact_url;
+use chime_protocol::addresses::Addresses;
 use chime_protocol::tls::AmqpTls;
 use chime_protocol::wire::{CONTENT_TYPE, PROTOCOL_VERSION, Trigger};
 use prometheus::{Histogram, HistogramOpts};
@@ -158,7 +158,7 @@ impl TriggerMessage {
 
 /// Publishes triggers; safe to share between tasks.
 pub struct Publisher {
-    url: String,
+    urls: Addresses,
     tls: AmqpTls,
     connection_name: String,
     prefix: String,
@@ -174,17 +174,18 @@ const RECONNECT_PAUSE: Duration = Duration::from_millis(250);
 impl std::fmt::Debug for Publisher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Publisher")
-            .field("url", &redact_url(&self.url))
+            .field("urls", &self.urls)
             .field("prefix", &self.prefix)
             .finish_non_exhaustive()
     }
 }
 
 impl Publisher {
-    /// A publisher to `url`; connects lazily on the first publish.
-    pub fn new(url: impl Into<String>, instance: &str, prefix: impl Into<String>) -> Publisher {
+    /// A publisher to `urls` (one URL or several [`Addresses`], tried in order and the next
+    /// after a lost connection); connects lazily on the first publish.
+    pub fn new(urls: impl Into<Addresses>, instance: &str, prefix: impl Into<String>) -> Publisher {
         Publisher {
-            url: url.into(),
+            urls: urls.into(),
             tls: AmqpTls::default(),
             connection_name: format!("chime-scheduler-{instance}"),
             prefix: prefix.into(),
@@ -346,18 +347,19 @@ impl Publisher {
                 *self.last_connect_failure.lock().expect("not poisoned") =
                     Some(std::time::Instant::now());
             })?;
-            info!(url = %redact_url(&self.url), "connected to the broker for publishing");
+            info!(urls = %self.urls.redacted(), "connected to the broker for publishing");
             *guard = Some(link);
         }
         Ok(guard)
     }
 
     async fn open(&self) -> Result<Link, PublishError> {
+        let connection =
+            Connection::open_first(&self.urls, &self.tls, &self.connection_name).await?;
         let connect_error = |source| PublishError::Connect {
-            url: redact_url(&self.url),
+            url: self.urls.redacted(),
             source,
         };
-        let connection = Connection::open(&self.url, &self.tls, &self.connection_name).await?;
         let channel = connection.channel().await.map_err(connect_error)?;
         channel.enable_confirms().await.map_err(connect_error)?;
         Ok(Link {

@@ -24,6 +24,7 @@ use crate::overdue;
 use crate::planner::{LeaderContext, PlannerTimings, lead};
 use crate::publish::Publisher;
 use crate::store::{Fence, JobDiff, Store};
+use chime_protocol::addresses::Addresses;
 
 /// Reads the job definitions (from config files); called at start and on every reload.
 pub type JobLoader = Arc<dyn Fn() -> anyhow::Result<Vec<JobSpec>> + Send + Sync>;
@@ -33,8 +34,8 @@ pub type JobLoader = Arc<dyn Fn() -> anyhow::Result<Vec<JobSpec>> + Send + Sync>
 pub struct ServiceConfig {
     /// PostgreSQL URL.
     pub database_url: String,
-    /// RabbitMQ URL.
-    pub amqp_url: String,
+    /// The RabbitMQ addresses (one, or several nodes of a cluster tried in order).
+    pub amqp_urls: Addresses,
     /// TLS options of an `amqps://` URL (CA file, client certificate).
     pub amqp_tls: chime_protocol::tls::AmqpTls,
     /// Unique id of this instance (lease holder name).
@@ -63,7 +64,7 @@ pub struct DutySettings {
 pub async fn run(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
     let config = ServiceConfig {
         database_url: settings.database_url.clone(),
-        amqp_url: settings.amqp_url.clone(),
+        amqp_urls: settings.amqp_addresses(),
         amqp_tls: settings.amqp_tls.clone(),
         instance_id: settings.resolved_instance_id(),
         queue_prefix: settings.queue_prefix.clone(),
@@ -180,7 +181,7 @@ pub async fn run_serving(
     let (elector, leadership) = Elector::new(lease_store, config.instance_id.clone(), config.lease);
     // One shared connection for the operations and the leader's control messages, opened on
     // first use.
-    let broker = Broker::new(&config.amqp_url, &config.queue_prefix)
+    let broker = Broker::new(config.amqp_urls.clone(), &config.queue_prefix)
         .with_amqp_tls(config.amqp_tls.clone())
         .with_management_url(operations.management_url.as_deref());
     // Bind first: an instance that may not serve (exposure rule, address taken) changes nothing.
@@ -203,7 +204,7 @@ pub async fn run_serving(
 
     let publisher = Arc::new(
         Publisher::new(
-            config.amqp_url.clone(),
+            config.amqp_urls.clone(),
             &config.instance_id,
             config.queue_prefix.clone(),
         )
@@ -247,7 +248,7 @@ pub async fn run_serving(
     let drain = {
         let store = store.clone();
         let instance = config.instance_id.clone();
-        let (amqp_url, prefix) = (config.amqp_url.clone(), config.queue_prefix.clone());
+        let (amqp_urls, prefix) = (config.amqp_urls.clone(), config.queue_prefix.clone());
         let amqp_tls = config.amqp_tls.clone();
         tokio::spawn(while_leading(
             leadership.clone(),
@@ -260,7 +261,7 @@ pub async fn run_serving(
                 crate::parking::run(
                     store.clone(),
                     fence,
-                    amqp_url.clone(),
+                    amqp_urls.clone(),
                     amqp_tls.clone(),
                     prefix.clone(),
                     format!("chime-drain-{instance}"),

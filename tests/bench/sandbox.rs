@@ -147,7 +147,7 @@ impl Sandbox {
     pub fn service_config(&self, instance: &str) -> ServiceConfig {
         ServiceConfig {
             database_url: self.database_url.clone(),
-            amqp_url: self.amqp_url.clone(),
+            amqp_urls: self.amqp_url.as_str().into(),
             amqp_tls: Default::default(),
             instance_id: instance.to_owned(),
             queue_prefix: self.prefix.clone(),

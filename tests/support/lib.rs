@@ -38,7 +38,7 @@ pub fn service_config(
 ) -> ServiceConfig {
     ServiceConfig {
         database_url: database_url.to_owned(),
-        amqp_url: amqp_url.to_owned(),
+        amqp_urls: amqp_url.into(),
         amqp_tls: Default::default(),
         instance_id: instance.to_owned(),
         queue_prefix: prefix.to_owned(),

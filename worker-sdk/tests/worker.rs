@@ -133,6 +133,33 @@ async fn a_trigger_is_claimed_executed_once_recorded_and_acked(pool: PgPool) {
     env.cleanup().await;
 }
 
+/// Several broker addresses with a dead one first: the worker connects to the next one and
+/// runs the trigger (`chime_protocol::addresses`, the scheduler's rule too).
+#[sqlx::test(migrations = "../migrations")]
+async fn a_worker_given_a_dead_address_first_connects_to_the_next_and_runs(pool: PgPool) {
+    let env = Env::new(pool).await;
+    let dead = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let calls = Arc::new(AtomicUsize::new(0));
+    let worker = env
+        .worker()
+        .amqp_urls([
+            format!("amqp://guest:guest@127.0.0.1:{dead}/%2f"),
+            env.amqp_url.clone(),
+        ])
+        .handle("greet", greeter(&calls))
+        .build()
+        .unwrap();
+    let running = env.start(worker);
+    let run_id = env.submit("greet", json!({"name": "Ada"})).await;
+    env.run_in_state(run_id, "succeeded").await;
+    running.stop().await;
+    assert_eq!(calls.load(SeqCst), 1);
+    env.cleanup().await;
+}
+
 #[sqlx::test(migrations = "../migrations")]
 async fn a_trigger_delivered_three_times_executes_once(pool: PgPool) {
     let env = Env::new(pool).await;

@@ -17,6 +17,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use chime_protocol::addresses::Addresses;
 use chime_protocol::limits::{
     MAX_ALERT_INTERVAL, MAX_BATCH_SIZE, MAX_CONSECUTIVE_FAILURES, MAX_DUTY_INTERVAL, MAX_LEASE_TTL,
     MAX_LOOKAHEAD, MAX_RESCUE_WAIT, MAX_RETENTION,
@@ -47,6 +48,7 @@ pub const DEFAULT_QUEUE_PREFIX: &str = chime_protocol::topology::DEFAULT_PREFIX;
 pub const SETTINGS_KEYS: &[&str] = &[
     "database_url",
     "amqp_url",
+    "amqp_urls",
     "amqp_tls.ca_file",
     "amqp_tls.cert_file",
     "amqp_tls.key_file",
@@ -82,6 +84,7 @@ pub const ALERT_GROUP_KEYS: &[&str] =
 pub const FILE_SETTINGS: &[&str] = &[
     "database_url",
     "amqp_url",
+    "amqp_urls",
     "management_url",
     "alerts.webhook",
 ];
@@ -94,8 +97,12 @@ const ENV_PREFIX: &str = "CHIME";
 pub struct Settings {
     /// PostgreSQL connection URL (`postgres://` or `postgresql://`).
     pub database_url: String,
-    /// RabbitMQ connection URL (`amqp://` or `amqps://`).
+    /// RabbitMQ connection URL (`amqp://` or `amqps://`); with `amqp_urls`, the list's first.
     pub amqp_url: String,
+    /// Several addresses of one RabbitMQ cluster (`amqp_urls`), tried in order at connect and
+    /// the next one after a lost connection ([`chime_protocol::addresses`]); empty: `amqp_url`
+    /// alone. See [`Settings::amqp_addresses`].
+    pub amqp_urls: Vec<String>,
     /// TLS options of an `amqps://` `amqp_url` (`[amqp_tls]`): CA file, client certificate and
     /// key; relative paths from a settings file are already resolved against its directory.
     pub amqp_tls: AmqpTls,
@@ -302,6 +309,7 @@ impl Default for Settings {
         Settings {
             database_url: DEFAULT_DATABASE_URL.to_owned(),
             amqp_url: DEFAULT_AMQP_URL.to_owned(),
+            amqp_urls: Vec::new(),
             amqp_tls: AmqpTls::default(),
             management_url: None,
             instance_id: None,
@@ -325,6 +333,14 @@ impl fmt::Debug for Settings {
         f.debug_struct("Settings")
             .field("database_url", &redact_url(&self.database_url))
             .field("amqp_url", &redact_url(&self.amqp_url))
+            .field(
+                "amqp_urls",
+                &self
+                    .amqp_urls
+                    .iter()
+                    .map(|url| redact_url(url))
+                    .collect::<Vec<_>>(),
+            )
             .field("amqp_tls", &self.amqp_tls)
             .field("management_url", &self.management_url)
             .field("instance_id", &self.instance_id)
@@ -356,6 +372,17 @@ impl Settings {
         I: IntoIterator<Item = (String, String)>,
     {
         load(file, Some(env.into_iter().collect()))
+    }
+
+    /// The broker addresses, in the order they are tried: `amqp_urls`, or `amqp_url` alone.
+    pub fn amqp_addresses(&self) -> Addresses {
+        let urls: Vec<String> = self
+            .amqp_urls
+            .iter()
+            .take(chime_protocol::addresses::MAX_AMQP_URLS)
+            .cloned()
+            .collect();
+        Addresses::new(urls).unwrap_or_else(|_| Addresses::one(self.amqp_url.clone()))
     }
 
     /// The configured `instance_id`, or [`default_instance_id`] when none is set.
@@ -536,7 +563,16 @@ fn resolve(
     if let Some(url) = url_setting(&layers, "amqp_url", &["amqp", "amqps"], &mut errors) {
         settings.amqp_url = url;
     }
-    settings.amqp_tls = amqp_tls(&layers, base_dir, &settings.amqp_url, &mut errors);
+    if let Some(urls) = amqp_urls(&layers, &mut errors) {
+        settings.amqp_url = urls[0].clone();
+        settings.amqp_urls = urls;
+    }
+    settings.amqp_tls = amqp_tls(
+        &layers,
+        base_dir,
+        settings.amqp_addresses().urls(),
+        &mut errors,
+    );
     if let Some(url) = url_setting(&layers, "management_url", &["http", "https"], &mut errors) {
         if url.split_once("://").is_some_and(|(_, rest)| {
             rest.split(['/', '?', '#'])
@@ -1328,12 +1364,108 @@ fn job_patterns(
     Some(texts.into_iter().map(resolve).collect())
 }
 
-/// The `amqp_tls.*` settings, every file read and checked against `amqp_url`. Relative paths
-/// from the settings file are resolved against `base_dir`.
+/// The `amqp_urls` setting: a list of strings in a file, comma-separated in the environment,
+/// 1 to [`chime_protocol::addresses::MAX_AMQP_URLS`] URLs each checked as `amqp_url` is. Giving
+/// `amqp_url` too is a mistake: which one would win is not obvious.
+fn amqp_urls(layers: &Layers, errors: &mut Vec<ConfigError>) -> Option<Vec<String>> {
+    let (value, place) = layers.get("amqp_urls")?;
+    let shown = |texts: &[String]| {
+        let redacted: Vec<String> = texts.iter().map(|url| redact_url(url)).collect();
+        format!("{redacted:?}")
+    };
+    let texts: Vec<String> = match (&value.kind, &place) {
+        (ValueKind::String(text), Place::Env { .. }) => chime_protocol::addresses::split_list(text),
+        (ValueKind::Array(items), _) => {
+            let mut texts = Vec::new();
+            for item in items {
+                match &item.kind {
+                    ValueKind::String(text) => texts.push(text.clone()),
+                    _ => {
+                        errors.push(place.error(
+                            None,
+                            format!(
+                                "expected a list of URLs, such as [\"{DEFAULT_AMQP_URL}\"]; \
+                                 item {} is not a string",
+                                texts.len() + 1
+                            ),
+                        ));
+                        return None;
+                    }
+                }
+            }
+            texts
+        }
+        (ValueKind::String(text), Place::File { .. }) => {
+            errors.push(place.error(
+                Some(format!("{:?}", redact_url(text))),
+                format!(
+                    "expected a list of URLs, such as [\"{DEFAULT_AMQP_URL}\"] (one address: \
+                     amqp_url)"
+                ),
+            ));
+            return None;
+        }
+        _ => {
+            errors.push(place.error(
+                None,
+                format!("expected a list of URLs, such as [\"{DEFAULT_AMQP_URL}\"]"),
+            ));
+            return None;
+        }
+    };
+    if let Some((_, single)) = layers.get("amqp_url") {
+        let single = match single {
+            Place::File { origin, .. } => format!("amqp_url in {origin}"),
+            Place::Env { key, .. } => env_var(key),
+        };
+        errors.push(place.error(
+            Some(shown(&texts)),
+            format!(
+                "{single} is set too; give one address as amqp_url or several as amqp_urls, \
+                 not both (put the amqp_url address into the list and remove amqp_url)"
+            ),
+        ));
+        return None;
+    }
+    if let Err(problem) = chime_protocol::addresses::check_count(texts.len()) {
+        errors.push(place.error(Some(shown(&texts)), problem.to_string()));
+        return None;
+    }
+    let mut ok = true;
+    for (index, text) in texts.iter().enumerate() {
+        if let Some(problem) = amqp_url_problem(text) {
+            errors.push(place.error(
+                Some(format!("{:?}", redact_url(text))),
+                format!("address {} of {}: {problem}", index + 1, texts.len()),
+            ));
+            ok = false;
+        }
+    }
+    ok.then_some(texts)
+}
+
+/// What is wrong with `text` as an AMQP URL, as `amqp_url` is checked; `None`: nothing.
+fn amqp_url_problem(text: &str) -> Option<String> {
+    let scheme_ok = text
+        .split_once("://")
+        .is_some_and(|(scheme, rest)| ["amqp", "amqps"].contains(&scheme) && !rest.is_empty());
+    if !scheme_ok {
+        return Some(format!(
+            "expected a URL starting with \"amqp://\" or \"amqps://\", such as \
+             {DEFAULT_AMQP_URL:?}"
+        ));
+    }
+    crate::amqp::parse_url(text)
+        .err()
+        .map(|e| format!("not a valid AMQP URL ({e}); write it like {DEFAULT_AMQP_URL:?}"))
+}
+
+/// The `amqp_tls.*` settings, every file read and checked against each broker address.
+/// Relative paths from the settings file are resolved against `base_dir`.
 fn amqp_tls(
     layers: &Layers,
     base_dir: Option<&Path>,
-    amqp_url: &str,
+    amqp_urls: &[String],
     errors: &mut Vec<ConfigError>,
 ) -> AmqpTls {
     let mut tls = AmqpTls::default();
@@ -1364,7 +1496,7 @@ fn amqp_tls(
     if !complete {
         return AmqpTls::default();
     }
-    match tls.check(amqp_url) {
+    match amqp_urls.iter().try_for_each(|url| tls.check(url)) {
         Ok(()) => tls,
         Err(error) => {
             // Blame the setting the error is about, else the first amqp_tls key that is set.

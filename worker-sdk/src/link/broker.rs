@@ -12,6 +12,8 @@
 
 use std::sync::Arc;
 
+use chime_protocol::addresses::Addresses;
+use chime_protocol::redact::redact_url;
 use chime_protocol::tls::AmqpTls;
 use chime_protocol::topology::{RetryTier, Topology, declare_control_queue};
 use chrono::{DateTime, Utc};
@@ -24,6 +26,10 @@ use super::delay;
 use super::inbound::Inbound;
 use super::parking;
 use super::publish::PublishError;
+
+/// How long one of several broker addresses may take to accept a connection before the next
+/// is tried (the scheduler's `CONNECT_TIMEOUT`).
+const ADDRESS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// One opening of the group's queue: the channels a delivery needs until it is acked.
 pub(crate) struct Link {
@@ -131,7 +137,7 @@ pub(crate) struct Opened {
 
 /// The worker's connection and the links it opened.
 pub(crate) struct Broker {
-    url: String,
+    urls: Addresses,
     tls: AmqpTls,
     /// The group's queues this worker consumes.
     topology: Topology,
@@ -143,9 +149,9 @@ pub(crate) struct Broker {
 }
 
 impl Broker {
-    pub(crate) fn new(url: String, tls: AmqpTls, topology: Topology, worker_id: &str) -> Self {
+    pub(crate) fn new(urls: Addresses, tls: AmqpTls, topology: Topology, worker_id: &str) -> Self {
         Broker {
-            url,
+            urls,
             tls,
             topology,
             worker_id: worker_id.to_owned(),
@@ -157,17 +163,55 @@ impl Broker {
     }
 
     /// The connection, opened (again) if there is none or the old one is beyond recovery.
+    ///
+    /// With one address lapin's auto-recovery reconnects to it. With several it is off: a lost
+    /// connection ends the consumers, the supervisor reopens, and this connects to the next
+    /// address ([`Addresses::connect`], the scheduler's rule too) instead of waiting for a node
+    /// that may stay down.
     async fn connection(&mut self) -> Result<&Connection, lapin::Error> {
         let usable = self
             .connection
             .as_ref()
             .is_some_and(|c| c.status().connected() || c.status().reconnecting());
         if !usable {
-            let properties = ConnectionProperties::default()
-                .enable_auto_recover()
-                .with_connection_name(self.connection_name.as_str().into());
-            let connection = chime_protocol::tls::connect(&self.url, &self.tls, properties).await?;
-            tracing::info!(connection = %self.connection_name, "connected to RabbitMQ");
+            let several = self.urls.urls().len() > 1;
+            let name = self.connection_name.as_str();
+            let tls = &self.tls;
+            let (url, connection) = self
+                .urls
+                .connect(|url| {
+                    let url = url.to_owned();
+                    let mut properties =
+                        ConnectionProperties::default().with_connection_name(name.into());
+                    if !several {
+                        properties = properties.enable_auto_recover();
+                    }
+                    async move {
+                        let connect = chime_protocol::tls::connect(&url, tls, properties);
+                        // A node that does not answer (not one that refuses) must not hold up
+                        // the next address for the TCP timeout.
+                        let connected = if several {
+                            tokio::time::timeout(ADDRESS_TIMEOUT, connect)
+                                .await
+                                .unwrap_or_else(|_| {
+                                    Err(lapin::Error::from(std::io::Error::new(
+                                        std::io::ErrorKind::TimedOut,
+                                        format!("no answer within {ADDRESS_TIMEOUT:?}"),
+                                    )))
+                                })
+                        } else {
+                            connect.await
+                        };
+                        if let Err(error) = &connected
+                            && several
+                        {
+                            tracing::warn!(connection = name, url = %redact_url(&url), %error, "broker address unreachable; trying the next");
+                        }
+                        connected
+                    }
+                })
+                .await?;
+            tracing::info!(connection = %self.connection_name, url = %redact_url(&url), "connected to RabbitMQ");
             self.connection = Some(connection);
         }
         Ok(self.connection.as_ref().expect("set above"))

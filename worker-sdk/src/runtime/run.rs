@@ -14,7 +14,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use chime_protocol::redact::redact_url;
+use chime_protocol::addresses::Addresses;
 use chime_protocol::tls::AmqpTls;
 use chime_protocol::topology::Topology;
 use sqlx::PgPool;
@@ -36,7 +36,7 @@ pub(crate) struct Config {
     pub hostname: String,
     pub topology: Topology,
     pub database: Database,
-    pub amqp_url: String,
+    pub amqp_urls: Addresses,
     pub amqp_tls: AmqpTls,
     pub capacity: u16,
     pub hold: u16,
@@ -116,7 +116,7 @@ pub(crate) async fn run(config: Config, shutdown: CancellationToken) -> Result<(
     // broadcast task the scheduler routes to it once it counts the worker is never
     // unroutable. Deliveries wait in the consumers until the consume loop starts.
     let mut broker = Broker::new(
-        config.amqp_url.clone(),
+        config.amqp_urls.clone(),
         config.amqp_tls.clone(),
         shared.topology.clone(),
         &shared.id,
@@ -133,7 +133,7 @@ pub(crate) async fn run(config: Config, shutdown: CancellationToken) -> Result<(
             }
             return Err(WorkerError::Amqp {
                 group: shared.topology.group().to_owned(),
-                url: redact_url(&config.amqp_url),
+                url: config.amqp_urls.redacted(),
                 source,
             });
         }

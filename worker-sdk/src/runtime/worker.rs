@@ -6,6 +6,7 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
+use chime_protocol::addresses::{Addresses, AddressesError};
 use chime_protocol::limits::MAX_UNHANDLED_WAIT;
 use chime_protocol::redact::redact_url;
 use chime_protocol::secret_file::{FILE_SUFFIX, SecretFileError};
@@ -30,6 +31,9 @@ pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/chime
 pub const ENV_DATABASE_URL: &str = "CHIME_DATABASE_URL";
 /// Environment variable of the RabbitMQ URL (the CLI's `amqp_url` setting).
 pub const ENV_AMQP_URL: &str = "CHIME_AMQP_URL";
+/// Environment variable of several RabbitMQ addresses of one cluster, comma-separated (the
+/// CLI's `amqp_urls` setting); not together with [`ENV_AMQP_URL`].
+pub const ENV_AMQP_URLS: &str = "CHIME_AMQP_URLS";
 /// Environment variable of the queue name prefix (the CLI's `queue_prefix` setting).
 pub const ENV_QUEUE_PREFIX: &str = "CHIME_QUEUE_PREFIX";
 /// Environment variable of the worker's id ([`WorkerBuilder::worker_id`]); as `chime-runner`
@@ -144,6 +148,15 @@ pub enum BuildError {
         #[source]
         source: SecretFileError,
     },
+    /// Both `CHIME_AMQP_URL` and `CHIME_AMQP_URLS` (or their `_FILE` variables) are set.
+    #[error(
+        "environment variables CHIME_AMQP_URL and CHIME_AMQP_URLS are both set: give one broker \
+         address as CHIME_AMQP_URL or several as CHIME_AMQP_URLS, not both"
+    )]
+    AmqpUrlTwice,
+    /// The broker addresses (`.amqp_urls(..)`, `CHIME_AMQP_URLS`) are none or too many.
+    #[error("{0}")]
+    AmqpAddresses(#[from] AddressesError),
     /// Both `CHIME_<KEY>` and `CHIME_<KEY>_FILE` are set.
     #[error(
         "environment variables {variable} and {variable}_FILE are both set: give the value one \
@@ -161,7 +174,7 @@ pub struct WorkerBuilder {
     group: String,
     pool: Option<PgPool>,
     database_url: Option<String>,
-    amqp_url: String,
+    amqp_urls: Vec<String>,
     amqp_tls: AmqpTls,
     prefix: String,
     capacity: u16,
@@ -209,9 +222,34 @@ impl WorkerBuilder {
         self
     }
 
-    /// The RabbitMQ URL; default `CHIME_AMQP_URL`, else [`DEFAULT_AMQP_URL`].
+    /// The RabbitMQ URL; default `CHIME_AMQP_URL` (or `CHIME_AMQP_URLS`), else
+    /// [`DEFAULT_AMQP_URL`].
     pub fn amqp_url(mut self, url: impl Into<String>) -> Self {
-        self.amqp_url = url.into();
+        self.amqp_urls = vec![url.into()];
+        self.amqp_url_error = None;
+        self
+    }
+
+    /// Several addresses of one RabbitMQ cluster (1 to
+    /// [`MAX_AMQP_URLS`](chime_protocol::limits::MAX_AMQP_URLS)), tried in order at connect;
+    /// after a lost connection the worker connects to the next one, wrapping around (the rule
+    /// of `chime_protocol::addresses`, as the scheduler's). Default `CHIME_AMQP_URLS`
+    /// (comma-separated); the TLS options apply to every address.
+    ///
+    /// ```no_run
+    /// # use chime_worker::Worker;
+    /// let builder = Worker::builder("orders").amqp_urls([
+    ///     "amqp://chime:secret@mq-1.internal:5672/%2f",
+    ///     "amqp://chime:secret@mq-2.internal:5672/%2f",
+    ///     "amqp://chime:secret@mq-3.internal:5672/%2f",
+    /// ]);
+    /// ```
+    pub fn amqp_urls<I>(mut self, urls: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        self.amqp_urls = urls.into_iter().map(Into::into).collect();
         self.amqp_url_error = None;
         self
     }
@@ -417,7 +455,10 @@ impl WorkerBuilder {
             }
             (None, None) => return Err(BuildError::NoDatabase),
         };
-        self.amqp_tls.check(&self.amqp_url)?;
+        let amqp_urls = Addresses::new(self.amqp_urls)?;
+        for url in amqp_urls.urls() {
+            self.amqp_tls.check(url)?;
+        }
         let hostname = gethostname::gethostname().to_string_lossy().into_owned();
         let id = self
             .worker_id
@@ -431,7 +472,7 @@ impl WorkerBuilder {
                 hostname,
                 topology,
                 database,
-                amqp_url: self.amqp_url,
+                amqp_urls,
                 amqp_tls: self.amqp_tls,
                 capacity: self.capacity,
                 hold: self.hold,
@@ -482,7 +523,7 @@ impl fmt::Debug for Worker {
             .field("id", &self.config.id)
             .field("group", &self.config.topology.group())
             .field("queue", &self.config.topology.work_queue())
-            .field("amqp_url", &redact_url(&self.config.amqp_url))
+            .field("amqp_urls", &self.config.amqp_urls)
             .field("amqp_tls", &self.config.amqp_tls)
             .field("capacity", &self.config.capacity)
             .field("jobs", &self.config.handlers.jobs())
@@ -500,6 +541,7 @@ impl Worker {
     /// | --- | --- | --- |
     /// | [`database_url`](WorkerBuilder::database_url) (or [`pool`](WorkerBuilder::pool)) | `CHIME_DATABASE_URL` | [`DEFAULT_DATABASE_URL`] |
     /// | [`amqp_url`](WorkerBuilder::amqp_url) | `CHIME_AMQP_URL` | [`DEFAULT_AMQP_URL`] |
+    /// | [`amqp_urls`](WorkerBuilder::amqp_urls) | `CHIME_AMQP_URLS` (comma-separated; not with `CHIME_AMQP_URL`) | |
     /// | [`prefix`](WorkerBuilder::prefix) | `CHIME_QUEUE_PREFIX` | `chime` |
     /// | [`worker_id`](WorkerBuilder::worker_id) | `CHIME_WORKER_ID` | `<hostname>-<pid>-<random>` |
     ///
@@ -513,11 +555,24 @@ impl Worker {
         let env = |name: &str| env(name).filter(|value: &String| !value.is_empty());
         let (database_url, database_url_error) = value_or_file(&env, ENV_DATABASE_URL);
         let (amqp_url, amqp_url_error) = value_or_file(&env, ENV_AMQP_URL);
+        let (amqp_list, amqp_list_error) = value_or_file(&env, ENV_AMQP_URLS);
+        let (amqp_urls, amqp_url_error) = match (amqp_url, amqp_list) {
+            (Some(_), Some(_)) => (Vec::new(), Some(BuildError::AmqpUrlTwice)),
+            (None, Some(list)) => (
+                chime_protocol::addresses::split_list(&list),
+                amqp_list_error,
+            ),
+            (Some(url), None) => (vec![url], amqp_url_error.or(amqp_list_error)),
+            (None, None) => (
+                vec![DEFAULT_AMQP_URL.to_owned()],
+                amqp_url_error.or(amqp_list_error),
+            ),
+        };
         WorkerBuilder {
             group,
             pool: None,
             database_url: Some(database_url.unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned())),
-            amqp_url: amqp_url.unwrap_or_else(|| DEFAULT_AMQP_URL.to_owned()),
+            amqp_urls,
             database_url_error,
             amqp_url_error,
             amqp_tls: AmqpTls::default(),
@@ -678,7 +733,10 @@ mod tests {
             Some("postgres://env@db.internal/chime")
         );
         let w = from_env.handle("a", noop).build().expect("builds");
-        assert_eq!(w.config.amqp_url, "amqp://env:pw@mq.internal:5672/%2f");
+        assert_eq!(
+            w.config.amqp_urls.urls(),
+            ["amqp://env:pw@mq.internal:5672/%2f"]
+        );
         assert_eq!(w.topology().work_queue(), "envp.g.work");
 
         let explicit = Worker::builder_with_env("g".into(), env)
@@ -690,14 +748,14 @@ mod tests {
             Some("postgres://mine@h/db")
         );
         let w = explicit.handle("a", noop).build().expect("builds");
-        assert_eq!(w.config.amqp_url, "amqp://mine@h:5672/%2f");
+        assert_eq!(w.config.amqp_urls.urls(), ["amqp://mine@h:5672/%2f"]);
         assert_eq!(w.topology().work_queue(), "mine.g.work");
 
         let unset = |name: &str| (name == ENV_QUEUE_PREFIX).then(String::new);
         let defaults = Worker::builder_with_env("g".into(), unset);
         assert_eq!(defaults.database_url.as_deref(), Some(DEFAULT_DATABASE_URL));
         let w = defaults.handle("a", noop).build().expect("builds");
-        assert_eq!(w.config.amqp_url, DEFAULT_AMQP_URL);
+        assert_eq!(w.config.amqp_urls.urls(), [DEFAULT_AMQP_URL]);
         assert_eq!(w.topology().work_queue(), "chime.g.work");
     }
 
@@ -730,7 +788,10 @@ mod tests {
             Some("postgres://file:pw@db.internal/chime")
         );
         let w = builder.handle("a", noop).build().expect("builds");
-        assert_eq!(w.config.amqp_url, "amqp://file:pw@mq.internal:5672/%2f");
+        assert_eq!(
+            w.config.amqp_urls.urls(),
+            ["amqp://file:pw@mq.internal:5672/%2f"]
+        );
 
         let empty = with(vec![("CHIME_AMQP_URL_FILE", path("empty"))]);
         let error = Worker::builder_with_env("g".into(), &empty)
@@ -901,6 +962,75 @@ mod tests {
             error
                 .to_string()
                 .starts_with("unhandled_wait 86401s is longer than 86400s"),
+            "{error}"
+        );
+    }
+    /// `CHIME_AMQP_URLS` (or `.amqp_urls(..)`) gives several addresses; with `CHIME_AMQP_URL`
+    /// too the build fails naming both, and more than `MAX_AMQP_URLS` fail it with the limit.
+    #[tokio::test]
+    async fn several_broker_addresses_come_from_amqp_urls_and_are_bounded() {
+        let list = "amqp://a:pw@mq-1:5672/%2f, amqp://a:pw@mq-2:5672/%2f,amqp://a:pw@mq-3:5672/%2f";
+        let env = |name: &str| (name == ENV_AMQP_URLS).then(|| list.to_owned());
+        let w = Worker::builder_with_env("g".into(), env)
+            .pool(lazy_pool())
+            .handle("a", noop)
+            .build()
+            .expect("builds");
+        assert_eq!(
+            w.config.amqp_urls.urls(),
+            [
+                "amqp://a:pw@mq-1:5672/%2f",
+                "amqp://a:pw@mq-2:5672/%2f",
+                "amqp://a:pw@mq-3:5672/%2f"
+            ]
+        );
+        assert!(!format!("{w:?}").contains(":pw@"), "{w:?}");
+
+        let both = |name: &str| match name {
+            ENV_AMQP_URL => Some("amqp://a:pw@mq-1:5672/%2f".to_owned()),
+            ENV_AMQP_URLS => Some(list.to_owned()),
+            _ => None,
+        };
+        let error = Worker::builder_with_env("g".into(), both)
+            .pool(lazy_pool())
+            .handle("a", noop)
+            .build()
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            error,
+            "environment variables CHIME_AMQP_URL and CHIME_AMQP_URLS are both set: give one \
+             broker address as CHIME_AMQP_URL or several as CHIME_AMQP_URLS, not both"
+        );
+        // A list given in code wins over the environment's mistake.
+        let w = Worker::builder_with_env("g".into(), both)
+            .pool(lazy_pool())
+            .amqp_urls(["amqp://mine@h1:5672/%2f", "amqp://mine@h2:5672/%2f"])
+            .handle("a", noop)
+            .build()
+            .expect("builds");
+        assert_eq!(w.config.amqp_urls.urls().len(), 2);
+
+        let max = chime_protocol::limits::MAX_AMQP_URLS;
+        let too_many = (0..=max).map(|i| format!("amqp://h{i}:5672/%2f"));
+        let error = Worker::builder("g")
+            .pool(lazy_pool())
+            .amqp_urls(too_many)
+            .handle("a", noop)
+            .build()
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains(&format!("the limit is {max}")), "{error}");
+        let none: [&str; 0] = [];
+        let error = Worker::builder("g")
+            .pool(lazy_pool())
+            .amqp_urls(none)
+            .handle("a", noop)
+            .build()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("list of broker addresses is empty"),
             "{error}"
         );
     }

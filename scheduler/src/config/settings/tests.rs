@@ -65,6 +65,7 @@ fn settings_file_sets_every_key_and_resolves_job_paths_against_its_directory() {
         Settings {
             database_url: "postgres://chime@db.internal:5432/chime".into(),
             amqp_url: "amqp://chime@mq.internal:5672/%2f".into(),
+            amqp_urls: Vec::new(),
             amqp_tls: AmqpTls::default(),
             management_url: Some("http://mq.internal:15672".into()),
             instance_id: Some("scheduler-1".into()),
@@ -201,7 +202,7 @@ fn unknown_keys_suggest_the_setting_meant() {
     assert_eq!(
         errors,
         [
-            r#"chime.toml: key "colour" = "blue": unknown key; remove it, or use one of the settings: database_url, amqp_url, amqp_tls.ca_file, amqp_tls.cert_file, amqp_tls.key_file, management_url, instance_id, bind, queue_prefix, jobs, watch, leader.lease_ttl, leader.renew_interval, planner.lookahead, rescuer.interval, rescuer.rescue_after, rescuer.retry_slack, alerts.webhook, alerts.format, alerts.min_interval, alerts.consecutive_failures, retention.max_age, retention.interval, retention.batch_size, retention.audit_max_age"#,
+            r#"chime.toml: key "colour" = "blue": unknown key; remove it, or use one of the settings: database_url, amqp_url, amqp_urls, amqp_tls.ca_file, amqp_tls.cert_file, amqp_tls.key_file, management_url, instance_id, bind, queue_prefix, jobs, watch, leader.lease_ttl, leader.renew_interval, planner.lookahead, rescuer.interval, rescuer.rescue_after, rescuer.retry_slack, alerts.webhook, alerts.format, alerts.min_interval, alerts.consecutive_failures, retention.max_age, retention.interval, retention.batch_size, retention.audit_max_age"#,
             r#"chime.toml: key "databse_url" = "postgres://db/chime": unknown key; did you mean "database_url"?"#,
             r#"chime.toml: key "leader.renew_intreval" = "1s": unknown key; did you mean "leader.renew_interval"?"#,
             r#"chime.toml: key "lease_ttl" = "5s": unknown key; did you mean "leader.lease_ttl"?"#,
@@ -740,7 +741,7 @@ fn a_bad_secret_file_or_a_value_given_twice_names_the_variable_and_the_fix() {
     let expected = [
         "environment variable CHIME_ALERTS__WEBHOOK_FILE = \"BIG\": the file has 65537 bytes, more than 65536; a secret file holds one value".replace("BIG", &path_in(&dir, "big")),
         format!("environment variable CHIME_AMQP_URL_FILE = {missing:?}: cannot read the file (No such file or directory (os error 2)); give the path of a readable file holding the value"),
-        "environment variable CHIME_BIND_FILE = \"/run/secrets/bind\": bind cannot come from a file (only database_url, amqp_url, management_url, alerts.webhook and a group's webhook can); set CHIME_BIND itself".to_owned(),
+        "environment variable CHIME_BIND_FILE = \"/run/secrets/bind\": bind cannot come from a file (only database_url, amqp_url, amqp_urls, management_url, alerts.webhook and a group's webhook can); set CHIME_BIND itself".to_owned(),
         "environment variable CHIME_DATABASE_URL_FILE: CHIME_DATABASE_URL is set too; give the value one way, the variable or the file".to_owned(),
         format!("environment variable CHIME_MANAGEMENT_URL_FILE = {:?}: the file is empty; write the value into it", path_in(&dir, "empty")),
     ];
@@ -780,4 +781,150 @@ fn watch_is_a_boolean_in_the_file_and_true_or_false_in_the_environment() {
         toml_errors("", &[("CHIME_WATCH", "on")]),
         [r#"environment variable CHIME_WATCH = "on": expected true or false (unquoted in a file)"#]
     );
+}
+
+#[test]
+fn amqp_urls_is_a_list_in_the_file_and_comma_separated_in_the_environment() {
+    let defaults = Settings::default();
+    assert_eq!(defaults.amqp_addresses().urls(), [DEFAULT_AMQP_URL]);
+
+    let settings = from_toml(
+        "amqp_urls = [\"amqp://chime:pw@mq-1:5672/%2f\", \"amqp://chime:pw@mq-2:5672/%2f\"]\n",
+        &[],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        settings.amqp_addresses().urls(),
+        [
+            "amqp://chime:pw@mq-1:5672/%2f",
+            "amqp://chime:pw@mq-2:5672/%2f"
+        ]
+    );
+    // amqp_url is the list's first, for what needs one address (the management API's user).
+    assert_eq!(settings.amqp_url, "amqp://chime:pw@mq-1:5672/%2f");
+    assert!(!format!("{settings:?}").contains(":pw@"), "{settings:?}");
+
+    let settings = from_toml(
+        "",
+        &[(
+            "CHIME_AMQP_URLS",
+            " amqp://a:pw@mq-1:5672/%2f, amqp://a:pw@mq-2:5672/%2f ,amqp://a:pw@mq-3:5672/%2f",
+        )],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        settings.amqp_addresses().urls(),
+        [
+            "amqp://a:pw@mq-1:5672/%2f",
+            "amqp://a:pw@mq-2:5672/%2f",
+            "amqp://a:pw@mq-3:5672/%2f"
+        ]
+    );
+
+    // From a secret file: one address a line (or comma-separated).
+    let dir = secret_files(&[(
+        "mq",
+        "amqp://a:pw@mq-1:5672/%2f\namqp://a:pw@mq-2:5672/%2f\n",
+    )]);
+    let settings = from_toml("", &[("CHIME_AMQP_URLS_FILE", &path_in(&dir, "mq"))])
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        settings.amqp_addresses().urls(),
+        ["amqp://a:pw@mq-1:5672/%2f", "amqp://a:pw@mq-2:5672/%2f"]
+    );
+}
+
+#[test]
+fn amqp_url_and_amqp_urls_together_are_refused_naming_both() {
+    let errors = toml_errors(
+        "amqp_url = \"amqp://a:pw@mq-1:5672/%2f\"\namqp_urls = [\"amqp://a:pw@mq-2:5672/%2f\"]\n",
+        &[],
+    );
+    assert_eq!(
+        errors,
+        [
+            "chime.toml: key \"amqp_urls\" = [\"amqp://a:***@mq-2:5672/%2f\"]: amqp_url in chime.toml is set too; give one address as amqp_url or several as amqp_urls, not both (put the amqp_url address into the list and remove amqp_url)"
+        ]
+    );
+    let errors = toml_errors(
+        "",
+        &[
+            ("CHIME_AMQP_URL", "amqp://a:pw@mq-1:5672/%2f"),
+            ("CHIME_AMQP_URLS", "amqp://a:pw@mq-2:5672/%2f"),
+        ],
+    );
+    assert_eq!(
+        errors,
+        [
+            "environment variable CHIME_AMQP_URLS = [\"amqp://a:***@mq-2:5672/%2f\"]: CHIME_AMQP_URL is set too; give one address as amqp_url or several as amqp_urls, not both (put the amqp_url address into the list and remove amqp_url)"
+        ]
+    );
+}
+
+#[test]
+fn amqp_urls_are_bounded_and_each_checked_as_amqp_url() {
+    let max = chime_protocol::addresses::MAX_AMQP_URLS;
+    let list = |n: usize| {
+        (1..=n)
+            .map(|i| format!("amqp://a:pw@mq-{i}:5672/%2f"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let settings =
+        from_toml("", &[("CHIME_AMQP_URLS", &list(max))]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(settings.amqp_addresses().urls().len(), max);
+    let errors = toml_errors("", &[("CHIME_AMQP_URLS", &list(max + 1))]);
+    let [error] = errors.as_slice() else {
+        panic!("{errors:?}")
+    };
+    assert!(
+        error.starts_with("environment variable CHIME_AMQP_URLS = [\"amqp://a:***@mq-1:5672/%2f\""),
+        "{error}"
+    );
+    assert!(
+        error.ends_with(&format!(
+            "{} broker addresses; the limit is {max} (list a few nodes of the cluster, or one load balancer)",
+            max + 1
+        )),
+        "{error}"
+    );
+    assert!(!error.contains(":pw@"), "{error}");
+
+    let errors = toml_errors("amqp_urls = []\n", &[]);
+    assert_eq!(
+        errors,
+        [
+            "chime.toml: key \"amqp_urls\" = []: the list of broker addresses is empty; give at least one amqp:// or amqps:// URL"
+        ]
+    );
+    let errors = toml_errors(
+        "amqp_urls = [\"amqp://a:pw@mq-1:5672/%2f\", \"http://a:pw@mq-2:15672\", \"amqp://a:pw@mq-3:notaport/%2f\"]\n",
+        &[],
+    );
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert!(
+        errors[0].starts_with("chime.toml: key \"amqp_urls\" = \"http://a:***@mq-2:15672\": address 2 of 3: expected a URL starting with \"amqp://\" or \"amqps://\""),
+        "{errors:?}"
+    );
+    assert!(
+        errors[1].starts_with("chime.toml: key \"amqp_urls\" = \"amqp://a:***@mq-3:notaport/%2f\": address 3 of 3: not a valid AMQP URL"),
+        "{errors:?}"
+    );
+    let errors = toml_errors("amqp_urls = \"amqp://a:pw@mq-1:5672/%2f\"\n", &[]);
+    assert_eq!(
+        errors,
+        [
+            "chime.toml: key \"amqp_urls\" = \"amqp://a:***@mq-1:5672/%2f\": expected a list of URLs, such as [\"amqp://guest:guest@127.0.0.1:5672/%2f\"] (one address: amqp_url)"
+        ]
+    );
+    // TLS settings apply to every address: an amqp:// one among amqps:// ones is refused.
+    let errors = toml_errors(
+        &format!(
+            "amqp_urls = [\"amqps://mq-1:5671/%2f\", \"amqp://mq-2:5672/%2f\"]\n[amqp_tls]\nca_file = {:?}\n",
+            tls_fixture()
+        ),
+        &[],
+    );
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(errors[0].contains("amqp://mq-2:5672/%2f"), "{errors:?}");
 }
