@@ -9,7 +9,7 @@
 //! root, and dropping them stops them and deletes their data.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,42 +19,11 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::services::{PrivatePostgres, free_port};
-
-/// PostgreSQL 15's server binaries (Debian's layout), as in [`crate::services`].
-const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
-
-fn is_root() -> bool {
-    use std::os::unix::fs::MetadataExt as _;
-    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
-}
+use crate::services::{PG_BIN, PrivatePostgres, command_as, data_dir, free_port, run};
 
 /// `PG_BIN/program`, as `postgres` when this process is root.
 fn pg_command(program: &str) -> Command {
-    let program = Path::new(PG_BIN).join(program);
-    if is_root() {
-        let mut command = Command::new("runuser");
-        command.args(["-u", "postgres", "--"]).arg(program);
-        command
-    } else {
-        Command::new(program)
-    }
-}
-
-fn run(what: &str, command: &mut Command) -> anyhow::Result<()> {
-    let output = command
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("running {what}"))?;
-    if !output.status.success() {
-        bail!(
-            "{what} failed ({}): {}{}",
-            output.status,
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    Ok(())
+    command_as("postgres", &Path::new(PG_BIN).join(program))
 }
 
 /// The port of a [`PrivatePostgres`] (from its URL, `postgres://postgres@127.0.0.1:PORT`).
@@ -108,16 +77,7 @@ impl Standby {
     /// [`SwitchProxy`] in front of it: the standby keeps streaming from that address) and
     /// starts the copy as a standby. Blocking.
     pub fn clone_from(source_port: u16) -> anyhow::Result<Standby> {
-        let dir = tempfile::Builder::new()
-            .prefix("chime-standby-pg-")
-            .tempdir()
-            .context("creating a temporary directory")?;
-        if is_root() {
-            run(
-                "chown",
-                Command::new("chown").arg("postgres:").arg(dir.path()),
-            )?;
-        }
+        let dir = data_dir("chime-standby-pg-", "postgres")?;
         run(
             "pg_basebackup",
             pg_command("pg_basebackup")

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 
 /// PostgreSQL 15's server binaries (Debian's layout).
-const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+pub(crate) const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
 /// RabbitMQ's own scripts, not Debian's wrappers (which always switch to the default node).
 const RABBIT_BIN: &str = "/usr/lib/rabbitmq/bin";
 /// RabbitMQ's home, where its Erlang cookie lives; the CLI needs the same cookie as the node.
@@ -26,14 +26,14 @@ pub fn free_port() -> anyhow::Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     use std::os::unix::fs::MetadataExt as _;
     // /proc/self belongs to this process's effective user.
     std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
 }
 
 /// `program args…`, as `user` when this process is root.
-fn command_as(user: &str, program: &Path) -> Command {
+pub(crate) fn command_as(user: &str, program: &Path) -> Command {
     if is_root() {
         let mut command = Command::new("runuser");
         command.arg("-u").arg(user).arg("--").arg(program);
@@ -44,7 +44,7 @@ fn command_as(user: &str, program: &Path) -> Command {
 }
 
 /// A temporary directory the service's user owns.
-fn data_dir(prefix: &str, user: &str) -> anyhow::Result<tempfile::TempDir> {
+pub(crate) fn data_dir(prefix: &str, user: &str) -> anyhow::Result<tempfile::TempDir> {
     let dir = tempfile::Builder::new()
         .prefix(prefix)
         .tempdir()
@@ -63,7 +63,8 @@ fn data_dir(prefix: &str, user: &str) -> anyhow::Result<tempfile::TempDir> {
     Ok(dir)
 }
 
-fn run(what: &str, command: &mut Command) -> anyhow::Result<()> {
+/// Runs `command` to completion; its output in the error when it fails.
+pub(crate) fn run(what: &str, command: &mut Command) -> anyhow::Result<()> {
     let output = command
         .stdin(Stdio::null())
         .output()
