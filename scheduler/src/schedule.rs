@@ -12,7 +12,7 @@
 //!   containing `?`. Quartz numbers weekdays **1 = Sunday … 7 = Saturday** (so `2-6` is Monday to
 //!   Friday), keeping pasted XXL-Job/Quartz expressions meaning what they meant there. `?` means
 //!   "no constraint" and is allowed only in the day fields; one of the two day fields must be
-//!   `?` or `*` (as Quartz requires). `L`, `W` and `#` are rejected with a message.
+//!   `?` or `*` (as Quartz requires), and not both may be `?` (then neither says which days).
 //! - **Macros**: `@yearly`/`@annually` (`0 0 1 1 *`), `@monthly` (`0 0 1 * *`), `@weekly`
 //!   (`0 0 * * 0`), `@daily`/`@midnight` (`0 0 * * *`), `@hourly` (`0 * * * *`). `@reboot` is
 //!   rejected: there is no boot event to run it on.
@@ -21,20 +21,46 @@
 //! 1, so `0 0 9 * * 1-5` there fires Sunday to Thursday. We therefore parse every dialect
 //! ourselves and hand the crate only explicit number lists in its own numbering.
 //!
+//! **Quartz's day rules**, with Quartz's meaning, each standing alone in its field (not in a
+//! list, range or step; any case):
+//!
+//! - Day-of-month `L`: the month's last day. `L-n` (n 0-30): n days before it, so `L-3` is
+//!   February 26th in a leap year (2028) and the 25th otherwise; a month shorter than n + 1
+//!   days has no fire (`L-30` fires only in 31-day months, on the 1st).
+//! - Day-of-month `nW` (n 1-31): the weekday (Monday to Friday) nearest the nth, never leaving
+//!   the month: a Saturday moves to Friday, a Sunday to Monday, but a Saturday 1st moves to
+//!   Monday the 3rd and a Sunday last day to Friday two days before. A month without an nth
+//!   (`31W` in April) has no fire, as `31` has none. `LW`: the month's last weekday.
+//! - Day-of-week `nL`: the month's last weekday n (`6L` is the last Friday in Quartz). `n#k`
+//!   (k 1-5): the kth weekday n (`6#3` the third Friday); a month without a 5th has no fire.
+//!   Names work too (`FRI#3`). `L` alone is Saturday (7) in Quartz.
+//!
+//! The Unix dialects accept the same as extensions, with their own weekday numbering (`5L` and
+//! `5#3` are the last and third Friday, 0 and 7 Sunday), and with Vixie's rule below when both
+//! day fields are restricted (`0 9 L * 5#3`: the last day and the third Friday). Day-of-week `L`
+//! alone is rejected there: it means Saturday in Quartz only. These rules depend on the month,
+//! so the day fields are matched by us, one month at a time, not by the `cron` crate.
+//!
+//! An expression that can never fire is rejected: `0 0 30 2 *`, `0 0 0 L-30 2 ?`, `0 0 0 29 2 ?
+//! 2027` (no allowed month of an allowed year has a matching day).
+//!
 //! **Day-of-month and day-of-week (Vixie rule).** When both day fields are restricted — neither
 //! is written starting with `*` or `?` — a day matches if EITHER matches: `0 9 1 * MON` fires on
 //! the 1st and on every Monday. When either starts with `*` (including `*/2`), both must match,
 //! so `0 9 */2 * MON` fires on Mondays with an odd day of month. This is Vixie/cronie behaviour,
-//! decided by the first character of the field. The `cron` crate always requires both to match;
-//! we express the OR as the union of two crate schedules.
+//! decided by the first character of the field. The `cron` crate always requires both to match,
+//! so the crate is given `*` in both day fields and the days are filtered by us.
 //!
 //! # Time zones and DST
 //!
 //! A cron schedule is read in its job's IANA zone. One rule for all dialects, Vixie/Debian's:
 //!
-//! - A local time that does not exist (spring forward) fires once, at the end of the gap:
-//!   02:30 on 2026-03-08 in New York fires at 03:00 EDT (07:00Z). Several local times in one gap
-//!   (`*/15`, every minute) collapse onto that one instant; nothing fires twice.
+//! - A **fixed-time** job whose local time does not exist (spring forward) fires once, at the
+//!   end of the gap: 02:30 on 2026-03-08 in New York fires at 03:00 EDT (07:00Z). Several of its
+//!   local times in one gap (`0,30 2 * * *`) collapse onto that one instant; nothing fires twice.
+//! - A **repeating** job has no fire at a local time that does not exist: `30 * * * *` fires at
+//!   01:30 EST and 03:30 EDT on that day, not also at 03:00; `*/15 2 * * *` does not fire that
+//!   day. Vixie cron, Quartz and croniter do the same.
 //! - A **fixed-time** job fires once in a repeated (fall back) hour, at the first occurrence:
 //!   01:30 on 2026-11-01 in New York fires at 01:30 EDT only.
 //! - A **repeating** job fires in both passes of a repeated hour, so no interval is lost:

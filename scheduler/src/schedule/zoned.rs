@@ -7,17 +7,27 @@
 //! |------------------------------|-----------------------|------------------------|
 //! | `Single(i)`                  | `i`                   | `i`                    |
 //! | `Ambiguous(first, second)`   | `first` only          | `first` and `second`   |
-//! | `None` (in a gap)            | end of the gap        | end of the gap         |
+//! | `None` (in a gap)            | end of the gap        | no fire                |
 //!
 //! "End of the gap" is the transition instant itself, whose local time is the first wall-clock
 //! time that exists after the gap (03:00 EDT for New York's 02:00–03:00 gap). Several local
-//! times collapsing onto it fire once: the schedule is a set of instants.
+//! times collapsing onto it fire once: the schedule is a set of instants. A repeating job has
+//! no fire in the gap: its next fire is its first matching local time after the gap, so the
+//! hourly `30 * * * *` fires at 01:30 EST and 03:30 EDT, not also at 03:00.
+//!
+//! The crate finds the next local time matching the time-of-day, month and year fields; the
+//! day fields (Quartz's month-dependent `L`, `W`, `nL`, `n#k`, and Vixie's OR) are applied to
+//! its candidates one month at a time through [`Fields::day_set`], jumping straight to the next
+//! matching day of the month or to the next month (see [`CronSchedule::next_match`]).
 //!
 //! Because "first occurrence" instants rise with local time but "second occurrence" instants of
 //! a repeated hour come after all first occurrences, `next_after` of an instant inside a
 //! repeated hour looks at both passes explicitly (see [`CronSchedule::next_after`]).
 
-use chrono::{DateTime, LocalResult, NaiveDateTime, Offset, TimeDelta, TimeZone, Utc};
+use chrono::{
+    DateTime, Datelike, LocalResult, NaiveDate, NaiveDateTime, NaiveTime, Offset, TimeDelta,
+    TimeZone, Utc,
+};
 use chrono_tz::Tz;
 use std::str::FromStr;
 
@@ -33,8 +43,10 @@ pub struct CronSchedule {
     tz: Tz,
     dialect: CronDialect,
     fields: Fields,
-    /// One `cron` crate schedule, or two whose union is Vixie's day-of-month OR day-of-week.
-    compiled: Vec<cron::Schedule>,
+    /// The `cron` crate schedule of the time-of-day, month and year fields (days are `*`);
+    /// boxed, as it is several hundred bytes and [`Schedule`](super::Schedule)'s other
+    /// variants are small.
+    compiled: Box<cron::Schedule>,
 }
 
 impl PartialEq for CronSchedule {
@@ -51,16 +63,12 @@ impl CronSchedule {
     /// text; the caller wraps it with the expression.
     pub(crate) fn parse(expr: &str, tz: Tz) -> Result<CronSchedule, String> {
         let parsed = cron_expr::parse(expr)?;
-        let compiled = parsed
-            .fields
-            .crate_expressions()
-            .iter()
-            .map(|e| {
-                cron::Schedule::from_str(e).map_err(|err| {
-                    format!("normalised form {e:?} was rejected ({err}); please report this")
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let normalised = parsed.fields.crate_expression();
+        let compiled = cron::Schedule::from_str(&normalised)
+            .map(Box::new)
+            .map_err(|err| {
+                format!("normalised form {normalised:?} was rejected ({err}); please report this")
+            })?;
         Ok(CronSchedule {
             expr: expr.trim().to_string(),
             tz,
@@ -97,13 +105,10 @@ impl CronSchedule {
         self.fields.matches(local)
     }
 
-    /// The normalised `cron` crate expressions (for tests and debugging).
+    /// The normalised `cron` crate expression (for tests and debugging).
     #[cfg(test)]
-    pub(crate) fn normalised(&self) -> Vec<String> {
-        self.compiled
-            .iter()
-            .map(|s| s.source().to_string())
-            .collect()
+    pub(crate) fn normalised(&self) -> String {
+        self.compiled.source().to_string()
     }
 
     /// The first fire strictly after `after`, under the DST rule in the module docs.
@@ -112,7 +117,7 @@ impl CronSchedule {
         let LocalResult::Ambiguous(a, b) = self.tz.from_local_datetime(&local) else {
             // `local` exists once, so the first instant of every later local time is later than
             // `after`, and no second pass of a repeated hour straddles `after`.
-            return self.next_match(local).map(|m| self.first_instant(m));
+            return self.next_first_fire(local);
         };
         // `after` is inside a repeated hour: local times [start, end) occur twice.
         let overlap = Overlap::around(
@@ -126,7 +131,7 @@ impl CronSchedule {
         if after < overlap.transition {
             // First pass. Later first-pass fires come before any second-pass fire, but the
             // earliest second-pass fire may still precede the next fire after the overlap.
-            let first = self.next_match(local).map(|m| self.first_instant(m));
+            let first = self.next_first_fire(local);
             let second = if repeating {
                 self.next_match(overlap.start_local - TimeDelta::seconds(1))
                     .and_then(second_pass)
@@ -141,39 +146,75 @@ impl CronSchedule {
             } else {
                 None
             };
-            second.or_else(|| {
-                self.next_match(overlap.end_local - TimeDelta::seconds(1))
-                    .map(|m| self.first_instant(m))
-            })
+            second.or_else(|| self.next_first_fire(overlap.end_local - TimeDelta::seconds(1)))
+        }
+    }
+
+    /// The earliest instant of the first matching local time strictly after `local` that fires
+    /// at all: itself, its first occurrence, or (fixed-time jobs) the end of the gap it falls in.
+    /// A repeating job's matches in a gap do not fire; the search resumes after the gap.
+    fn next_first_fire(&self, local: NaiveDateTime) -> Option<DateTime<Utc>> {
+        let mut cursor = local;
+        loop {
+            let m = self.next_match(cursor)?;
+            match self.tz.from_local_datetime(&m) {
+                LocalResult::Single(t) => return Some(t.to_utc()),
+                LocalResult::Ambiguous(a, b) => return Some(a.to_utc().min(b.to_utc())),
+                LocalResult::None if self.fields.fixed_time => return Some(gap_end(self.tz, m)),
+                // The gap's end is a local time after `m`, so the cursor moves forward and the
+                // loop ends when the crate runs out of years.
+                LocalResult::None => {
+                    let after_gap = gap_end(self.tz, m).with_timezone(&self.tz).naive_local();
+                    cursor = (after_gap - TimeDelta::seconds(1)).max(m);
+                }
+            }
         }
     }
 
     /// The first matching local time strictly after `local` (whole seconds).
+    ///
+    /// The crate's candidate matches every field but the two day fields; a candidate on a day
+    /// [`Fields::day_set`] excludes moves the search to the next day of that month the set
+    /// includes, or to the next month. Each candidate month costs at most two crate calls, and
+    /// the crate ends in 2100, so the search is bounded even for a day rule that rarely matches
+    /// (parsing has already rejected rules that never do); [`MAX_CANDIDATES`] is a guard.
     fn next_match(&self, local: NaiveDateTime) -> Option<NaiveDateTime> {
-        let start = local.and_utc();
-        self.compiled
-            .iter()
-            .filter_map(|s| s.after(&start).next())
-            .min()
-            .map(|t| t.naive_utc())
-    }
-
-    /// The earliest instant a matching local time fires at: itself, its first occurrence, or
-    /// the end of the gap it falls in.
-    fn first_instant(&self, local: NaiveDateTime) -> DateTime<Utc> {
-        match self.tz.from_local_datetime(&local) {
-            LocalResult::Single(t) => t.to_utc(),
-            LocalResult::Ambiguous(a, b) => a.to_utc().min(b.to_utc()),
-            LocalResult::None => gap_end(self.tz, local),
+        let mut cursor = local;
+        for _ in 0..MAX_CANDIDATES {
+            let candidate = self.compiled.after(&cursor.and_utc()).next()?.naive_utc();
+            let date = candidate.date();
+            let days = self.fields.day_set(date.year(), date.month());
+            if days & (1 << date.day()) != 0 {
+                return Some(candidate);
+            }
+            let later = days & !((2u64 << date.day()) - 1);
+            let next_day = if later != 0 {
+                date.with_day(later.trailing_zeros())?
+            } else {
+                first_of_next_month(date)?
+            };
+            cursor = next_day.and_time(NaiveTime::MIN) - TimeDelta::seconds(1);
         }
+        None
     }
 
     /// The second occurrence of a local time inside a repeated hour.
     fn latest_instant(&self, local: NaiveDateTime) -> DateTime<Utc> {
         match self.tz.from_local_datetime(&local) {
             LocalResult::Ambiguous(a, b) => a.to_utc().max(b.to_utc()),
-            _ => self.first_instant(local),
+            LocalResult::Single(t) => t.to_utc(),
+            LocalResult::None => gap_end(self.tz, local),
         }
+    }
+}
+
+/// Two crate calls per month from 1970 to 2100: more than any search can need.
+const MAX_CANDIDATES: usize = 2 * 12 * 131;
+
+fn first_of_next_month(date: NaiveDate) -> Option<NaiveDate> {
+    match date.month() {
+        12 => NaiveDate::from_ymd_opt(date.year().checked_add(1)?, 1, 1),
+        m => NaiveDate::from_ymd_opt(date.year(), m + 1, 1),
     }
 }
 
