@@ -8,6 +8,12 @@
 //! declares it and routes); nacks, confirm timeouts and connection errors are errors too. The
 //! caller leaves the run in the outbox and tries again: nothing is assumed published without a
 //! confirm.
+//!
+//! A nack, like a confirm timeout or a broken channel, also retires the connection it came on:
+//! the next publish connects again, to the next broker address. A broker nacks when the queue
+//! cannot take the message, and a RabbitMQ 3.10 cluster node can go on nacking every publish
+//! to a quorum queue on that channel after the queue's leader node was killed, although the
+//! queue has a new leader (seen in the cluster chaos test); a fresh connection publishes again.
 
 use std::collections::HashSet;
 use std::sync::LazyLock;
@@ -95,6 +101,8 @@ impl From<ConnectError> for PublishError {
 }
 
 struct Link {
+    /// Which link this is: failures of publishes sent on an older one do not retire this one.
+    generation: u64,
     connection: Connection,
     channel: Channel,
     declared: HashSet<String>,
@@ -163,6 +171,8 @@ pub struct Publisher {
     connection_name: String,
     prefix: String,
     link: Mutex<Option<Link>>,
+    /// Links opened so far (the next link's generation).
+    generations: std::sync::atomic::AtomicU64,
     /// When the last connection attempt failed: publishes fail fast for a moment after it
     /// instead of each waiting on a dead broker.
     last_connect_failure: std::sync::Mutex<Option<std::time::Instant>>,
@@ -190,6 +200,7 @@ impl Publisher {
             connection_name: format!("chime-scheduler-{instance}"),
             prefix: prefix.into(),
             link: Mutex::new(None),
+            generations: std::sync::atomic::AtomicU64::new(0),
             last_connect_failure: std::sync::Mutex::new(None),
         }
     }
@@ -269,9 +280,10 @@ impl Publisher {
 
         // Send under the lock, wait for the confirm outside it so publishes pipeline.
         let sent_at = std::time::Instant::now();
-        let confirm = {
+        let (generation, confirm) = {
             let mut guard = self.link().await?;
             let link = guard.as_mut().expect("link() leaves a link in place");
+            let generation = link.generation;
             let sent = async {
                 self.ensure_declared(link, &run.group).await?;
                 link.channel
@@ -281,7 +293,7 @@ impl Publisher {
             }
             .await;
             match sent {
-                Ok(confirm) => confirm,
+                Ok(confirm) => (generation, confirm),
                 Err(e) => {
                     *guard = None;
                     return Err(e);
@@ -293,11 +305,11 @@ impl Publisher {
         let confirmation = match confirmed {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => {
-                self.drop_link().await;
+                self.retire_link(generation).await;
                 return Err(e.into());
             }
             Err(_) => {
-                self.drop_link().await;
+                self.retire_link(generation).await;
                 return Err(PublishError::Unconfirmed(CONFIRM_TIMEOUT));
             }
         };
@@ -311,7 +323,10 @@ impl Publisher {
                 }
                 Err(PublishError::Unroutable { code, text })
             }
-            Confirmed::Nack => Err(PublishError::Nacked),
+            Confirmed::Nack => {
+                self.retire_link(generation).await;
+                Err(PublishError::Nacked)
+            }
         }
     }
 
@@ -323,8 +338,22 @@ impl Publisher {
         }
     }
 
-    async fn drop_link(&self) {
-        *self.link.lock().await = None;
+    /// Drops link `generation` if it is still the current one (a burst of failures on one
+    /// link reconnects once).
+    async fn retire_link(&self, generation: u64) {
+        let mut guard = self.link.lock().await;
+        if guard.as_ref().is_some_and(|l| l.generation == generation)
+            && let Some(link) = guard.take()
+        {
+            // Closed, not only dropped: the broker must not keep a connection per failure.
+            // In the background: a broken connection can take a while to say so.
+            tokio::spawn(async move {
+                let _ = link
+                    .connection
+                    .close("publishing again on a new connection")
+                    .await;
+            });
+        }
     }
 
     /// The current link, opening a new one if there is none or it broke.
@@ -363,6 +392,9 @@ impl Publisher {
         let channel = connection.channel().await.map_err(connect_error)?;
         channel.enable_confirms().await.map_err(connect_error)?;
         Ok(Link {
+            generation: self
+                .generations
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             connection,
             channel,
             declared: HashSet::new(),
