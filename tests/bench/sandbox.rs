@@ -134,7 +134,8 @@ impl Sandbox {
     pub fn scheduler(&self, chime: &Path, instance: &str, jobs: &Path) -> anyhow::Result<Process> {
         let env = SchedulerEnv {
             database_url: &self.database_url,
-            amqp_url: &self.amqp_url,
+            amqp_urls: std::slice::from_ref(&self.amqp_url),
+            amqp_ca_file: None,
             prefix: &self.prefix,
             jobs,
             json_logs: true,

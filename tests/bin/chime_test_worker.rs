@@ -2,8 +2,9 @@
 //! a real process mid-run or let one crash on a poison message.
 //!
 //! Configured by the environment (all required unless a default is given):
-//! `CHIME_TEST_DATABASE_URL`, `CHIME_TEST_AMQP_URL`, `CHIME_TEST_PREFIX`, `CHIME_TEST_GROUP`,
-//! `CHIME_TEST_WORKER_ID`, `CHIME_TEST_HEARTBEAT_MS` (default 500), `CHIME_TEST_CAPACITY`
+//! `CHIME_TEST_DATABASE_URL`, `CHIME_TEST_AMQP_URLS` (one broker address, or a cluster's,
+//! comma-separated), `CHIME_TEST_AMQP_CA_FILE` (optional: CA certificates for `amqps://`),
+//! `CHIME_TEST_PREFIX`, `CHIME_TEST_GROUP`, `CHIME_TEST_WORKER_ID`, `CHIME_TEST_HEARTBEAT_MS` (default 500), `CHIME_TEST_CAPACITY`
 //! (default 2), `CHIME_TEST_CHAOS_JOBS` (default 0: also handle `chaos-0000` … `chaos-N-1` like
 //! `chaos`), `CHIME_TEST_HANG_AFTER` (default: never; see `kinds-*`), `RUST_LOG` (default
 //! `warn`).
@@ -202,7 +203,9 @@ async fn main() -> anyhow::Result<()> {
     HANG_AFTER.set(hang_after).expect("set once, first");
     let mut builder = Worker::builder(var("CHIME_TEST_GROUP")?)
         .database_url(var("CHIME_TEST_DATABASE_URL")?)
-        .amqp_url(var("CHIME_TEST_AMQP_URL")?)
+        .amqp_urls(chime_protocol::addresses::split_list(&var(
+            "CHIME_TEST_AMQP_URLS",
+        )?))
         .prefix(var("CHIME_TEST_PREFIX")?)
         .worker_id(var("CHIME_TEST_WORKER_ID")?)
         .heartbeat_interval(Duration::from_millis(number(
@@ -219,6 +222,9 @@ async fn main() -> anyhow::Result<()> {
         .reducer("kinds-map", kinds_reduce);
     for i in 0..number("CHIME_TEST_CHAOS_JOBS", 0usize)? {
         builder = builder.handle(format!("chaos-{i:04}"), chaos);
+    }
+    if let Ok(ca) = std::env::var("CHIME_TEST_AMQP_CA_FILE") {
+        builder = builder.amqp_tls(chime_worker::AmqpTls::new().ca_file(ca));
     }
     let worker = builder.build()?;
     worker.run_until_signal().await?;

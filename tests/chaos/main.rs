@@ -1,7 +1,9 @@
-//! `chime-chaos`: the chaos suite at full size. Starts a private PostgreSQL and RabbitMQ, runs
+//! `chime-chaos`: the chaos suite at full size. Starts a private PostgreSQL and RabbitMQ (one
+//! node, or a cluster with `--rabbit-nodes 3`; TLS on both with `--tls`), runs
 //! `chime scheduler` and `chime-test-worker` processes under a steady load of every-second jobs
-//! while killing, stopping and freezing the leader, killing a worker, and restarting and
-//! crashing both services, then prints the reconciliation of expected fires against the
+//! while killing, stopping and freezing the leader, killing a worker, restarting and crashing
+//! both services, and on a cluster stopping and SIGKILLing the node that leads the work queue,
+//! then prints the reconciliation of expected fires against the
 //! database and exits non-zero if a guarantee broke. docs/guarantees.md explains the table.
 //!
 //! Build the workspace first (`cargo build --release --workspace`): `chime` and
@@ -38,6 +40,13 @@ struct Args {
     /// How long RabbitMQ and PostgreSQL stay down when restarted.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     outage: Duration,
+    /// RabbitMQ nodes: 1, or a cluster of 3 to 5, which adds the cluster faults (the node
+    /// leading the work queue stopped, then the next leader SIGKILLed).
+    #[arg(long, default_value_t = 1)]
+    rabbit_nodes: usize,
+    /// TLS to PostgreSQL and RabbitMQ, with certificates made for the run.
+    #[arg(long)]
+    tls: bool,
     /// Keep process logs here.
     #[arg(long)]
     log_dir: Option<PathBuf>,
@@ -54,7 +63,13 @@ async fn main() -> anyhow::Result<()> {
         handler: args.handler,
         calm: args.calm,
         outage: args.outage,
-        faults: Fault::ALL.to_vec(),
+        rabbit_nodes: args.rabbit_nodes,
+        tls: args.tls,
+        faults: if args.rabbit_nodes > 1 {
+            Fault::ALL.iter().chain(&Fault::CLUSTER).copied().collect()
+        } else {
+            Fault::ALL.to_vec()
+        },
         log_dir: args.log_dir,
     };
     eprintln!("chaos: {plan:?}");

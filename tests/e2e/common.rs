@@ -292,3 +292,18 @@ impl ServingInstance {
         self.task.await.expect("joined").expect("clean stop");
     }
 }
+
+/// Runs `rabbitmqctl` (RabbitMQ runs on this machine) and returns its output.
+pub async fn rabbitmqctl(args: &[&str]) -> String {
+    let out = tokio::process::Command::new("rabbitmqctl")
+        .args(args)
+        .output()
+        .await
+        .expect("rabbitmqctl (RabbitMQ runs on this machine)");
+    assert!(
+        out.status.success(),
+        "rabbitmqctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}

@@ -11,6 +11,8 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use tokio::process::{Child, Command};
 
+use crate::common::rabbitmqctl;
+
 /// How long a condition of these scenarios may take.
 pub const WAIT: Duration = Duration::from_secs(30);
 
@@ -33,7 +35,7 @@ impl WorkerProcess {
         let verbose = std::env::var_os("RUST_LOG").is_some();
         let child = Command::new(env!("CARGO_BIN_EXE_chime-test-worker"))
             .env("CHIME_TEST_DATABASE_URL", database_url)
-            .env("CHIME_TEST_AMQP_URL", AMQP_URL)
+            .env("CHIME_TEST_AMQP_URLS", AMQP_URL)
             .env("CHIME_TEST_PREFIX", prefix)
             .env("CHIME_TEST_GROUP", group)
             .env("CHIME_TEST_WORKER_ID", id)
@@ -139,21 +141,6 @@ pub async fn attempts(pool: &PgPool, id: i64) -> Vec<AttemptRow> {
     .fetch_all(pool)
     .await
     .expect("read attempts")
-}
-
-/// Runs `rabbitmqctl` (RabbitMQ runs on this machine) and returns its output.
-pub async fn rabbitmqctl(args: &[&str]) -> String {
-    let out = Command::new("rabbitmqctl")
-        .args(args)
-        .output()
-        .await
-        .expect("rabbitmqctl (RabbitMQ runs on this machine)");
-    assert!(
-        out.status.success(),
-        "rabbitmqctl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
 /// Lowers the broker's global `consumer_timeout` and puts the previous value back when dropped

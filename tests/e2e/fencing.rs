@@ -96,9 +96,11 @@ async fn a_leader_frozen_past_its_lease_writes_and_publishes_nothing_under_its_o
     std::fs::write(&jobs, text).expect("write jobs");
     let (arrivals, connection) = record_triggers(&prefix, "fence").await;
     let chime = sibling_binary("chime").expect("chime is built");
+    let amqp_urls = [AMQP_URL.to_owned()];
     let env = SchedulerEnv {
         database_url: &db,
-        amqp_url: AMQP_URL,
+        amqp_urls: &amqp_urls,
+        amqp_ca_file: None,
         prefix: &prefix,
         jobs: &jobs,
         json_logs: false,

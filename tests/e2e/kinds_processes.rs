@@ -39,7 +39,7 @@ fn worker(t: &Setup, logs: &Path, id: &str, capacity: u16, hang_after: Option<u6
     let mut command = Command::new(env!("CARGO_BIN_EXE_chime-test-worker"));
     command
         .env("CHIME_TEST_DATABASE_URL", &t.database_url)
-        .env("CHIME_TEST_AMQP_URL", &t.amqp_url)
+        .env("CHIME_TEST_AMQP_URLS", &t.amqp_url)
         .env("CHIME_TEST_PREFIX", &t.prefix)
         .env("CHIME_TEST_GROUP", &t.group)
         .env("CHIME_TEST_WORKER_ID", id)

@@ -21,5 +21,6 @@ mod outage;
 mod pg_failover;
 mod policies;
 mod quickstart;
+mod rabbit_cluster;
 mod restarts;
 mod tls;

@@ -108,3 +108,94 @@ async fn runs_persisted_while_the_broker_is_unreachable_are_published_after_it_r
     }
     t.finish().await;
 }
+
+/// The broker's names (client and server address) of the open connections whose client gave
+/// `name` as its connection name.
+async fn connections_named(name: &str) -> Vec<String> {
+    crate::common::rabbitmqctl(&["list_connections", "name", "client_properties", "--quiet"])
+        .await
+        .lines()
+        .filter(|line| line.contains(&format!("\"{name}\"")))
+        .filter_map(|line| line.split('\t').next().map(str::to_owned))
+        .collect()
+}
+
+/// A trigger the broker nacks (a policy makes the work queue full, with `reject-publish`) is an
+/// error that leaves the run to be published again, and it retires the connection it came on:
+/// the broker ends with one connection of the publisher, a new one, which publishes once the
+/// queue takes messages again.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_nacked_trigger_retires_its_connection_and_the_next_publish_goes_out_on_a_new_one(
+    pool: PgPool,
+) {
+    use chime_scheduler::publish::{PublishError, Publisher};
+    use chime_scheduler::store::OutboxRun;
+
+    let t = Setup::new(&pool).with_groups(&["nacked"]);
+    let instance = chime_e2e::unique("nack-test");
+    let publisher = Publisher::new(AMQP_URL, &instance, &t.prefix);
+    publisher.declare("nacked").await.expect("declare");
+    let connection_name = format!("chime-scheduler-{instance}");
+    let first = connections_named(&connection_name).await;
+    assert_eq!(first.len(), 1, "{first:?}");
+
+    let policy = format!("{}-full", t.prefix);
+    let work = chime_protocol::Topology::new(&t.prefix, "nacked").work_queue();
+    let pattern = format!("^{}$", work.replace('.', "\\."));
+    let _policy_guard = PolicyGuard(policy.clone());
+    crate::common::rabbitmqctl(&[
+        "set_policy",
+        "--apply-to",
+        "queues",
+        &policy,
+        &pattern,
+        r#"{"max-length": 0, "overflow": "reject-publish"}"#,
+    ])
+    .await;
+    let run = OutboxRun {
+        id: 1,
+        job: "j".to_owned(),
+        group: "nacked".to_owned(),
+        scheduled_at: chrono::Utc::now(),
+        attempt: 1,
+        params: json!({}),
+        timeout: None,
+        retry: None,
+        concurrency: Default::default(),
+        task: None,
+        fan_out: false,
+    };
+    // The policy reaches the queue's leader a moment after rabbitmqctl returns.
+    wait_for(Duration::from_secs(15), "a nack", || async {
+        matches!(publisher.publish(&run, 1).await, Err(PublishError::Nacked)).then_some(())
+    })
+    .await;
+    crate::common::rabbitmqctl(&["clear_policy", &policy]).await;
+    // The failed publishes left the run to be tried again; it goes out on a new connection.
+    wait_for(Duration::from_secs(15), "a confirmed publish", || async {
+        publisher.publish(&run, 1).await.ok()
+    })
+    .await;
+    wait_for(
+        Duration::from_secs(15),
+        "the nacked connection closed and another open",
+        || async {
+            let now = connections_named(&connection_name).await;
+            (now.len() == 1 && now != first).then_some(())
+        },
+    )
+    .await;
+    publisher.close().await;
+    t.finish().await;
+}
+
+/// Clears a broker policy when dropped, so that a failing test leaves none behind.
+struct PolicyGuard(String);
+
+impl Drop for PolicyGuard {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("rabbitmqctl")
+            .args(["clear_policy", &self.0])
+            .output();
+    }
+}

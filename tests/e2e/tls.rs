@@ -5,9 +5,9 @@
 //! one, and a wrong CA, a missing client certificate and `amqps://` against a plaintext port are
 //! refused without any plaintext fallback.
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use chime_e2e::pki::Pki;
 use chime_e2e::services::{PrivatePostgres, PrivateRabbit, RabbitTls};
 use chime_e2e::{Scheduler, init_tracing, service_config, unique, wait_for};
 use chime_scheduler::ops::Broker;
@@ -15,70 +15,9 @@ use chime_scheduler::publish::Publisher;
 use chime_scheduler::store::Store;
 use chime_worker::{AmqpTls, CancellationToken, JobContext, JobError, Worker};
 use lapin::ConnectionProperties;
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose,
-};
 use serde_json::json;
 
 use crate::common::job;
-
-/// PEM files made for one test, deleted with it.
-struct Pki {
-    dir: tempfile::TempDir,
-}
-
-impl Pki {
-    /// A CA, a server certificate for 127.0.0.1 and localhost and a client certificate signed
-    /// by it, and another CA that signed nothing here.
-    fn generate() -> Pki {
-        let dir = tempfile::Builder::new()
-            .prefix("chime-tls-")
-            .tempdir()
-            .expect("temporary directory");
-        let write = |name: &str, pem: String| {
-            std::fs::write(dir.path().join(name), pem).expect("writing a PEM file");
-        };
-        let ca = certificate_authority("Chime test CA");
-        write("ca.pem", ca.pem());
-        write("other-ca.pem", certificate_authority("Another CA").pem());
-        for (name, sans, usage) in [
-            (
-                "server",
-                vec!["127.0.0.1".to_owned(), "localhost".to_owned()],
-                ExtendedKeyUsagePurpose::ServerAuth,
-            ),
-            ("client", Vec::new(), ExtendedKeyUsagePurpose::ClientAuth),
-        ] {
-            let key = KeyPair::generate().expect("key pair");
-            let mut params = CertificateParams::new(sans).expect("certificate parameters");
-            params
-                .distinguished_name
-                .push(DnType::CommonName, format!("chime-test-{name}"));
-            params.extended_key_usages = vec![usage];
-            let cert = params.signed_by(&key, &ca).expect("signing");
-            write(&format!("{name}.pem"), cert.pem());
-            write(&format!("{name}.key"), key.serialize_pem());
-        }
-        Pki { dir }
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-}
-
-fn certificate_authority(name: &str) -> CertifiedIssuer<'static, KeyPair> {
-    let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.distinguished_name.push(DnType::CommonName, name);
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    CertifiedIssuer::self_signed(params, KeyPair::generate().expect("CA key")).expect("CA")
-}
 
 /// A private PostgreSQL with TLS on and a private RabbitMQ node with a TLS listener.
 async fn services(pki: &Pki, require_client_cert: bool) -> (PrivatePostgres, PrivateRabbit) {
@@ -106,16 +45,6 @@ async fn stop(postgres: PrivatePostgres, rabbit: PrivateRabbit) {
         .expect("stopping services");
 }
 
-/// `database` on `postgres`, TLS required and the server verified against `ca` (chain and
-/// host name).
-fn verify_full(postgres: &PrivatePostgres, database: &str, ca: &Path) -> String {
-    format!(
-        "{}?sslmode=verify-full&sslrootcert={}",
-        postgres.url(database),
-        ca.display()
-    )
-}
-
 /// Whether the pool's connection is encrypted, as the server sees it.
 async fn server_sees_tls(store: &Store) -> bool {
     sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
@@ -133,7 +62,7 @@ async fn the_scheduler_and_a_worker_run_a_trigger_over_tls_to_both_services() {
     init_tracing();
     let pki = Pki::generate();
     let (postgres, rabbit) = services(&pki, false).await;
-    let db = verify_full(&postgres, "chime", &pki.path("ca.pem"));
+    let db = postgres.verify_full_url("chime", &pki.path("ca.pem"));
     Store::create_database_if_missing(&db)
         .await
         .expect("creating the database over TLS");
@@ -211,7 +140,7 @@ async fn a_wrong_ca_a_missing_client_certificate_and_a_plaintext_port_are_refuse
     let properties = ConnectionProperties::default;
 
     // PostgreSQL: verify-full with a root that did not sign the server's certificate.
-    let wrong_root = verify_full(&postgres, "postgres", &pki.path("other-ca.pem"));
+    let wrong_root = postgres.verify_full_url("postgres", &pki.path("other-ca.pem"));
     let error = format!("{:#}", Store::connect(&wrong_root, 1).await.unwrap_err());
     assert!(error.contains("UnknownIssuer"), "{error}");
 
@@ -251,7 +180,7 @@ async fn a_wrong_ca_a_missing_client_certificate_and_a_plaintext_port_are_refuse
 
     // With its client certificate, the scheduler's publisher declares a group's topology and a
     // worker connects (PostgreSQL over verify-full) and consumes.
-    let db = verify_full(&postgres, "chime", &pki.path("ca.pem"));
+    let db = postgres.verify_full_url("chime", &pki.path("ca.pem"));
     Store::create_database_if_missing(&db).await.unwrap();
     let store = Store::connect(&db, 2).await.unwrap();
     store.migrate().await.unwrap();

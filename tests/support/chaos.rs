@@ -1,11 +1,13 @@
 //! The chaos suite: a steady load of every-second jobs on `chime scheduler` and
-//! `chime-test-worker` processes against a private PostgreSQL and RabbitMQ, while faults strike
-//! one after another (leader SIGKILLed, leader stopped gracefully, leader frozen past its lease,
-//! worker SIGKILLed, RabbitMQ restarted and killed, PostgreSQL restarted and crashed); then
-//! every fire that fell due is reconciled against the database and the workers' own record of
-//! what they executed.
+//! `chime-test-worker` processes against a private PostgreSQL and RabbitMQ (one node, or a
+//! cluster of several), while faults strike one after another (leader SIGKILLed, leader stopped
+//! gracefully, leader frozen past its lease, worker SIGKILLed, RabbitMQ restarted and killed,
+//! PostgreSQL restarted and crashed; on a cluster, the node leading the work queue stopped and
+//! SIGKILLed); then every fire that fell due is reconciled against the database and the
+//! workers' own record of what they executed. A plan can run both services with TLS on.
 //!
-//! Used by `chime-chaos` (full size) and by the CI-sized test in `tests/e2e/chaos.rs`.
+//! Used by `chime-chaos` (full size) and by the CI-sized tests in `tests/e2e/chaos.rs` and
+//! `tests/e2e/rabbit_cluster.rs`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -16,8 +18,10 @@ use chrono::{DateTime, DurationRound as _, Utc};
 use nix::sys::signal::Signal;
 use sqlx::{PgPool, Row as _};
 
+use crate::pki::Pki;
 use crate::process::{Process, SchedulerEnv, WorkerEnv, sibling_binary};
-use crate::services::{PrivatePostgres, PrivateRabbit};
+use crate::rabbit_cluster::{self, RabbitCluster};
+use crate::services::{PrivatePostgres, RabbitTls};
 
 /// One fault the suite injects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,10 +34,16 @@ pub enum Fault {
     FreezeLeader,
     /// SIGKILL a worker that is running handlers (a replacement is started).
     KillWorker,
-    /// Stop RabbitMQ for `outage`, then start it again.
+    /// Stop RabbitMQ (every node of a cluster) for `outage`, then start it again.
     RestartRabbit,
-    /// SIGKILL RabbitMQ's Erlang VM, start it again after `outage`.
+    /// SIGKILL RabbitMQ's Erlang VM (every node's), start it again after `outage`.
     KillRabbit,
+    /// Stop the cluster node leading the group's work queue; start it again once a fire
+    /// published after the fault has run without it. Needs a cluster.
+    StopQueueLeader,
+    /// SIGKILL the cluster node leading the group's work queue; start it again once a fire
+    /// published after the fault has run without it. Needs a cluster.
+    KillQueueLeader,
     /// Stop PostgreSQL (fast shutdown) for `outage`, then start it again.
     RestartPostgres,
     /// Crash PostgreSQL (immediate shutdown: no checkpoint, recovery at start), start it again
@@ -42,7 +52,7 @@ pub enum Fault {
 }
 
 impl Fault {
-    /// Every fault, in the order the suite injects them.
+    /// Every fault a single RabbitMQ node allows, in the order the suite injects them.
     pub const ALL: [Fault; 8] = [
         Fault::KillLeader,
         Fault::StopLeader,
@@ -54,7 +64,17 @@ impl Fault {
         Fault::CrashPostgres,
     ];
 
-    fn name(self) -> &'static str {
+    /// The faults of a RabbitMQ cluster's nodes, in order: the work queue's leader stopped,
+    /// then (with the first back) the node that leads it next SIGKILLed.
+    pub const CLUSTER: [Fault; 2] = [Fault::StopQueueLeader, Fault::KillQueueLeader];
+
+    /// Whether the fault needs a RabbitMQ cluster.
+    pub fn needs_cluster(self) -> bool {
+        Fault::CLUSTER.contains(&self)
+    }
+
+    /// The fault's name in reports.
+    pub fn name(self) -> &'static str {
         match self {
             Fault::KillLeader => "leader SIGKILL",
             Fault::StopLeader => "leader SIGTERM",
@@ -64,6 +84,8 @@ impl Fault {
             Fault::KillRabbit => "RabbitMQ SIGKILL",
             Fault::RestartPostgres => "PostgreSQL restart",
             Fault::CrashPostgres => "PostgreSQL crash",
+            Fault::StopQueueLeader => "RabbitMQ queue-leader node stop",
+            Fault::KillQueueLeader => "RabbitMQ queue-leader node SIGKILL",
         }
     }
 }
@@ -85,6 +107,13 @@ pub struct ChaosPlan {
     pub calm: Duration,
     /// How long RabbitMQ and PostgreSQL stay down.
     pub outage: Duration,
+    /// RabbitMQ nodes: 1, or a cluster (3 for the cluster faults; at most
+    /// [`rabbit_cluster::MAX_NODES`]). Each process gets every node's address, starting at a
+    /// different node, so connections spread over the cluster.
+    pub rabbit_nodes: usize,
+    /// TLS to both services: PostgreSQL with `ssl = on` (clients `verify-full`) and RabbitMQ's
+    /// TLS listeners (`amqps://`), with certificates made for the run.
+    pub tls: bool,
     /// The faults, in order.
     pub faults: Vec<Fault>,
     /// Where process logs go (a temporary directory if `None`, deleted unless the run failed).
@@ -102,9 +131,49 @@ impl ChaosPlan {
             handler: Duration::from_millis(200),
             calm: Duration::from_secs(4),
             outage: Duration::from_secs(3),
+            rabbit_nodes: 1,
+            tls: false,
             faults: Fault::ALL.to_vec(),
             log_dir: None,
         }
+    }
+
+    /// The CI-sized cluster plan: 100 fires/s on a 3-node RabbitMQ cluster, TLS on to both
+    /// services, the two cluster faults.
+    pub fn rabbit_cluster_ci() -> ChaosPlan {
+        ChaosPlan {
+            jobs: 100,
+            capacity: 64,
+            rabbit_nodes: 3,
+            tls: true,
+            faults: Fault::CLUSTER.to_vec(),
+            ..ChaosPlan::ci()
+        }
+    }
+
+    /// Refuses a plan whose faults its services cannot take, or whose sizes are out of bounds.
+    fn check(&self) -> anyhow::Result<()> {
+        if !(1..=rabbit_cluster::MAX_NODES).contains(&self.rabbit_nodes) {
+            bail!(
+                "rabbit_nodes is {}; a plan has 1 to {} RabbitMQ nodes",
+                self.rabbit_nodes,
+                rabbit_cluster::MAX_NODES
+            );
+        }
+        if let Some(fault) = self.faults.iter().find(|f| f.needs_cluster())
+            && self.rabbit_nodes < 3
+        {
+            bail!(
+                "fault {:?} needs a RabbitMQ cluster of at least 3 nodes (a quorum survives one \
+                 node down), and the plan has {}",
+                fault.name(),
+                self.rabbit_nodes
+            );
+        }
+        if self.jobs == 0 || self.schedulers == 0 || self.workers == 0 || self.capacity == 0 {
+            bail!("a plan needs at least one job, scheduler, worker and handler slot: {self:?}");
+        }
+        Ok(())
     }
 }
 
@@ -122,6 +191,11 @@ pub struct FaultReport {
     pub takeover: Option<Duration>,
     /// Runs inserted under the old term after the takeover (must be 0; freeze only).
     pub fenced_writes: Option<i64>,
+    /// From the fault to every job having run a fire scheduled after it: the whole load
+    /// flows again (plan, publish, deliver, claim, record).
+    pub recovered: Option<Duration>,
+    /// The RabbitMQ node struck (cluster faults only).
+    pub node: Option<String>,
 }
 
 /// The reconciliation of expected fires against what happened.
@@ -189,6 +263,7 @@ impl ChaosReport {
             "at",
             "takeover",
             "next fire",
+            "recovered",
             "old-term writes",
         ]);
         let ms =
@@ -199,6 +274,7 @@ impl ChaosReport {
                 f.at.format("%H:%M:%S%.3f").to_string(),
                 ms(f.takeover),
                 ms(f.next_fire),
+                ms(f.recovered),
                 f.fenced_writes.map_or("-".to_owned(), |n| n.to_string()),
             ]);
         }
@@ -245,7 +321,9 @@ struct Member {
 struct Cluster {
     plan: ChaosPlan,
     postgres: PrivatePostgres,
-    rabbit: PrivateRabbit,
+    rabbit: RabbitCluster,
+    /// The certificates of a TLS plan.
+    pki: Option<Pki>,
     database_url: String,
     prefix: String,
     jobs_file: PathBuf,
@@ -289,13 +367,28 @@ pub async fn run(plan: ChaosPlan) -> anyhow::Result<ChaosReport> {
 }
 
 async fn run_in(plan: ChaosPlan, log_dir: PathBuf) -> anyhow::Result<ChaosReport> {
-    let (postgres, rabbit) = tokio::task::spawn_blocking(|| {
-        let postgres = PrivatePostgres::start()?;
-        let rabbit = PrivateRabbit::start()?;
+    plan.check()?;
+    let pki = plan.tls.then(Pki::generate);
+    let tls = pki.as_ref().map(|pki| RabbitTls {
+        ca_file: pki.path("ca.pem"),
+        cert_file: pki.path("server.pem"),
+        key_file: pki.path("server.key"),
+        require_client_cert: false,
+    });
+    let nodes = plan.rabbit_nodes;
+    let (postgres, rabbit) = tokio::task::spawn_blocking(move || {
+        let postgres = match &tls {
+            Some(tls) => PrivatePostgres::start_with_tls(&tls.cert_file, &tls.key_file)?,
+            None => PrivatePostgres::start()?,
+        };
+        let rabbit = RabbitCluster::start(nodes, tls.as_ref())?;
         anyhow::Ok((postgres, rabbit))
     })
     .await??;
-    let database_url = postgres.url("chime");
+    let database_url = match &pki {
+        Some(pki) => postgres.verify_full_url("chime", &pki.path("ca.pem")),
+        None => postgres.url("chime"),
+    };
     chime_scheduler::store::Store::create_database_if_missing(&database_url).await?;
     let store = chime_scheduler::store::Store::connect(&database_url, 4).await?;
     store.migrate().await?;
@@ -304,6 +397,7 @@ async fn run_in(plan: ChaosPlan, log_dir: PathBuf) -> anyhow::Result<ChaosReport
     let mut cluster = Cluster {
         postgres,
         rabbit,
+        pki,
         prefix: crate::unique("chaos"),
         database_url,
         jobs_file,
@@ -319,6 +413,9 @@ async fn run_in(plan: ChaosPlan, log_dir: PathBuf) -> anyhow::Result<ChaosReport
     };
     let outcome = cluster.exercise().await;
     cluster.shutdown().await;
+    // Stopping the nodes waits for their VMs: off the runtime.
+    let Cluster { rabbit, .. } = cluster;
+    tokio::task::spawn_blocking(move || drop(rabbit)).await?;
     outcome
 }
 
@@ -359,12 +456,26 @@ impl Cluster {
         format!("{prefix}{}", self.next_id)
     }
 
+    /// Every node's address, starting at the `n`th node: process `n` connects there first.
+    fn amqp_urls(&self, n: usize) -> Vec<String> {
+        let mut urls = self.rabbit.urls();
+        let len = urls.len();
+        urls.rotate_left(n % len);
+        urls
+    }
+
+    fn ca_file(&self) -> Option<PathBuf> {
+        self.pki.as_ref().map(|pki| pki.path("ca.pem"))
+    }
+
     fn start_scheduler(&mut self) -> anyhow::Result<()> {
         let id = self.next_name("s");
-        let amqp_url = self.rabbit.url();
+        let amqp_urls = self.amqp_urls(self.next_id);
+        let ca_file = self.ca_file();
         let env = SchedulerEnv {
             database_url: &self.database_url,
-            amqp_url: &amqp_url,
+            amqp_urls: &amqp_urls,
+            amqp_ca_file: ca_file.as_deref(),
             prefix: &self.prefix,
             jobs: &self.jobs_file,
             json_logs: false,
@@ -376,10 +487,12 @@ impl Cluster {
 
     fn start_worker(&mut self) -> anyhow::Result<()> {
         let id = self.next_name("w");
-        let amqp_url = self.rabbit.url();
+        let amqp_urls = self.amqp_urls(self.next_id);
+        let ca_file = self.ca_file();
         let env = WorkerEnv {
             database_url: &self.database_url,
-            amqp_url: &amqp_url,
+            amqp_urls: &amqp_urls,
+            amqp_ca_file: ca_file.as_deref(),
             prefix: &self.prefix,
             group: GROUP,
             capacity: self.plan.capacity,
@@ -421,19 +534,34 @@ impl Cluster {
 
     /// A run scheduled after `after` has succeeded: the whole path works again.
     async fn wait_recovered(&self, after: DateTime<Utc>) -> anyhow::Result<()> {
-        until(
-            Duration::from_secs(60),
-            "a run after the fault to succeed",
-            || async {
-                let n: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM chime_runs WHERE scheduled_at > $1 AND state = 'succeeded'",
+        self.wait_jobs_ran_since(after, 1, "a run after the fault to succeed")
+            .await
+    }
+
+    /// Every job has a succeeded run scheduled after `after`: the whole load flows again.
+    async fn wait_all_recovered(&self, after: DateTime<Utc>) -> anyhow::Result<()> {
+        let jobs = i64::try_from(self.plan.jobs).context("job count")?;
+        self.wait_jobs_ran_since(after, jobs, "every job to run a fire after the fault")
+            .await
+    }
+
+    /// Waits until `jobs` jobs have a succeeded run scheduled after `after`.
+    async fn wait_jobs_ran_since(
+        &self,
+        after: DateTime<Utc>,
+        jobs: i64,
+        what: &str,
+    ) -> anyhow::Result<()> {
+        until(Duration::from_secs(60), what, || async {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(DISTINCT job_name) FROM chime_runs
+                 WHERE scheduled_at > $1 AND state = 'succeeded'",
             )
             .bind(after)
             .fetch_one(&self.pool)
             .await?;
-                Ok((n > 0).then_some(()))
-            },
-        )
+            Ok((n >= jobs).then_some(()))
+        })
         .await
     }
 
@@ -504,6 +632,8 @@ impl Cluster {
             next_fire: None,
             takeover: None,
             fenced_writes: None,
+            recovered: None,
+            node: None,
         };
         match fault {
             Fault::KillLeader | Fault::StopLeader | Fault::FreezeLeader => {
@@ -590,12 +720,12 @@ impl Cluster {
                 let rabbit = &mut self.rabbit;
                 tokio::task::block_in_place(|| {
                     if fault == Fault::KillRabbit {
-                        rabbit.kill()?;
+                        rabbit.kill_all()?;
                     } else {
-                        rabbit.stop()?;
+                        rabbit.stop_all()?;
                     }
                     std::thread::sleep(outage);
-                    rabbit.start_node()
+                    rabbit.start_stopped()
                 })?;
                 let back = Utc::now();
                 let published = until(
@@ -606,6 +736,46 @@ impl Cluster {
                 .await?;
                 report.next_fire = (published - at).to_std().ok();
                 self.wait_recovered(back).await?;
+            }
+            Fault::StopQueueLeader | Fault::KillQueueLeader => {
+                let queue =
+                    chime_protocol::topology::Topology::new(&self.prefix, GROUP).work_queue();
+                let rabbit = &mut self.rabbit;
+                let (index, node) = tokio::task::block_in_place(|| {
+                    let index = rabbit.queue_leader(&queue, Duration::from_secs(30))?;
+                    let node = rabbit.node(index).node().to_owned();
+                    if fault == Fault::KillQueueLeader {
+                        rabbit.kill(index)?;
+                    } else {
+                        rabbit.stop(index)?;
+                    }
+                    anyhow::Ok((index, node))
+                })?;
+                report.node = Some(node);
+                // The cluster goes on without the node: a fire scheduled after the fault is
+                // published (confirmed by the queue's new leader) and runs.
+                let recovered = async {
+                    let published = until(
+                        Duration::from_secs(60),
+                        "a fire published after the node went down",
+                        || self.first_publish_after(at, 0),
+                    )
+                    .await?;
+                    report.next_fire = (published - at).to_std().ok();
+                    self.wait_all_recovered(at).await
+                }
+                .await;
+                if let Err(e) = recovered {
+                    let status = tokio::task::block_in_place(|| self.rabbit.quorum_status(&queue));
+                    return Err(e.context(format!("the work queue: {status:?}")));
+                }
+                report.recovered = (Utc::now() - at).to_std().ok();
+                let rabbit = &mut self.rabbit;
+                tokio::task::block_in_place(|| {
+                    rabbit.start_stopped()?;
+                    rabbit.wait_queue_whole(&queue, Duration::from_secs(60))
+                })
+                .with_context(|| format!("starting node {index} again"))?;
             }
             Fault::RestartPostgres | Fault::CrashPostgres => {
                 let outage = self.plan.outage;
@@ -630,6 +800,10 @@ impl Cluster {
                 report.next_fire = (published - at).to_std().ok();
                 self.wait_recovered(back).await?;
             }
+        }
+        if report.recovered.is_none() {
+            self.wait_all_recovered(report.at).await?;
+            report.recovered = (Utc::now() - report.at).to_std().ok();
         }
         Ok(report)
     }

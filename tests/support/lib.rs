@@ -9,7 +9,9 @@
 
 pub mod chaos;
 pub mod pg_failover;
+pub mod pki;
 pub mod process;
+pub mod rabbit_cluster;
 pub mod services;
 
 use std::sync::Arc;

@@ -105,7 +105,6 @@ impl Process {
             .arg("--jobs")
             .arg(env.jobs)
             .env("CHIME_DATABASE_URL", env.database_url)
-            .env("CHIME_AMQP_URL", env.amqp_url)
             .env("CHIME_QUEUE_PREFIX", env.prefix)
             .env("CHIME_INSTANCE_ID", instance)
             // Any free port: several instances run side by side.
@@ -114,6 +113,13 @@ impl Process {
             .env("NO_COLOR", "1");
         if env.json_logs {
             command.env("CHIME_LOG_FORMAT", "json");
+        }
+        match env.amqp_urls {
+            [one] => command.env("CHIME_AMQP_URL", one),
+            several => command.env("CHIME_AMQP_URLS", several.join(",")),
+        };
+        if let Some(ca) = env.amqp_ca_file {
+            command.env("CHIME_AMQP_TLS__CA_FILE", ca);
         }
         Process::spawn(
             &format!("scheduler {instance}"),
@@ -132,7 +138,7 @@ impl Process {
         let mut command = Command::new(binary);
         command
             .env("CHIME_TEST_DATABASE_URL", env.database_url)
-            .env("CHIME_TEST_AMQP_URL", env.amqp_url)
+            .env("CHIME_TEST_AMQP_URLS", env.amqp_urls.join(","))
             .env("CHIME_TEST_PREFIX", env.prefix)
             .env("CHIME_TEST_GROUP", env.group)
             .env("CHIME_TEST_WORKER_ID", id)
@@ -143,6 +149,9 @@ impl Process {
                 "warn,chime_worker::worker=info,chime_worker::consumer=info",
             )
             .env("NO_COLOR", "1");
+        if let Some(ca) = env.amqp_ca_file {
+            command.env("CHIME_TEST_AMQP_CA_FILE", ca);
+        }
         Process::spawn(
             &format!("worker {id}"),
             command,
@@ -325,8 +334,10 @@ fn tail(path: &Path) -> String {
 pub struct SchedulerEnv<'a> {
     /// PostgreSQL URL of the cluster's database.
     pub database_url: &'a str,
-    /// RabbitMQ URL.
-    pub amqp_url: &'a str,
+    /// The broker's addresses: one (`CHIME_AMQP_URL`) or a cluster's (`CHIME_AMQP_URLS`).
+    pub amqp_urls: &'a [String],
+    /// CA certificates trusted for `amqps://` addresses (`CHIME_AMQP_TLS__CA_FILE`).
+    pub amqp_ca_file: Option<&'a Path>,
     /// Queue prefix.
     pub prefix: &'a str,
     /// The job file.
@@ -340,8 +351,10 @@ pub struct SchedulerEnv<'a> {
 pub struct WorkerEnv<'a> {
     /// PostgreSQL URL.
     pub database_url: &'a str,
-    /// RabbitMQ URL.
-    pub amqp_url: &'a str,
+    /// The broker's addresses, tried in order.
+    pub amqp_urls: &'a [String],
+    /// CA certificates trusted for `amqps://` addresses.
+    pub amqp_ca_file: Option<&'a Path>,
     /// Queue prefix.
     pub prefix: &'a str,
     /// Executor group.

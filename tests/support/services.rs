@@ -154,6 +154,16 @@ impl PrivatePostgres {
         format!("{}/{name}", self.server_url())
     }
 
+    /// [`PrivatePostgres::url`] with TLS required and the server verified against `ca`
+    /// (chain and host name): `sslmode=verify-full&sslrootcert=CA`.
+    pub fn verify_full_url(&self, name: &str, ca: &Path) -> String {
+        format!(
+            "{}?sslmode=verify-full&sslrootcert={}",
+            self.url(name),
+            ca.display()
+        )
+    }
+
     /// Starts the server again after [`PrivatePostgres::stop`], on the same port and data.
     pub fn start_server(&mut self) -> anyhow::Result<()> {
         let mut options = format!(
@@ -250,7 +260,11 @@ impl PrivateRabbit {
         PrivateRabbit::start_with(true, None)
     }
 
-    fn start_with(management: bool, tls: Option<&RabbitTls>) -> anyhow::Result<PrivateRabbit> {
+    /// A node with the management plugin or not, with a TLS listener or not.
+    pub(crate) fn start_with(
+        management: bool,
+        tls: Option<&RabbitTls>,
+    ) -> anyhow::Result<PrivateRabbit> {
         let dir = data_dir("chime-chaos-rabbit-", "rabbitmq")?;
         let port = free_port()?;
         let mut dist_port = free_port()?;
@@ -440,7 +454,29 @@ impl PrivateRabbit {
         Ok(())
     }
 
-    fn ctl(&self, args: &[&str]) -> Command {
+    /// Makes this node a member of `seed`'s cluster: `stop_app`, `join_cluster`, `start_app`.
+    /// The node's own data is reset by joining, so call it before any client has used it.
+    /// Both nodes run as `rabbitmq` with the same `HOME`, so they share its Erlang cookie.
+    pub fn join_cluster(&mut self, seed: &str) -> anyhow::Result<()> {
+        run("rabbitmqctl stop_app", &mut self.ctl(&["stop_app"]))?;
+        run(
+            "rabbitmqctl join_cluster",
+            &mut self.ctl(&["join_cluster", seed]),
+        )?;
+        run("rabbitmqctl start_app", &mut self.ctl(&["start_app"]))?;
+        run(
+            "rabbitmqctl await_startup",
+            &mut self.ctl(&["await_startup", "--timeout", "60"]),
+        )
+    }
+
+    /// Whether the node's VM was started by this process and has not been stopped or killed.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// `rabbitmqctl -n NODE args…`, as `rabbitmq` when root.
+    pub(crate) fn ctl(&self, args: &[&str]) -> Command {
         let mut command = command_as("rabbitmq", &Path::new(RABBIT_BIN).join("rabbitmqctl"));
         command
             .env("HOME", RABBIT_HOME)
