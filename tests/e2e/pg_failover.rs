@@ -4,6 +4,9 @@
 //! window is then reconciled against the new primary and the workers' record of what they ran;
 //! the recovery time (fault → first run finished on the new primary) is printed.
 //!
+//! TLS is on: both servers present the test CA's certificate and every client connects with
+//! `sslmode=verify-full` through the proxy.
+//!
 //! Synchronous replication (`synchronous_standby_names = '*'`, `synchronous_commit = on`) and
 //! a fast shutdown of the primary: nothing it acknowledged is lost, so each fire has one run,
 //! each run ran once or was skipped by its misfire policy, and nothing was written under a
@@ -16,6 +19,7 @@ use std::time::{Duration, Instant};
 use chime_e2e::pg_failover::{
     Standby, SwitchProxy, check_replication_ready, port_of, require_synchronous,
 };
+use chime_e2e::pki::Pki;
 use chime_e2e::services::PrivatePostgres;
 use chime_e2e::{AMQP_URL, Scheduler, TopologyGuard, service_config, try_wait_for, unique};
 use chime_scheduler::store::Store;
@@ -109,6 +113,8 @@ struct Reconciliation {
 
 /// A primary (reached through `proxy`), its synchronous standby, and the load on them.
 struct Cluster {
+    /// The certificates (deleted with the cluster).
+    _pki: Pki,
     primary: PrivatePostgres,
     standby: Standby,
     /// The clients' database address.
@@ -125,17 +131,18 @@ impl Cluster {
     /// 2 workers, `JOBS` jobs every second; returns once every job has run.
     async fn start() -> Cluster {
         chime_e2e::init_tracing();
-        let primary = tokio::task::spawn_blocking(PrivatePostgres::start)
-            .await
-            .expect("joined")
-            .expect("primary starts");
+        let pki = Pki::generate();
+        let (cert, key) = (pki.path("server.pem"), pki.path("server.key"));
+        let primary =
+            tokio::task::spawn_blocking(move || PrivatePostgres::start_with_tls(&cert, &key))
+                .await
+                .expect("joined")
+                .expect("primary starts");
         check_replication_ready(&primary)
             .await
             .expect("the primary can stream");
         let primary_port = port_of(&primary);
-        let standby = tokio::task::spawn_blocking(move || Standby::clone_from(primary_port))
-            .await
-            .expect("joined")
+        let standby = tokio::task::block_in_place(|| Standby::clone_from(primary_port, &primary))
             .expect("standby cloned and started");
         require_synchronous(&primary)
             .await
@@ -143,13 +150,25 @@ impl Cluster {
 
         let primary_address = format!("127.0.0.1:{primary_port}");
         let proxy = SwitchProxy::start(&primary_address).await.expect("proxy");
-        let db = proxy.postgres_url("chime");
+        // TLS through the proxy, the server verified against the test's CA (chain and host
+        // name), before and after the failover: the standby presents the same certificate.
+        let db = format!(
+            "{}?sslmode=verify-full&sslrootcert={}",
+            proxy.postgres_url("chime"),
+            pki.path("ca.pem").display()
+        );
         Store::create_database_if_missing(&db)
             .await
             .expect("create the database through the proxy");
         let store = Store::connect(&db, 4).await.expect("connect");
         store.migrate().await.expect("migrations through the proxy");
         let pool = store.pool().clone();
+        let encrypted: bool =
+            sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+                .fetch_one(&pool)
+                .await
+                .expect("pg_stat_ssl");
+        assert!(encrypted, "the clients' connections are TLS");
 
         let prefix = unique("pgf");
         let guard = TopologyGuard::new(AMQP_URL, &prefix, &[GROUP]);
@@ -178,6 +197,7 @@ impl Cluster {
             .map(|id| Scheduler::start(service_config(&db, AMQP_URL, id, &prefix), jobs.clone()))
             .collect();
         let cluster = Cluster {
+            _pki: pki,
             primary,
             standby,
             proxy,

@@ -8,7 +8,7 @@
 //! Like [`crate::services`], the servers run as `postgres` (`runuser -u`) when this process is
 //! root, and dropping them stops them and deletes their data.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +19,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::services::{PG_BIN, PrivatePostgres, command_as, data_dir, free_port, run};
+use crate::services::{
+    PG_BIN, PrivatePostgres, command_as, data_dir, free_port, install_server_tls, run, ssl_options,
+};
 
 /// `PG_BIN/program`, as `postgres` when this process is root.
 fn pg_command(program: &str) -> Command {
@@ -70,14 +72,21 @@ pub struct Standby {
     port: u16,
     dir: tempfile::TempDir,
     running: bool,
+    /// Its own copies of the primary's certificate and key, when the primary has TLS on.
+    tls: Option<(PathBuf, PathBuf)>,
 }
 
 impl Standby {
     /// Clones the primary reachable at 127.0.0.1:`source_port` (the primary itself, or a
     /// [`SwitchProxy`] in front of it: the standby keeps streaming from that address) and
-    /// starts the copy as a standby. Blocking.
-    pub fn clone_from(source_port: u16) -> anyhow::Result<Standby> {
+    /// starts the copy as a standby, with TLS on like `primary` (the same certificate, so
+    /// clients that verify it see no difference after a failover). Blocking.
+    pub fn clone_from(source_port: u16, primary: &PrivatePostgres) -> anyhow::Result<Standby> {
         let dir = data_dir("chime-standby-pg-", "postgres")?;
+        let tls = primary
+            .tls_files()
+            .map(|(cert, key)| install_server_tls(cert, key, dir.path()))
+            .transpose()?;
         run(
             "pg_basebackup",
             pg_command("pg_basebackup")
@@ -93,18 +102,22 @@ impl Standby {
             port: free_port()?,
             dir,
             running: false,
+            tls,
         };
         standby.start_server()?;
         Ok(standby)
     }
 
     fn start_server(&mut self) -> anyhow::Result<()> {
-        let options = format!(
+        let mut options = format!(
             "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200 \
              -c hot_standby=on -c wal_receiver_status_interval=1s",
             self.port,
             self.dir.path().display()
         );
+        if let Some(tls) = &self.tls {
+            options.push_str(&ssl_options(tls));
+        }
         run(
             "pg_ctl start (standby)",
             pg_command("pg_ctl")

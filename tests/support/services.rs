@@ -96,6 +96,27 @@ fn install_file(from: &Path, dir: &Path, name: &str, user: &str) -> anyhow::Resu
     Ok(to)
 }
 
+/// Copies a server certificate and key into `dir` for `postgres` (the key readable by it only).
+pub(crate) fn install_server_tls(
+    cert: &Path,
+    key: &Path,
+    dir: &Path,
+) -> anyhow::Result<(PathBuf, PathBuf)> {
+    Ok((
+        install_file(cert, dir, "server.pem", "postgres")?,
+        install_file(key, dir, "server.key", "postgres")?,
+    ))
+}
+
+/// The `pg_ctl -o` options that turn TLS on with a certificate and key.
+pub(crate) fn ssl_options((cert, key): &(PathBuf, PathBuf)) -> String {
+    format!(
+        " -c ssl=on -c ssl_cert_file={} -c ssl_key_file={}",
+        cert.display(),
+        key.display()
+    )
+}
+
 /// A private PostgreSQL server (trust auth, user `postgres`).
 pub struct PrivatePostgres {
     port: u16,
@@ -120,13 +141,9 @@ impl PrivatePostgres {
 
     fn start_inner(tls: Option<(&Path, &Path)>) -> anyhow::Result<PrivatePostgres> {
         let dir = data_dir("chime-chaos-pg-", "postgres")?;
-        let tls = match tls {
-            None => None,
-            Some((cert, key)) => Some((
-                install_file(cert, dir.path(), "server.pem", "postgres")?,
-                install_file(key, dir.path(), "server.key", "postgres")?,
-            )),
-        };
+        let tls = tls
+            .map(|(cert, key)| install_server_tls(cert, key, dir.path()))
+            .transpose()?;
         run(
             "initdb",
             command_as("postgres", &Path::new(PG_BIN).join("initdb"))
@@ -154,6 +171,11 @@ impl PrivatePostgres {
         format!("{}/{name}", self.server_url())
     }
 
+    /// The certificate and key the server presents (copies in its directory), if TLS is on.
+    pub fn tls_files(&self) -> Option<(&Path, &Path)> {
+        self.tls.as_ref().map(|(c, k)| (c.as_path(), k.as_path()))
+    }
+
     /// [`PrivatePostgres::url`] with TLS required and the server verified against `ca`
     /// (chain and host name): `sslmode=verify-full&sslrootcert=CA`.
     pub fn verify_full_url(&self, name: &str, ca: &Path) -> String {
@@ -171,12 +193,8 @@ impl PrivatePostgres {
             self.port,
             self.dir.path().display()
         );
-        if let Some((cert, key)) = &self.tls {
-            options.push_str(&format!(
-                " -c ssl=on -c ssl_cert_file={} -c ssl_key_file={}",
-                cert.display(),
-                key.display()
-            ));
+        if let Some(tls) = &self.tls {
+            options.push_str(&ssl_options(tls));
         }
         run(
             "pg_ctl start",
