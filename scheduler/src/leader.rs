@@ -203,8 +203,17 @@ impl Elector {
     }
 }
 
+/// How long [`while_leading`] waits before starting again a duty that ended by itself.
+pub const DUTY_RESTART_PAUSE: Duration = Duration::from_secs(1);
+
 /// Watches leadership and runs `duty(term, token)` while this instance leads; cancels the token
 /// as soon as leadership is lost, the trust window closes, or the term changes.
+///
+/// A duty that ends by itself while this instance still leads (the planner stops on a database
+/// error that the lease survived, such as a connection cut by a failover, or on finding that
+/// the database lost its writes) is started again under the same term after
+/// [`DUTY_RESTART_PAUSE`]: it re-reads the jobs and their persisted cursors, so a leader never
+/// holds the lease with its duties stopped.
 pub async fn while_leading<F, Fut>(
     mut leadership: watch::Receiver<Leadership>,
     shutdown: CancellationToken,
@@ -223,7 +232,8 @@ pub async fn while_leading<F, Fut>(
             continue;
         };
         let token = shutdown.child_token();
-        let task = tokio::spawn(duty(term, leadership.clone(), token.clone()));
+        let mut task = tokio::spawn(duty(term, leadership.clone(), token.clone()));
+        let mut ended = None;
         // Supervise: stop the duty when the trust window closes or leadership changes.
         loop {
             let trusted_until = match &*leadership.borrow() {
@@ -245,14 +255,100 @@ pub async fn while_leading<F, Fut>(
                     }
                 }
                 changed = leadership.changed() => if changed.is_err() { break },
+                joined = &mut task => {
+                    ended = Some(joined);
+                    break;
+                }
             }
         }
         token.cancel();
-        if let Err(e) = task.await {
+        let ended_by_itself = ended.is_some();
+        let joined = match ended {
+            Some(joined) => joined,
+            None => task.await,
+        };
+        if let Err(e) = joined {
             warn!(term, error = %e, "leader duty ended abnormally");
         }
         if shutdown.is_cancelled() {
             return;
         }
+        if ended_by_itself && leadership.borrow().term_at(Instant::now()) == Some(term) {
+            warn!(
+                term,
+                pause = ?DUTY_RESTART_PAUSE,
+                "leader duties ended while this instance leads; starting them again"
+            );
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(DUTY_RESTART_PAUSE) => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    /// Leading under `term`, trusted for an hour.
+    fn leading(term: i64) -> Leadership {
+        Leadership::Leader {
+            term,
+            trusted_until: Instant::now() + Duration::from_secs(3600),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_duty_that_ends_by_itself_while_leading_is_started_again_under_the_same_term() {
+        let (_leadership, rx) = watch::channel(leading(7));
+        let shutdown = CancellationToken::new();
+        let (started, mut starts) = tokio::sync::mpsc::unbounded_channel();
+        let supervisor = tokio::spawn(while_leading(rx, shutdown.clone(), move |term, _, _| {
+            let started = started.clone();
+            // Ends at once, as a planner that hit a database error does.
+            async move {
+                let _ = started.send((term, Instant::now()));
+            }
+        }));
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            // Virtual time: a minute is far beyond the pause, and costs nothing.
+            let start = tokio::time::timeout(Duration::from_secs(60), starts.recv()).await;
+            seen.push(start.expect("started again").expect("started"));
+        }
+        shutdown.cancel();
+        supervisor.await.expect("supervisor");
+        assert!(seen.iter().all(|(term, _)| *term == 7), "{seen:?}");
+        for pair in seen.windows(2) {
+            assert!(pair[1].1 - pair[0].1 >= DUTY_RESTART_PAUSE, "{seen:?}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_duty_is_not_started_again_once_leadership_is_lost() {
+        let (leadership, rx) = watch::channel(leading(7));
+        let leadership = Arc::new(leadership);
+        let shutdown = CancellationToken::new();
+        let (started, mut starts) = tokio::sync::mpsc::unbounded_channel();
+        let lose = leadership.clone();
+        let supervisor = tokio::spawn(while_leading(rx, shutdown.clone(), move |term, _, _| {
+            let (started, lose) = (started.clone(), lose.clone());
+            // The fence was lost: leadership goes, then the duty ends.
+            async move {
+                lose.send_replace(Leadership::Follower);
+                let _ = started.send(term);
+            }
+        }));
+        assert_eq!(starts.recv().await, Some(7));
+        // Long past the restart pause, nothing started again.
+        tokio::time::sleep(DUTY_RESTART_PAUSE * 10).await;
+        assert!(starts.try_recv().is_err(), "started again without leading");
+        // Leading again under a new term starts it again.
+        leadership.send_replace(leading(8));
+        assert_eq!(starts.recv().await, Some(8));
+        shutdown.cancel();
+        supervisor.await.expect("supervisor");
     }
 }
