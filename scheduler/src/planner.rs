@@ -155,6 +155,7 @@ pub async fn lead(
         pace,
         dispatch: tx,
         generation: 0,
+        plan_writes: 0,
         schedules: HashMap::new(),
         groups: HashSet::new(),
     };
@@ -239,6 +240,9 @@ struct Planner {
     pace: Arc<Pace>,
     dispatch: mpsc::Sender<OutboxRun>,
     generation: u64,
+    /// The planner's count of its writes ([`Store::insert_fires`]): a
+    /// database that lost acknowledged writes is noticed at the next write.
+    plan_writes: i64,
     /// Parsed schedules by definition, while a batch of jobs is admitted.
     schedules: HashMap<String, Arc<Schedule>>,
     /// Group names, shared by the jobs of each group (a handful of groups for many jobs).
@@ -248,6 +252,9 @@ struct Planner {
 impl Planner {
     async fn run(&mut self, stop: &CancellationToken) -> anyhow::Result<()> {
         let mut changes = self.ctx.store.listen(JOBS_CHANNEL).await;
+        // Read before the jobs and their cursors: writes lost before this are not this
+        // planner's to notice; the cursors it reads next are the database's.
+        self.plan_writes = self.ctx.store.plan_writes().await?;
         info!(term = self.fence.term, "planning");
         let mut after: Option<String> = None;
         let mut read = 0usize;
@@ -450,7 +457,12 @@ impl Planner {
             return Ok(());
         }
         let skipped = fires.iter().filter(|f| f.skip.is_some()).count();
-        let Some(created) = self.ctx.store.insert_fires(&self.fence, &fires).await? else {
+        let Some(created) = self
+            .ctx
+            .store
+            .insert_fires(&self.fence, Some(&mut self.plan_writes), &fires)
+            .await?
+        else {
             anyhow::bail!("lease lost (term {} no longer current)", self.fence.term);
         };
         if skipped > 0 {

@@ -296,6 +296,22 @@ pub struct OutboxRun {
     pub fan_out: bool,
 }
 
+/// The database holds fewer planner writes than the planner made: it lost writes it had
+/// acknowledged (a failover to an asynchronous standby). The planner starts again from the
+/// database's cursors.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the database holds {found} planner writes where this planner made {expected}: it lost \
+     writes it had acknowledged (a failover to a standby without synchronous replication); \
+     planning again from the cursors it has, under the job's misfire policy"
+)]
+pub struct PlanWritesLost {
+    /// The count this planner last wrote.
+    pub expected: i64,
+    /// The count the database has.
+    pub found: i64,
+}
+
 /// A job as stored.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobRecord {
@@ -934,11 +950,18 @@ impl Store {
     /// is recorded `skipped` with reason `previous run N still active (concurrency forbid)`; a
     /// `queue` fire in that case is created `pending` but reported [`CreatedRun::blocked`].
     ///
+    /// `plan_writes` is the planner's count of its writes (`chime_plan_writes`, read
+    /// with [`Store::plan_writes`] when it starts): the statement writes only if the table
+    /// still holds that count, and adds one to it and to `*plan_writes`. A lower count means
+    /// the database lost writes it had acknowledged (an asynchronous standby promoted):
+    /// [`PlanWritesLost`], nothing written. `None` checks nothing (callers outside the planner).
+    ///
     /// Returns `Ok(None)` if `fence` no longer holds the lease: nothing was written. Otherwise
     /// the runs that were created as `pending`.
     pub async fn insert_fires(
         &self,
         fence: &Fence,
+        plan_writes: Option<&mut i64>,
         fires: &[NewFire],
     ) -> anyhow::Result<Option<Vec<CreatedRun>>> {
         let jobs: Vec<&str> = fires.iter().map(|f| f.job.as_str()).collect();
@@ -959,7 +982,12 @@ impl Store {
         let reasons: Vec<Option<&str>> = fires.iter().map(|f| f.skip.as_deref()).collect();
         let policies: Vec<&str> = fires.iter().map(|f| f.concurrency.as_str()).collect();
         let rows = sqlx::query(
-            "WITH lease AS (SELECT term FROM chime_fence($1, $2)), fires AS (
+            "WITH lease AS (SELECT term FROM chime_fence($1, $2)), counted AS (
+                 UPDATE chime_plan_writes p SET writes = p.writes + 1
+                 FROM lease
+                 WHERE p.name = 'default' AND ($11::bigint IS NULL OR p.writes = $11)
+                 RETURNING p.writes
+             ), fires AS (
                  SELECT * FROM unnest($3::text[], $4::text[], $5::timestamptz[], $6::text[],
                                       $7::jsonb[], $8::text[], $9::text[], $10::text[])
                      AS f(job_name, group_name, scheduled_at, trigger, params, state, reason, policy)
@@ -984,7 +1012,7 @@ impl Store {
                                          reason, term, retry_policy)
                  SELECT d.job_name, d.group_name, d.scheduled_at, d.trigger, d.params, d.state,
                         d.reason, lease.term, chime_retry_snapshot(j.spec)
-                 FROM decided d CROSS JOIN lease
+                 FROM decided d CROSS JOIN lease CROSS JOIN counted
                  LEFT JOIN chime_jobs j ON j.name = d.job_name
                  ON CONFLICT (job_name, scheduled_at) WHERE trigger <> 'manual' AND parent_id IS NULL
                  DO NOTHING
@@ -992,11 +1020,13 @@ impl Store {
              ), cursor AS (
                  UPDATE chime_jobs j SET cursor_at = c.at
                  FROM (SELECT job_name, max(scheduled_at) AS at FROM fires GROUP BY job_name) c,
-                      lease
+                      lease, counted
                  WHERE j.name = c.job_name AND (j.cursor_at IS NULL OR j.cursor_at < c.at)
              )
              SELECT 'lease' AS kind, NULL::bigint AS id, NULL::text AS job_name,
                     NULL::timestamptz AS scheduled_at, false AS blocked FROM lease
+             UNION ALL
+             SELECT 'counted', writes, NULL, NULL, false FROM counted
              UNION ALL
              SELECT 'run', i.id, i.job_name, i.scheduled_at, d.blocked
              FROM ins i JOIN decided d
@@ -1013,6 +1043,7 @@ impl Store {
         .bind(&states)
         .bind(&reasons)
         .bind(&policies)
+        .bind(plan_writes.as_deref().copied())
         // Planned for its arrays each time (an unnamed statement): a generic plan guesses ten
         // rows per array and joins the CTEs in nested loops, quadratic in the batch.
         .persistent(false)
@@ -1020,10 +1051,14 @@ impl Store {
         .await
         .context("inserting runs")?;
         let mut leased = false;
+        let mut counted = None;
         let mut created = Vec::with_capacity(rows.len());
         for r in rows {
-            if r.get::<&str, _>("kind") == "lease" {
+            let kind: &str = r.get("kind");
+            if kind == "lease" {
                 leased = true;
+            } else if kind == "counted" {
+                counted = Some(r.get::<i64, _>("id"));
             } else {
                 created.push(CreatedRun {
                     id: r.get("id"),
@@ -1033,7 +1068,29 @@ impl Store {
                 });
             }
         }
-        Ok(leased.then_some(created))
+        if !leased {
+            return Ok(None);
+        }
+        match (counted, plan_writes) {
+            (Some(count), Some(expected)) => *expected = count,
+            (Some(_), None) => {}
+            (None, expected) => {
+                return Err(PlanWritesLost {
+                    expected: expected.map_or(0, |e| *e),
+                    found: self.plan_writes().await?,
+                }
+                .into());
+            }
+        }
+        Ok(Some(created))
+    }
+
+    /// The planner's count of its writes (see [`Store::insert_fires`]).
+    pub async fn plan_writes(&self) -> anyhow::Result<i64> {
+        sqlx::query_scalar("SELECT writes FROM chime_plan_writes WHERE name = 'default'")
+            .fetch_one(&self.pool)
+            .await
+            .context("reading the planner's write count")
     }
 
     /// Runs in the outbox due by `horizon`, oldest first, at most `limit`. A pending run of a

@@ -855,6 +855,7 @@ mod tests {
             let created = store
                 .insert_fires(
                     &fence,
+                    None,
                     &[
                         fire("f", at, ConcurrencyPolicy::Forbid),
                         fire("q", at, ConcurrencyPolicy::Queue),

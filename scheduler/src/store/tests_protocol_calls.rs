@@ -9,7 +9,9 @@ use chime_protocol::retry::DEFAULT_MAX_ATTEMPTS;
 use chrono::Utc;
 use sqlx::{Executor as _, PgPool, SqlSafeStr as _};
 
-use super::{ConcurrencyPolicy, Fence, MARK_PUBLISHED_SQL, NewFire, Store, TriggerKind};
+use super::{
+    ConcurrencyPolicy, Fence, MARK_PUBLISHED_SQL, NewFire, PlanWritesLost, Store, TriggerKind,
+};
 
 async fn lead(store: &Store) -> Fence {
     store.lead_for_test("me").await
@@ -48,7 +50,10 @@ async fn the_fence_refuses_a_deposed_term(pool: PgPool) {
     };
     for refused in [&deposed, &stranger] {
         assert_eq!(
-            store.insert_fires(refused, &[fire("j")]).await.unwrap(),
+            store
+                .insert_fires(refused, None, &[fire("j")])
+                .await
+                .unwrap(),
             None
         );
     }
@@ -57,7 +62,10 @@ async fn the_fence_refuses_a_deposed_term(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(runs, 0, "a refused fence wrote a run");
-    let created = store.insert_fires(&fence, &[fire("j")]).await.unwrap();
+    let created = store
+        .insert_fires(&fence, None, &[fire("j")])
+        .await
+        .unwrap();
     assert_eq!(created.map(|c| c.len()), Some(1));
     // Expired: refused too.
     sqlx::query("UPDATE chime_leader SET expires_at = now() - interval '1 s'")
@@ -128,7 +136,7 @@ async fn retry_or_dead_reads_the_runs_snapshot_not_the_jobs_current_policy(pool:
     .await
     .unwrap();
     let waiting = store
-        .insert_fires(&fence, &[fire("j")])
+        .insert_fires(&fence, None, &[fire("j")])
         .await
         .unwrap()
         .unwrap()[0]
@@ -340,4 +348,59 @@ async fn every_static_statement_of_the_store_prepares(pool: PgPool) {
         "statements that do not prepare:\n{}",
         failed.join("\n\n")
     );
+}
+
+/// Each checked write of fires adds one to the planner's write count (`chime_plan_writes`); a
+/// database whose count is lower than the planner's (acknowledged writes lost in a failover to
+/// an asynchronous standby) refuses the next write, names both counts and writes nothing, and
+/// a planner starting again from the database's count writes.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_database_that_lost_planner_writes_refuses_the_next_one(pool: PgPool) {
+    let store = Store::from_pool(pool.clone());
+    job(&pool, "j", serde_json::json!({})).await;
+    job(&pool, "k", serde_json::json!({})).await;
+    let fence = lead(&store).await;
+    let mut writes = store.plan_writes().await.unwrap();
+    assert_eq!(writes, 0);
+    let created = store
+        .insert_fires(&fence, Some(&mut writes), &[fire("j")])
+        .await
+        .unwrap();
+    assert_eq!(created.map(|c| c.len()), Some(1));
+    assert_eq!(writes, 1);
+    assert_eq!(store.plan_writes().await.unwrap(), 1);
+
+    // The database loses that write, as a promoted asynchronous standby would.
+    sqlx::query("UPDATE chime_plan_writes SET writes = 0")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let refused = store
+        .insert_fires(&fence, Some(&mut writes), &[fire("k")])
+        .await
+        .expect_err("a count behind the planner's is refused");
+    let lost = refused
+        .downcast_ref::<PlanWritesLost>()
+        .unwrap_or_else(|| panic!("not PlanWritesLost: {refused:#}"));
+    assert_eq!((lost.expected, lost.found), (1, 0));
+    assert!(
+        refused.to_string().contains("synchronous replication"),
+        "{refused}"
+    );
+    let (runs, cursor): (i64, Option<chrono::DateTime<Utc>>) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM chime_runs WHERE job_name = 'k'),
+                (SELECT cursor_at FROM chime_jobs WHERE name = 'k')",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((runs, cursor), (0, None), "the refused write wrote nothing");
+
+    let mut writes = store.plan_writes().await.unwrap();
+    let created = store
+        .insert_fires(&fence, Some(&mut writes), &[fire("k")])
+        .await
+        .unwrap();
+    assert_eq!(created.map(|c| c.len()), Some(1));
+    assert_eq!(writes, 1);
 }
