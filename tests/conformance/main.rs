@@ -72,7 +72,8 @@ struct Cli {
     /// `auto` does when the schema has that function.
     #[arg(long, value_enum, default_value_t = Privilege::Auto)]
     privilege: Privilege,
-    /// Where the workers' output goes (default: a new temporary directory, kept).
+    /// Where the workers' output goes (default: a new temporary directory, deleted after a
+    /// passing run and kept after a failing one).
     #[arg(long)]
     log_dir: Option<PathBuf>,
     /// Print the results as JSON instead of a Markdown table.
@@ -250,17 +251,24 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
         Privilege::Auto => schema_grants_workers(),
         Privilege::Off => false,
     };
+    // Without --log-dir the logs go to a temporary directory, deleted after a passing run and
+    // kept (and named) after a failing one.
+    let mut temporary = None;
     let log_dir = match cli.log_dir {
         Some(dir) => {
             std::fs::create_dir_all(&dir)
                 .with_context(|| format!("creating --log-dir {}", dir.display()))?;
             dir
         }
-        None => tempfile::Builder::new()
-            .prefix("chime-conformance-")
-            .tempdir()
-            .context("creating a log directory")?
-            .keep(),
+        None => {
+            let dir = tempfile::Builder::new()
+                .prefix("chime-conformance-")
+                .tempdir()
+                .context("creating a log directory")?;
+            let path = dir.path().to_owned();
+            temporary = Some(dir);
+            path
+        }
     };
     let admin = PgPoolOptions::new()
         .max_connections(2)
@@ -312,6 +320,13 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
     outcomes.sort_by_key(|o| selected.iter().position(|s| *s == o.scenario));
     admin.close().await;
     let passed = outcomes.iter().all(|o| o.result != "FAIL");
+    if !passed && let Some(dir) = temporary.take() {
+        eprintln!(
+            "chime-conformance: worker logs kept in {}",
+            dir.keep().display()
+        );
+    }
+    drop(temporary);
     let report = Report {
         worker: &cli.name,
         command: &cli.worker,

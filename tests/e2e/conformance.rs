@@ -77,6 +77,20 @@ async fn passes_every_scenario(name: &str, command: &str) {
     );
     assert!(output.status.success(), "exit status {}", output.status);
     assert_eq!(report["passed"], true);
+    let logs = path_after(&stderr, "worker logs in ");
+    assert!(
+        !logs.exists(),
+        "a passing run deletes its temporary log directory {}",
+        logs.display()
+    );
+}
+
+/// The path printed after `marker` on a line of `stderr`.
+fn path_after(stderr: &str, marker: &str) -> std::path::PathBuf {
+    stderr
+        .lines()
+        .find_map(|line| line.split_once(marker).map(|(_, path)| path.trim().into()))
+        .unwrap_or_else(|| panic!("no {marker:?} in stderr: {stderr}"))
 }
 
 /// The suite fails a worker that does not work: one that exits at once fails every scenario it
@@ -109,4 +123,9 @@ async fn a_worker_that_exits_at_once_fails_and_the_exit_status_says_so() {
             .unwrap_or_else(|| panic!("a row for {scenario}: {table}"));
         assert!(row.contains("| FAIL |") && row.contains("exited"), "{row}");
     }
+    // A failing run keeps the workers' logs, and says where.
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let kept = path_after(&stderr, "worker logs kept in ");
+    assert!(kept.is_dir(), "kept {}", kept.display());
+    std::fs::remove_dir_all(&kept).expect("removing the kept logs");
 }
