@@ -516,6 +516,18 @@ impl Cluster {
         }))
     }
 
+    /// Waits (up to a minute) for the first publish after `after` under any term.
+    async fn wait_published_after(
+        &self,
+        after: DateTime<Utc>,
+        what: &str,
+    ) -> anyhow::Result<DateTime<Utc>> {
+        until(Duration::from_secs(60), what, || {
+            self.first_publish_after(after, 0)
+        })
+        .await
+    }
+
     /// The first publish of a run scheduled after `after`, under a term of at least `term`.
     async fn first_publish_after(
         &self,
@@ -728,12 +740,9 @@ impl Cluster {
                     rabbit.start_stopped()
                 })?;
                 let back = Utc::now();
-                let published = until(
-                    Duration::from_secs(60),
-                    "a fire published after the restart",
-                    || self.first_publish_after(back, 0),
-                )
-                .await?;
+                let published = self
+                    .wait_published_after(back, "a fire published after the restart")
+                    .await?;
                 report.next_fire = (published - at).to_std().ok();
                 self.wait_recovered(back).await?;
             }
@@ -755,12 +764,9 @@ impl Cluster {
                 // The cluster goes on without the node: a fire scheduled after the fault is
                 // published (confirmed by the queue's new leader) and runs.
                 let recovered = async {
-                    let published = until(
-                        Duration::from_secs(60),
-                        "a fire published after the node went down",
-                        || self.first_publish_after(at, 0),
-                    )
-                    .await?;
+                    let published = self
+                        .wait_published_after(at, "a fire published after the node went down")
+                        .await?;
                     report.next_fire = (published - at).to_std().ok();
                     self.wait_all_recovered(at).await
                 }
@@ -791,12 +797,9 @@ impl Cluster {
                     postgres.start_server()
                 })?;
                 let back = Utc::now();
-                let published = until(
-                    Duration::from_secs(60),
-                    "a fire published after the restart",
-                    || self.first_publish_after(back, 0),
-                )
-                .await?;
+                let published = self
+                    .wait_published_after(back, "a fire published after the restart")
+                    .await?;
                 report.next_fire = (published - at).to_std().ok();
                 self.wait_recovered(back).await?;
             }
