@@ -19,7 +19,7 @@ use lapin::types::FieldTable;
 use serde_json::{Value, json};
 use sqlx::Row as _;
 
-use crate::world::{World, job};
+use crate::world::{LogRow, World, job};
 
 /// How long a scenario waits for something that takes a moment on an idle machine.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -830,12 +830,13 @@ async fn logs_live(w: &mut World) -> anyhow::Result<Verdict> {
         let now = Utc::now();
         let run = w.run(id).await?;
         let running = run.state == "running";
-        for line in logs {
-            seen.entry(line.id)
-                .or_insert_with(|| (line.message.clone(), ms(line.at, now), running));
-        }
+        note_lines(&mut seen, logs, now, running);
         if !["pending", "queued", "running"].contains(&run.state.as_str()) {
             ensure!(run.state == "succeeded", "the run ended {}", run.state);
+            // The last line may have been stored between the read of the lines above and the
+            // read of the state: read the lines once more now that the run has ended.
+            let logs = w.logs(id).await?;
+            note_lines(&mut seen, logs, Utc::now(), false);
             break;
         }
         ensure!(
@@ -870,6 +871,20 @@ async fn logs_live(w: &mut World) -> anyhow::Result<Verdict> {
     Ok(Verdict::Pass(format!(
         "{live} of {lines} lines seen while running; worst lag {worst} ms"
     )))
+}
+
+/// Notes each line not seen before: its message, how long after it was logged it was first seen,
+/// and whether the run was still running after the read that returned it.
+fn note_lines(
+    seen: &mut BTreeMap<i64, (String, i64, bool)>,
+    logs: Vec<LogRow>,
+    now: DateTime<Utc>,
+    running: bool,
+) {
+    for line in logs {
+        seen.entry(line.id)
+            .or_insert_with(|| (line.message, ms(line.at, now), running));
+    }
 }
 
 async fn sigterm_drain(w: &mut World) -> anyhow::Result<Verdict> {
