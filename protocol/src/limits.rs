@@ -28,6 +28,13 @@ pub const MAX_MULTIPLIER: f64 = 100.0;
 /// Longest fixed-rate period (`every`): one leap year.
 pub const MAX_EVERY: Duration = Duration::from_secs(366 * DAY);
 
+/// Largest `jitter` of a job: one hour. Jitter spreads a burst of fires written for the same
+/// instant; an hour spreads the largest burst, and a longer shift is a different schedule.
+pub const MAX_JITTER: Duration = Duration::from_secs(3600);
+
+/// Most fires a job's schedule may make (`max_runs`).
+pub const MAX_RUNS: u32 = 1_000_000_000;
+
 /// Longest catch-up window, misfire grace and similar look-backs (`catchup_window`,
 /// `misfire_grace`): one leap year.
 pub const MAX_LOOKBACK: Duration = Duration::from_secs(366 * DAY);

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use chrono::{DateTime, SecondsFormat, Utc};
 
 use crate::config::{ConfigErrors, LoadedJob, expand_job_patterns, load_located_jobs};
-use crate::job::{JobSpec, TaskFailurePolicy, When};
+use crate::job::TaskFailurePolicy;
 
 /// How many upcoming fires are listed per job.
 pub const UPCOMING_FIRES: usize = 5;
@@ -61,15 +61,26 @@ fn write_job(out: &mut dyn Write, job: &LoadedJob, now: DateTime<Utc>) -> std::i
             "  paused:     yes; fires start once the job is resumed"
         )?;
     }
-    let schedule = match spec.schedule() {
-        Ok(schedule) => schedule,
+    let timing = match spec.timing() {
+        Ok(timing) => timing,
         // Loading validated the schedule; keep going rather than panic if that ever changes.
         Err(e) => return writeln!(out, "  schedule:   {e}"),
     };
-    writeln!(out, "  schedule:   {}", schedule.describe())?;
-    let fires = schedule.upcoming(now, UPCOMING_FIRES);
+    writeln!(out, "  schedule:   {}", timing.describe())?;
+    if let Some(max) = spec.max_runs {
+        writeln!(
+            out,
+            "  ends:       after {} (max_runs)",
+            plural(max as usize, "fire")
+        )?;
+    }
+    let fires = spec.upcoming(&timing, now, UPCOMING_FIRES, 0);
     if fires.is_empty() {
-        return writeln!(out, "  next fires: none ({})", why_no_fires(spec));
+        return writeln!(
+            out,
+            "  next fires: none ({})",
+            spec.why_no_fires(&timing, now, 0)
+        );
     }
     for (i, fire) in fires.iter().enumerate() {
         let label = if i == 0 { "next fires:" } else { "" };
@@ -79,15 +90,6 @@ fn write_job(out: &mut dyn Write, job: &LoadedJob, now: DateTime<Utc>) -> std::i
         writeln!(out, "  {label:<11} {local} {}", spec.timezone.name())?;
     }
     Ok(())
-}
-
-/// Why a job's schedule lists no next fire (also the API's schedule preview says it).
-pub(crate) fn why_no_fires(spec: &JobSpec) -> &'static str {
-    match spec.when {
-        When::Manual => "manual only: runs when triggered",
-        When::At(_) => "its one-shot instant has passed",
-        When::Cron(_) | When::Every(_) => "the schedule never fires again",
-    }
 }
 
 /// "1 job", "2 jobs".

@@ -4,12 +4,13 @@
 //! file form (durations as humantime strings such as "30s"), so a stored job reads like its file.
 
 use chime_protocol::retry;
-use chrono::{DateTime, FixedOffset};
+use chrono::{DateTime, FixedOffset, Utc};
 use chrono_tz::Tz;
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::schedule::{Schedule, ScheduleError};
+use crate::schedule::{Schedule, ScheduleError, Timing};
 
 /// A validated job definition.
 ///
@@ -37,6 +38,23 @@ pub struct JobSpec {
     pub when: When,
     /// IANA time zone the cron expression is read in.
     pub timezone: Tz,
+    /// Each fire moves later by a stable pseudo-random offset below this, different per fire
+    /// and the same on every leader (`crate::schedule::Timing`).
+    #[serde(
+        serialize_with = "opt_duration::serialize",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub jitter: Option<Duration>,
+    /// No fire before this instant.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_at: Option<DateTime<FixedOffset>>,
+    /// No fire after this instant: the schedule ends there.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub end_at: Option<DateTime<FixedOffset>>,
+    /// The schedule ends after this many fires (skipped ones included; manual triggers and
+    /// backfills are not the schedule's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_runs: Option<u32>,
     /// JSON parameters handed to the handler.
     pub params: serde_json::Value,
     /// Keys of `params` whose values are secrets, hidden from viewers and in the audit log
@@ -106,6 +124,14 @@ struct StoredSpec {
     at: Option<DateTime<FixedOffset>>,
     #[serde(default = "utc")]
     timezone: Tz,
+    #[serde(default, deserialize_with = "opt_duration::deserialize")]
+    jitter: Option<Duration>,
+    #[serde(default)]
+    start_at: Option<DateTime<FixedOffset>>,
+    #[serde(default)]
+    end_at: Option<DateTime<FixedOffset>>,
+    #[serde(default)]
+    max_runs: Option<u32>,
     #[serde(default)]
     params: serde_json::Value,
     #[serde(default)]
@@ -158,6 +184,10 @@ impl TryFrom<StoredSpec> for JobSpec {
             })?,
             on_task_failure: stored.on_task_failure.unwrap_or_default(),
             timezone: stored.timezone,
+            jitter: stored.jitter,
+            start_at: stored.start_at,
+            end_at: stored.end_at,
+            max_runs: stored.max_runs,
             params: stored.params,
             secret_params: stored.secret_params,
             timeout: stored.timeout,
@@ -767,6 +797,52 @@ impl JobSpec {
             When::At(at) => Ok(Schedule::At(at.to_utc())),
             When::Manual => Ok(Schedule::Manual),
         }
+    }
+
+    /// The job's fire instants: its schedule with its window and jitter.
+    pub fn timing(&self) -> Result<Timing, ScheduleError> {
+        Ok(self.timing_of(Arc::new(self.schedule()?)))
+    }
+
+    /// Up to `n` fires after `now` as the planner makes them: by `timing` (this spec's), and no
+    /// more than its `max_runs` leaves after the `made` fires its schedule has made.
+    pub fn upcoming(
+        &self,
+        timing: &Timing,
+        now: DateTime<Utc>,
+        n: usize,
+        made: i64,
+    ) -> Vec<DateTime<Utc>> {
+        let left = self.max_runs.map_or(usize::MAX, |max| {
+            let left = u64::from(max).saturating_sub(u64::try_from(made).unwrap_or(0));
+            usize::try_from(left).unwrap_or(usize::MAX)
+        });
+        timing.upcoming(now, n.min(left))
+    }
+
+    /// Why [`JobSpec::upcoming`] lists no fire (`chime check`, the API's views and schedule
+    /// preview say it).
+    pub fn why_no_fires(&self, timing: &Timing, now: DateTime<Utc>, made: i64) -> &'static str {
+        match self.when {
+            When::Manual => "manual only: runs when triggered",
+            _ if self.max_runs.is_some_and(|max| made >= i64::from(max)) => {
+                "its schedule has made its max_runs fires"
+            }
+            _ if timing.ended_by_window(now) => "its end_at has passed",
+            When::At(_) => "its one-shot instant has passed",
+            When::Cron(_) | When::Every(_) => "the schedule never fires again",
+        }
+    }
+
+    /// [`JobSpec::timing`] over `schedule`, this spec's schedule already built (and shared).
+    pub fn timing_of(&self, schedule: Arc<Schedule>) -> Timing {
+        Timing::new(
+            schedule,
+            &self.name,
+            self.start_at.map(|t| t.to_utc()),
+            self.end_at.map(|t| t.to_utc()),
+            self.jitter,
+        )
     }
 }
 

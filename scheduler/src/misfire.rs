@@ -31,7 +31,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::job::{JobSpec, MisfirePolicy};
-use crate::schedule::{Schedule, epoch_nanos, from_epoch_nanos};
+use crate::schedule::{Timing, epoch_nanos, from_epoch_nanos};
 
 /// At most this many decisions are returned by one [`catch_up`] call.
 pub const MAX_DECISIONS: usize = 1_000;
@@ -206,9 +206,9 @@ pub struct CatchUp {
     pub complete: bool,
 }
 
-/// Decides every fire of `schedule` in `(cursor, now]`; see the module docs for the rules.
+/// Decides every fire of `timing` in `(cursor, now]`; see the module docs for the rules.
 pub fn catch_up(
-    schedule: &Schedule,
+    timing: &Timing,
     cursor: DateTime<Utc>,
     now: DateTime<Utc>,
     policy: &CatchUpPolicy,
@@ -218,12 +218,12 @@ pub fn catch_up(
         return run.finish(true);
     }
     let mut pos = cursor;
-    if let Schedule::Every(period) = schedule {
-        pos = run.fast_forward_every(*period, cursor);
+    if let Some(period) = timing.plain_every() {
+        pos = run.fast_forward_every(period, cursor);
     }
     let mut scanned = 0;
     loop {
-        let Some(at) = schedule.next_after(pos).filter(|at| *at <= now) else {
+        let Some(at) = timing.next_after(pos).filter(|at| *at <= now) else {
             let done = run.flush_missed();
             return run.finish(done);
         };
@@ -529,6 +529,12 @@ mod tests {
     }
 
     use super::*;
+    use crate::schedule::Schedule;
+
+    /// The fires of `schedule` itself, without window or jitter.
+    fn plain(schedule: &Schedule) -> Timing {
+        Timing::plain(std::sync::Arc::new(schedule.clone()))
+    }
     use chrono_tz::Tz;
     use proptest::prelude::*;
 
@@ -812,7 +818,7 @@ mod tests {
             ),
         ];
         for (schedule, cursor, now, policy, want, want_cursor) in cases {
-            let got = catch_up(&schedule, t(cursor), t(now), &policy);
+            let got = catch_up(&plain(&schedule), t(cursor), t(now), &policy);
             let label = format!("{schedule} cursor {cursor} now {now} {policy:?}");
             assert_eq!(kinds(&got), expect(&want), "{label}");
             assert_eq!(got.cursor, t(want_cursor), "{label}");
@@ -828,7 +834,7 @@ mod tests {
     fn cursor_at_or_after_now_decides_nothing() {
         let p = policy(FireAll, 5, 3600, 100);
         for cursor in ["2026-01-01T10:00:00Z", "2026-01-01T10:00:01Z"] {
-            let got = catch_up(&every(1), t(cursor), t("2026-01-01T10:00:00Z"), &p);
+            let got = catch_up(&plain(&every(1)), t(cursor), t("2026-01-01T10:00:00Z"), &p);
             assert!(got.decisions.is_empty());
             assert_eq!(
                 (got.cursor, got.omitted, got.complete),
@@ -917,7 +923,12 @@ mod tests {
         let cursor = t("2026-01-01T00:00:00Z");
         let per_second_cron = Schedule::cron("* * * * * *", Tz::UTC).unwrap();
         for schedule in [every(1), per_second_cron] {
-            let got = catch_up(&schedule, cursor, now, &policy(FireOnce, 5, 3600, 100));
+            let got = catch_up(
+                &plain(&schedule),
+                cursor,
+                now,
+                &policy(FireOnce, 5, 3600, 100),
+            );
             assert!(got.complete, "{schedule}");
             assert_eq!(got.decisions.len(), MAX_DECISIONS, "{schedule}");
             assert_eq!(got.omitted, 86_400 - MAX_DECISIONS as u64, "{schedule}");
@@ -956,7 +967,7 @@ mod tests {
         // MAX_DECISIONS) + 6 on time = 1006 fires > MAX_DECISIONS.
         let now = t("2026-01-01T02:00:00Z");
         let p = policy(FireAll, 5, 3 * 3600, 5000);
-        let first = catch_up(&every(1), t("2026-01-01T00:00:00Z"), now, &p);
+        let first = catch_up(&plain(&every(1)), t("2026-01-01T00:00:00Z"), now, &p);
         assert!(!first.complete);
         assert_eq!(first.decisions.len(), MAX_DECISIONS);
         assert!(
@@ -968,7 +979,7 @@ mod tests {
         assert_eq!(first.omitted, 7200 - 6 - 1000);
         assert_eq!(first.cursor, first.decisions.last().unwrap().at());
         assert!(first.cursor < now);
-        let second = catch_up(&every(1), first.cursor, now, &p);
+        let second = catch_up(&plain(&every(1)), first.cursor, now, &p);
         assert!(second.complete);
         assert_eq!(
             (second.decisions.len(), second.omitted, second.cursor),
@@ -992,7 +1003,7 @@ mod tests {
         let mut pos = t("2026-01-01T00:00:00Z");
         let mut pages = Vec::new();
         loop {
-            let got = catch_up(&s, pos, now, &p);
+            let got = catch_up(&plain(&s), pos, now, &p);
             assert!(
                 got.decisions.iter().all(Decision::is_fire),
                 "only skips may be omitted"
@@ -1019,7 +1030,7 @@ mod tests {
         // 1799 missed + 1 on time; the 799 oldest missed are over the (capped) max_catchup and,
         // with 1000 late fires to return, omitted.
         let got = catch_up(
-            &every(1),
+            &plain(&every(1)),
             t("2026-01-01T00:00:00Z"),
             t("2026-01-01T00:30:00Z"),
             &policy(FireAll, 0, 3600, 5000),
@@ -1042,12 +1053,12 @@ mod tests {
         let cursor = t("2026-01-01T00:00:00Z");
         let now = t("2026-01-03T00:00:00Z");
         let p = policy(Skip, 5, 3600, 100);
-        let first = catch_up(&s, cursor, now, &p);
+        let first = catch_up(&plain(&s), cursor, now, &p);
         assert!(!first.complete);
         assert!(first.cursor < now);
         let accounted = first.omitted + first.decisions.len() as u64;
         assert_eq!(accounted, MAX_SCAN as u64);
-        let second = catch_up(&s, first.cursor, now, &p);
+        let second = catch_up(&plain(&s), first.cursor, now, &p);
         assert!(second.complete);
         assert_eq!(second.cursor, now);
         assert_eq!(
@@ -1161,7 +1172,7 @@ mod tests {
             let mut omitted_fires = Vec::new();
             for page in 0.. {
                 prop_assert!(page < 100, "paging does not converge");
-                let got = catch_up(&schedule, pos, now, &p);
+                let got = catch_up(&plain(&schedule), pos, now, &p);
                 prop_assert!(got.cursor <= now.max(pos));
                 prop_assert!(got.decisions.len() <= MAX_DECISIONS);
                 if let Some((first, last)) = got.omitted_range {

@@ -1374,14 +1374,14 @@ fn shown_to(caller: &Caller, mut view: JobView) -> JobView {
 }
 
 fn job_view(j: crate::store::JobRecord, now: DateTime<Utc>) -> JobView {
-    let schedule = j.spec.schedule().ok();
-    let upcoming = schedule
-        .as_ref()
-        .map_or_else(Vec::new, |s| s.upcoming(now, UPCOMING));
+    let timing = j.spec.timing().ok();
+    let upcoming = timing.as_ref().map_or_else(Vec::new, |timing| {
+        j.spec.upcoming(timing, now, UPCOMING, j.scheduled_runs)
+    });
     let next_fire = if j.paused {
         None
     } else {
-        schedule.as_ref().and_then(|s| s.next_after(now))
+        upcoming.first().copied()
     };
     let zone = j.spec.timezone;
     let local = |t: &DateTime<Utc>| {
@@ -1394,7 +1394,7 @@ fn job_view(j: crate::store::JobRecord, now: DateTime<Utc>) -> JobView {
         upcoming_local: upcoming.iter().map(local).collect(),
         upcoming,
         next_fire,
-        schedule: schedule.map_or_else(|| "invalid".into(), |s| s.describe()),
+        schedule: timing.map_or_else(|| "invalid".into(), |t| t.describe()),
         name: j.spec.name.clone(),
         group: j.spec.group.clone(),
         paused: j.paused,

@@ -47,7 +47,7 @@ use crate::outbox::Outbox;
 pub use crate::pace::MAX_LEAD;
 use crate::pace::{Instants, Pace, minus};
 use crate::publish::Publisher;
-use crate::schedule::Schedule;
+use crate::schedule::{Schedule, Timing};
 use crate::store::{
     ALL_JOBS, Fence, JOBS_CHANNEL, JobRecord, NewFire, OutboxRun, Store, TriggerKind,
 };
@@ -185,7 +185,10 @@ pub async fn lead(
 /// bytes a job, against ~560 for a whole [`JobSpec`]), with the schedule and the group shared
 /// between jobs. The name is the key of [`Planner::jobs`].
 struct Planned {
-    schedule: Arc<Schedule>,
+    /// The schedule (shared) with the job's window and jitter.
+    timing: Timing,
+    /// Fires the schedule may still make (`max_runs` less those made); `None` without a limit.
+    runs_left: Option<u64>,
     group: Arc<str>,
     /// `None` for `null`, the parameters of most jobs.
     params: Option<Box<serde_json::Value>>,
@@ -201,7 +204,8 @@ struct Planned {
 impl Planned {
     /// Whether `other` plans and fires the same way (the generation aside).
     fn same_plan(&self, other: &Planned) -> bool {
-        (Arc::ptr_eq(&self.schedule, &other.schedule) || self.schedule == other.schedule)
+        self.timing == other.timing
+            && self.runs_left == other.runs_left
             && self.group == other.group
             && self.params == other.params
             && self.catch_up == other.catch_up
@@ -209,6 +213,23 @@ impl Planned {
             && self.timeout == other.timeout
             && self.retry == other.retry
             && self.fan_out == other.fan_out
+    }
+
+    /// Counts one fire against `max_runs`; false when none is left to make.
+    fn take_run(&mut self) -> bool {
+        match &mut self.runs_left {
+            None => true,
+            Some(0) => false,
+            Some(left) => {
+                *left -= 1;
+                true
+            }
+        }
+    }
+
+    /// Whether the schedule has made its `max_runs` fires.
+    fn used_up(&self) -> bool {
+        self.runs_left == Some(0)
     }
 
     fn params(&self) -> serde_json::Value {
@@ -341,15 +362,15 @@ impl Planner {
             return;
         }
         let name: Arc<str> = Arc::from(record.spec.name.as_str());
-        let Some(planned) = self.plan(record.spec) else {
+        let Some(planned) = self.plan(record.spec, record.scheduled_runs) else {
             return;
         };
         self.enter(name, planned, record.cursor_at, now, fires);
     }
 
     /// The compact record of a job (with a new generation), or `None` for a stored job whose
-    /// schedule does not parse (logged).
-    fn plan(&mut self, spec: JobSpec) -> Option<Planned> {
+    /// schedule does not parse (logged). `scheduled_runs`: the fires its schedule has made.
+    fn plan(&mut self, spec: JobSpec, scheduled_runs: i64) -> Option<Planned> {
         let schedule = match self.schedule_of(&spec) {
             Ok(s) => s,
             Err(e) => {
@@ -367,7 +388,10 @@ impl Planner {
         };
         self.generation += 1;
         let planned = Planned {
-            schedule,
+            timing: spec.timing_of(schedule),
+            runs_left: spec.max_runs.map(|max| {
+                u64::from(max).saturating_sub(u64::try_from(scheduled_runs).unwrap_or(0))
+            }),
             group,
             params: (!spec.params.is_null()).then(|| Box::new(spec.params.clone())),
             catch_up: CatchUpPolicy::from_spec(&spec),
@@ -384,7 +408,7 @@ impl Planner {
     fn enter(
         &mut self,
         name: Arc<str>,
-        planned: Planned,
+        mut planned: Planned,
         cursor: Option<DateTime<Utc>>,
         now: DateTime<Utc>,
         fires: &mut Vec<NewFire>,
@@ -392,12 +416,14 @@ impl Planner {
         // A job never planned before starts now: nothing to catch up.
         let cursor = cursor.unwrap_or(now);
         let next_from = if cursor < now {
-            catch_up(&name, &planned, cursor, now, fires);
+            catch_up(&name, &mut planned, cursor, now, fires);
             now
         } else {
             cursor
         };
-        if let Some(next) = planned.schedule.next_after(next_from) {
+        if planned.used_up() {
+            debug!(job = %name, "schedule ended: max_runs fires made");
+        } else if let Some(next) = planned.timing.next_after(next_from) {
             self.push(next, name.clone(), planned.generation);
         }
         self.jobs.insert(name, planned);
@@ -429,7 +455,7 @@ impl Planner {
         now: DateTime<Utc>,
         fires: &mut Vec<NewFire>,
     ) {
-        let Some(planned) = self.jobs.get(&name) else {
+        let Some(planned) = self.jobs.get_mut(&name) else {
             return;
         };
         if planned.generation != generation {
@@ -442,10 +468,16 @@ impl Planner {
             catch_up(&name, planned, just_before, now, fires);
             now
         } else {
-            fires.push(new_fire(&name, planned, at, TriggerKind::Schedule, None));
+            if planned.take_run() {
+                fires.push(new_fire(&name, planned, at, TriggerKind::Schedule, None));
+            }
             at
         };
-        let next = planned.schedule.next_after(next_from);
+        if planned.used_up() {
+            info!(job = %name, "schedule ended: its max_runs fires are made");
+            return;
+        }
+        let next = planned.timing.next_after(next_from);
         if let Some(next) = next {
             self.push(next, name, generation);
         }
@@ -530,7 +562,7 @@ impl Planner {
                     continue;
                 }
                 let cursor = record.cursor_at;
-                let Some(planned) = self.plan(record.spec) else {
+                let Some(planned) = self.plan(record.spec, record.scheduled_runs) else {
                     self.jobs.remove(&name);
                     continue;
                 };
@@ -570,14 +602,14 @@ impl Planner {
 
 fn catch_up(
     name: &str,
-    planned: &Planned,
+    planned: &mut Planned,
     cursor: DateTime<Utc>,
     now: DateTime<Utc>,
     fires: &mut Vec<NewFire>,
 ) {
     let mut cursor = cursor;
     loop {
-        let outcome = misfire::catch_up(&planned.schedule, cursor, now, &planned.catch_up);
+        let outcome = misfire::catch_up(&planned.timing, cursor, now, &planned.catch_up);
         if outcome.omitted > 0 {
             warn!(
                 job = %name,
@@ -588,20 +620,24 @@ fn catch_up(
         }
         push_decisions(name, planned, outcome.decisions, fires);
         // Long outages are decided in pages; each page moves the cursor forward.
-        if outcome.complete || outcome.cursor <= cursor {
+        if outcome.complete || outcome.cursor <= cursor || planned.used_up() {
             break;
         }
         cursor = outcome.cursor;
     }
 }
 
+/// Turns decisions into fires, each counted against `max_runs`; those past it are dropped.
 fn push_decisions(
     name: &str,
-    planned: &Planned,
+    planned: &mut Planned,
     decisions: Vec<Decision>,
     fires: &mut Vec<NewFire>,
 ) {
     for decision in decisions {
+        if !planned.take_run() {
+            break;
+        }
         let fire = match decision {
             Decision::Fire { at, late: true } => {
                 new_fire(name, planned, at, TriggerKind::Catchup, None)

@@ -78,12 +78,14 @@
 //! and :30 of each minute). `at` fires once. `manual` never fires on its own.
 
 mod cron_expr;
+mod timing;
 mod zoned;
 
 #[cfg(test)]
 mod tests;
 
 pub use cron_expr::CronDialect;
+pub use timing::Timing;
 pub use zoned::CronSchedule;
 
 use chrono::{DateTime, SecondsFormat, Utc};

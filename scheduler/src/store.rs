@@ -324,8 +324,13 @@ pub struct JobRecord {
     /// Who paused it: `file` (its job file says `paused = true`) or the operator's actor
     /// (`cli:alice`, `token:ops`); `None` when it is not paused.
     pub paused_by: Option<String>,
-    /// Last scheduled instant turned into a run or a skip.
+    /// Last scheduled instant turned into a run or a skip; for a job none of whose fires has
+    /// been, when its definition was last written: its schedule counts from there, so a fire
+    /// due before a new job's first write (a leader lost in between) is decided by the misfire
+    /// policy, not lost.
     pub cursor_at: Option<DateTime<Utc>>,
+    /// Fires the job's schedule has made, skipped ones included (what `max_runs` counts).
+    pub scheduled_runs: i64,
 }
 
 /// What a config sync changed.
@@ -874,7 +879,8 @@ impl Store {
     /// All jobs, by name.
     pub async fn jobs(&self) -> anyhow::Result<Vec<JobRecord>> {
         let rows = sqlx::query(
-            "SELECT spec, source, paused, paused_by, cursor_at FROM chime_jobs ORDER BY name",
+            "SELECT spec, source, paused, paused_by, coalesce(cursor_at, updated_at) AS cursor_at,
+                    scheduled_runs FROM chime_jobs ORDER BY name",
         )
         .fetch_all(&self.pool)
         .await
@@ -891,7 +897,8 @@ impl Store {
         limit: i64,
     ) -> anyhow::Result<Vec<JobRecord>> {
         let rows = sqlx::query(
-            "SELECT spec, source, paused, paused_by, cursor_at FROM chime_jobs
+            "SELECT spec, source, paused, paused_by, coalesce(cursor_at, updated_at) AS cursor_at,
+                    scheduled_runs FROM chime_jobs
              WHERE name > $1 ORDER BY name LIMIT $2",
         )
         .bind(after.unwrap_or(""))
@@ -905,7 +912,8 @@ impl Store {
     /// One job.
     pub async fn job(&self, name: &str) -> anyhow::Result<Option<JobRecord>> {
         let row = sqlx::query(
-            "SELECT spec, source, paused, paused_by, cursor_at FROM chime_jobs WHERE name = $1",
+            "SELECT spec, source, paused, paused_by, coalesce(cursor_at, updated_at) AS cursor_at,
+                    scheduled_runs FROM chime_jobs WHERE name = $1",
         )
         .bind(name)
         .fetch_optional(&self.pool)
@@ -1016,12 +1024,21 @@ impl Store {
                  LEFT JOIN chime_jobs j ON j.name = d.job_name
                  ON CONFLICT (job_name, scheduled_at) WHERE trigger <> 'manual' AND parent_id IS NULL
                  DO NOTHING
-                 RETURNING id, job_name, scheduled_at, state
+                 RETURNING id, job_name, scheduled_at, state, trigger
+             ), made AS (
+                 -- The schedule's fires written (max_runs counts them, skips included).
+                 SELECT job_name, count(*) AS n FROM ins
+                 WHERE trigger IN ('schedule', 'catchup')
+                 GROUP BY job_name
              ), cursor AS (
-                 UPDATE chime_jobs j SET cursor_at = c.at
-                 FROM (SELECT job_name, max(scheduled_at) AS at FROM fires GROUP BY job_name) c,
+                 UPDATE chime_jobs j
+                 SET cursor_at = greatest(j.cursor_at, c.at),
+                     scheduled_runs = j.scheduled_runs + coalesce(m.n, 0)
+                 FROM (SELECT job_name, max(scheduled_at) AS at FROM fires GROUP BY job_name) c
+                      LEFT JOIN made m ON m.job_name = c.job_name,
                       lease, counted
-                 WHERE j.name = c.job_name AND (j.cursor_at IS NULL OR j.cursor_at < c.at)
+                 WHERE j.name = c.job_name
+                   AND (j.cursor_at IS NULL OR j.cursor_at < c.at OR m.n IS NOT NULL)
              )
              SELECT 'lease' AS kind, NULL::bigint AS id, NULL::text AS job_name,
                     NULL::timestamptz AS scheduled_at, false AS blocked FROM lease
@@ -1538,6 +1555,7 @@ fn job_record(r: sqlx::postgres::PgRow) -> anyhow::Result<JobRecord> {
         paused: r.get("paused"),
         paused_by: r.get("paused_by"),
         cursor_at: r.get("cursor_at"),
+        scheduled_runs: r.get("scheduled_runs"),
     })
 }
 

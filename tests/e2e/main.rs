@@ -23,4 +23,5 @@ mod policies;
 mod quickstart;
 mod rabbit_cluster;
 mod restarts;
+mod timing;
 mod tls;

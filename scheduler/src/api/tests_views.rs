@@ -95,9 +95,43 @@ async fn a_schedule_preview_lists_five_fires_in_every_dialect_and_saves_nothing(
         .collect();
     assert!(fields.contains(&&json!("schedule")), "{body}");
     assert!(fields.contains(&&json!(null)), "both set: {body}");
-    let (status, body) = preview(json!({"schedule": "@daily", "name": "x"})).await;
+    let (status, body) = preview(json!({"schedule": "@daily", "group": "x"})).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert_eq!(body["error"]["problems"][0]["field"], "name", "{body}");
+    assert_eq!(body["error"]["problems"][0]["field"], "group", "{body}");
+
+    // Jitter, a window and max_runs: the fires the job of that name will have.
+    let timed = json!({"schedule": "0 0 * * *", "jitter": "5m", "name": "nightly",
+                       "start_at": "2030-01-01T00:00:00Z", "max_runs": 3});
+    let (status, body) = preview(timed.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let spec = crate::config::validate_job(
+        json!({"group": "g", "schedule": "0 0 * * *", "jitter": "5m", "name": "nightly",
+               "start_at": "2030-01-01T00:00:00Z", "max_runs": 3})
+        .as_object()
+        .unwrap(),
+    )
+    .expect("valid");
+    let fires: Vec<String> = spec
+        .upcoming(&spec.timing().unwrap(), chrono::Utc::now(), 5, 0)
+        .iter()
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true))
+        .collect();
+    assert_eq!(fires.len(), 3);
+    assert_eq!(body["upcoming"], json!(fires), "{body}");
+    assert!(
+        body["schedule"]
+            .as_str()
+            .unwrap()
+            .contains("jitter up to 5m"),
+        "{body}"
+    );
+    let mut renamed = timed;
+    renamed["name"] = json!("nightly-2");
+    let (_, other) = preview(renamed).await;
+    assert_ne!(
+        other["upcoming"], body["upcoming"],
+        "another job, other instants"
+    );
     let (status, _) = preview(json!("0 9 * * *")).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
 

@@ -311,12 +311,12 @@ fn one_case(
     prop_assert_eq!(&read, &spec);
 
     // Planner: next fires and misfire decisions.
-    let schedule = spec.schedule().expect("a validated job has a schedule");
-    let fires = schedule.upcoming(now, 5);
+    let timing = spec.timing().expect("a validated job has a schedule");
+    let fires = timing.upcoming(now, 5);
     prop_assert!(fires.windows(2).all(|w| w[0] < w[1]));
     prop_assert!(fires.iter().all(|f| *f > now));
     let cursor = now - behind;
-    let decided = catch_up(&schedule, cursor, now, &CatchUpPolicy::from_spec(&spec));
+    let decided = catch_up(&timing, cursor, now, &CatchUpPolicy::from_spec(&spec));
     prop_assert!(decided.cursor <= now);
     prop_assert!(
         decided

@@ -12,11 +12,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use chime_protocol::limits::{
-    MAX_ATTEMPTS, MAX_CATCHUP, MAX_DESCRIPTION_BYTES, MAX_EVERY, MAX_LOOKBACK, MAX_MAP_DEPTH,
-    MAX_MULTIPLIER, MAX_NAME_BYTES, MAX_NESTING, MAX_PARAMS_BYTES, MAX_RETENTION, MAX_RETRY_DELAY,
-    MAX_SHARDS, MAX_TIMEOUT, MAX_WORKERS_PER_GROUP,
+    MAX_ATTEMPTS, MAX_CATCHUP, MAX_DESCRIPTION_BYTES, MAX_EVERY, MAX_JITTER, MAX_LOOKBACK,
+    MAX_MAP_DEPTH, MAX_MULTIPLIER, MAX_NAME_BYTES, MAX_NESTING, MAX_PARAMS_BYTES, MAX_RETENTION,
+    MAX_RETRY_DELAY, MAX_RUNS, MAX_SHARDS, MAX_TIMEOUT, MAX_WORKERS_PER_GROUP,
 };
-use chrono::{DateTime, Datelike as _, NaiveDate, NaiveDateTime};
+use chrono::{DateTime, Datelike as _, NaiveDate, NaiveDateTime, SecondsFormat, Utc};
 use chrono_tz::Tz;
 use serde_json::{Map, Value};
 
@@ -40,6 +40,10 @@ pub const JOB_FIELDS: &[&str] = &[
     "every",
     "at",
     "timezone",
+    "jitter",
+    "start_at",
+    "end_at",
+    "max_runs",
     "params",
     "secret_params",
     "timeout",
@@ -606,7 +610,11 @@ pub fn validate_job(table: &Map<String, Value>) -> Result<JobSpec, Vec<FieldErro
             "the period must be at least 1ms; use a duration such as \"30s\" or \"5m\"",
         );
     }
-    check.at();
+    for field in ["at", "start_at", "end_at"] {
+        check.instant(field);
+    }
+    check.duration_at_most("jitter", MAX_JITTER, "jitter");
+    check.whole_number_in("max_runs", 1, MAX_RUNS);
     check.params();
     check.secret_params();
     if let Some(timeout) = check.duration_at_most("timeout", MAX_TIMEOUT, "a timeout")
@@ -660,14 +668,133 @@ pub fn validate_job(table: &Map<String, Value>) -> Result<JobSpec, Vec<FieldErro
     if !check.errors.is_empty() {
         return Err(check.errors);
     }
-    serde_json::from_value(Value::Object(check.clean)).map_err(|e| {
+    let spec: JobSpec = serde_json::from_value(Value::Object(check.clean)).map_err(|e| {
         // Unreachable unless JOB_FIELDS and the checks above lag behind JobSpec.
         vec![FieldError {
             field: None,
             value: None,
             message: format!("cannot build the job: {e}"),
         }]
-    })
+    })?;
+    let errors = timing_errors(&spec, table, Utc::now());
+    if errors.is_empty() {
+        Ok(spec)
+    } else {
+        Err(errors)
+    }
+}
+
+/// How many fires after the validation instant `jitter` is checked against: the shortest time
+/// between two of them bounds it.
+const JITTER_GAP_FIRES: usize = 100;
+
+/// The checks of a job's timing fields that need its built schedule: `jitter`, `start_at`,
+/// `end_at` and `max_runs` apply to a schedule; `end_at` comes after `start_at` and leaves a
+/// fire between them; `jitter` is no longer than the time between two fires (a fire never
+/// moves past the next one, so a longer jitter would not be what it says). The gaps of a cron
+/// schedule are those of its next [`JITTER_GAP_FIRES`] fires after `now`.
+fn timing_errors(
+    spec: &JobSpec,
+    table: &Map<String, Value>,
+    now: DateTime<Utc>,
+) -> Vec<FieldError> {
+    let fail = |field: &str, message: String| {
+        FieldError::new(field, table.get(field).map(render), message)
+    };
+    let mut errors = Vec::new();
+    let given: Vec<&str> = ["jitter", "start_at", "end_at", "max_runs"]
+        .into_iter()
+        .filter(|field| table.get(*field).is_some_and(|v| !v.is_null()))
+        .collect();
+    if spec.when == When::Manual {
+        for field in given {
+            errors.push(fail(
+                field,
+                "applies to scheduled fires, and a job without \"schedule\", \"every\" or \
+                 \"at\" has none; remove it, or give the job a schedule"
+                    .to_owned(),
+            ));
+        }
+        return errors;
+    }
+    let Ok(schedule) = spec.schedule() else {
+        return errors;
+    };
+    if let (Some(start), Some(end)) = (spec.start_at, spec.end_at)
+        && end <= start
+    {
+        errors.push(fail(
+            "end_at",
+            format!(
+                "is not after start_at ({}), so the schedule would never fire; put end_at \
+                 after start_at",
+                start.to_rfc3339()
+            ),
+        ));
+        return errors;
+    }
+    if let Some(jitter) = spec.jitter {
+        if jitter.is_zero() {
+            errors.push(fail(
+                "jitter",
+                "must be longer than 0s; remove the field for fires at their exact instants"
+                    .to_owned(),
+            ));
+        } else if let Some((gap, from, to)) = shortest_gap(&schedule, now)
+            && jitter > gap
+        {
+            let gap_text = humantime::format_duration(gap);
+            errors.push(fail(
+                "jitter",
+                format!(
+                    "is longer than the {gap_text} between two fires ({} and {}); a fire \
+                     never moves past the next one, so use at most \"{gap_text}\"",
+                    from.to_rfc3339_opts(SecondsFormat::AutoSi, true),
+                    to.to_rfc3339_opts(SecondsFormat::AutoSi, true),
+                ),
+            ));
+        }
+    }
+    // A window with no fire in it never fires, whenever it is loaded. (`end_at` alone is not
+    // checked: a schedule that has ended by now is not a mistake.)
+    if let (Some(start), Some(_)) = (spec.start_at, spec.end_at)
+        && errors.is_empty()
+    {
+        let timing = spec.timing_of(std::sync::Arc::new(schedule));
+        let before = start
+            .to_utc()
+            .checked_sub_signed(chrono::TimeDelta::nanoseconds(1));
+        if before
+            .and_then(|before| timing.next_after(before))
+            .is_none()
+        {
+            errors.push(fail(
+                "end_at",
+                "leaves no fire of the schedule in the window (none at or after start_at and at \
+                 or before end_at); widen the window or change the schedule"
+                    .to_owned(),
+            ));
+        }
+    }
+    errors
+}
+
+/// The shortest time between two consecutive fires of `schedule` among its next
+/// [`JITTER_GAP_FIRES`] after `now`, with the two fires; `None` with fewer than two.
+fn shortest_gap(
+    schedule: &Schedule,
+    now: DateTime<Utc>,
+) -> Option<(Duration, DateTime<Utc>, DateTime<Utc>)> {
+    if let Schedule::Every(period) = schedule {
+        let first = schedule.next_after(now)?;
+        let second = schedule.next_after(first)?;
+        return Some((*period, first, second));
+    }
+    schedule
+        .upcoming(now, JITTER_GAP_FIRES)
+        .windows(2)
+        .filter_map(|pair| Some(((pair[1] - pair[0]).to_std().ok()?, pair[0], pair[1])))
+        .min_by_key(|(gap, _, _)| *gap)
 }
 
 /// Checks a job's or a manual trigger's `params`: a JSON object (`null` counts as absent) whose
@@ -1405,8 +1532,9 @@ impl<'a> Check<'a> {
         None
     }
 
-    fn at(&mut self) {
-        let Some(text) = self.string("at") else {
+    /// An RFC 3339 instant with its UTC offset (`at`, `start_at`, `end_at`).
+    fn instant(&mut self, field: &str) {
+        let Some(text) = self.string(field) else {
             return;
         };
         match DateTime::parse_from_rfc3339(text) {
@@ -1414,14 +1542,14 @@ impl<'a> Check<'a> {
             // (and so the API and the dashboard) cannot write.
             Ok(at) if !(0..=9999).contains(&at.to_utc().year()) => {
                 self.fail(
-                    "at",
+                    field,
                     "the instant in UTC is outside the years 0000 to 9999; use an instant \
                      inside them, such as \"2026-12-01T00:00:00Z\"",
                 );
             }
             Ok(at) => {
                 self.clean
-                    .insert("at".to_owned(), Value::String(at.to_rfc3339()));
+                    .insert(field.to_owned(), Value::String(at.to_rfc3339()));
             }
             Err(_) => {
                 let trimmed = text.trim();
@@ -1443,7 +1571,7 @@ impl<'a> Check<'a> {
                      \"2026-12-01T00:00:00+08:00\" or \"2026-12-01T00:00:00Z\""
                         .to_owned()
                 };
-                self.fail("at", message);
+                self.fail(field, message);
             }
         }
     }
@@ -1716,3 +1844,5 @@ pub(super) fn duration_problem(text: &str, error: &humantime::DurationError) -> 
 mod tests;
 #[cfg(test)]
 mod tests_kinds;
+#[cfg(test)]
+mod tests_timing;

@@ -635,6 +635,11 @@ async function jobForm(page, name) {
   const input = el("input", { id: "schedule", name: "schedule", size: 30,
     value: spec.schedule || spec.every || spec.at || "" });
   const zone = text("timezone", spec.timezone || "UTC", 18);
+  const jitter = text("job-jitter", spec.jitter, 8);
+  const startAt = text("job-start-at", spec.start_at, 26);
+  const endAt = text("job-end-at", spec.end_at, 26);
+  const maxRuns = el("input", { id: "job-max-runs", name: "max_runs", type: "number", min: 1,
+    value: spec.max_runs ?? "" });
   const params = el("textarea", { id: "job-params", name: "params", rows: 6, cols: 60, spellcheck: "false" });
   params.value = JSON.stringify(spec.params ?? {}, null, 2);
   const timeout = text("job-timeout", spec.timeout, 8);
@@ -647,8 +652,15 @@ async function jobForm(page, name) {
   const error = el("p", { id: "edit-error", class: "error" });
   const preview = el("ol", { id: "preview", class: "muted" });
   const scheduleFields = () => {
-    const body = { schedule: null, every: null, at: null, timezone: zone.value.trim() || null };
-    if (kind.value !== "manual") body[kind.value] = input.value.trim();
+    const body = { schedule: null, every: null, at: null, timezone: zone.value.trim() || null,
+      jitter: null, start_at: null, end_at: null, max_runs: null };
+    if (kind.value !== "manual") {
+      body[kind.value] = input.value.trim();
+      body.jitter = jitter.value.trim() || null;
+      body.start_at = startAt.value.trim() || null;
+      body.end_at = endAt.value.trim() || null;
+      body.max_runs = maxRuns.value.trim() ? Number(maxRuns.value) : null;
+    }
     return body;
   };
   // Shows the preview of the schedule fields; resolves to them when they are valid.
@@ -658,7 +670,9 @@ async function jobForm(page, name) {
     const body = scheduleFields();
     let result;
     try {
-      result = { ok: true, preview: await api("POST", "/api/schedules/preview", body) };
+      // The jitter depends on the job's name: preview with it once there is one.
+      const named = nameInput.value.trim() ? Object.assign({ name: nameInput.value.trim() }, body) : body;
+      result = { ok: true, preview: await api("POST", "/api/schedules/preview", named) };
     } catch (e) {
       result = { ok: false, message: e.message };
     }
@@ -673,14 +687,20 @@ async function jobForm(page, name) {
     preview.setAttribute("data-state", result.ok ? "valid" : "invalid");
     return result.ok ? body : null;
   };
+  // A manual-only job has no schedule, so none of its timing fields.
+  const lock = () => {
+    for (const field of [input, jitter, startAt, endAt, maxRuns]) field.disabled = kind.value === "manual";
+  };
   let debounce = null;
   const changed = () => {
-    input.disabled = kind.value === "manual";
+    lock();
     preview.setAttribute("data-state", "pending");
     clearTimeout(debounce);
     debounce = setTimeout(check, 300);
   };
-  for (const field of [kind, input, zone]) field.addEventListener("input", changed);
+  for (const field of [kind, input, zone, jitter, startAt, endAt, maxRuns, nameInput]) {
+    field.addEventListener("input", changed);
+  }
   const showProblems = (problems) => {
     for (const e of errors.values()) e.textContent = "";
     for (const p of problems || []) {
@@ -737,6 +757,10 @@ async function jobForm(page, name) {
     el("tr", {}, el("th", {}, el("label", { for: "schedule-kind" }, "schedule")),
       el("td", {}, kind, " ", input, el("label", { for: "timezone" }, " time zone "), zone,
         el("span", { class: "field-error error", "data-field": "schedule" }))),
+    row("jitter", "jitter", jitter, "such as 5m: each fire moves later by up to this; empty: none"),
+    row("from", "start_at", startAt, "no fire before this instant, such as 2027-01-01T00:00:00Z"),
+    row("until", "end_at", endAt, "no fire after this instant"),
+    row("max runs", "max_runs", maxRuns, "the schedule ends after this many fires; empty: no end"),
     row("params", "params", params, "a JSON object"),
     row("timeout", "timeout", timeout, "such as 30s; empty: none"),
     row("attempts", "retry", attempts, "1 = no retry"),
@@ -749,7 +773,7 @@ async function jobForm(page, name) {
   errors.set("retry.max_attempts", errors.get("retry"));
   page.append(form, error,
     el("p", { class: "muted" }, "Next five fire times of the schedule above, in its time zone:"), preview);
-  input.disabled = kind.value === "manual";
+  lock();
   check();
 }
 

@@ -57,6 +57,10 @@ const CONFIGURATION_MD_KINDS: &[&str] = &[
     r##"{"name":"scan-customer-partitions","group":"customers","kind":"sharded","shards":"workers","shard_params":[{"also_archived":true},null,"eu-only"],"every":"1h","timezone":"UTC","params":null,"misfire":"fire_once","misfire_grace":"5s","catchup_window":"1h","max_catchup":100,"concurrency":"allow","retry":{"max_attempts":3,"initial":"10s","multiplier":2.0,"max":"10m","jitter":true},"paused":false}"##,
     r##"{"name":"monthly-invoices","group":"billing","kind":"map_reduce","map_depth":2,"schedule":"0 0 1 * *","timezone":"UTC","params":null,"timeout":"30m","misfire":"fire_once","misfire_grace":"5s","catchup_window":"1h","max_catchup":100,"concurrency":"allow","retry":{"max_attempts":3,"initial":"10s","multiplier":2.0,"max":"10m","jitter":true},"paused":false}"##,
 ];
+/// The jitter and window example of docs/configuration.md.
+const CONFIGURATION_MD_TIMING: &[&str] = &[
+    r##"{"name":"nightly-export","group":"reports","schedule":"0 0 * * *","timezone":"UTC","jitter":"5m","start_at":"2027-01-01T00:00:00+08:00","end_at":"2027-06-30T23:59:59+08:00","params":null,"misfire":"fire_once","misfire_grace":"5s","catchup_window":"1h","max_catchup":100,"concurrency":"allow","retry":{"max_attempts":3,"initial":"10s","multiplier":2.0,"max":"10m","jitter":true},"paused":false}"##,
+];
 /// The job file of README.md.
 const README_MD: &[&str] = &[
     r##"{"name":"close-unpaid-orders","group":"orders","schedule":"0 */2 * * * *","timezone":"Asia/Shanghai","params":{"batch":500},"timeout":"5m","misfire":"fire_once","misfire_grace":"5s","catchup_window":"1h","max_catchup":100,"concurrency":"forbid","retry":{"max_attempts":4,"initial":"10s","multiplier":2.0,"max":"10m","jitter":true},"alerts":{"webhook":"https://hooks.slack.com/services/…","format":"slack"},"paused":false}"##,
@@ -176,15 +180,21 @@ fn documented_job_files_store_the_json_they_stored_before() {
     let configuration = job_blocks("docs/configuration.md");
     assert_eq!(
         configuration.len(),
-        4,
-        "one job file in TOML, the same in YAML; then the job kinds' in TOML, the same in YAML"
+        5,
+        "one job file in TOML, the same in YAML; then the job kinds' in TOML, the same in YAML; \
+         then the jitter and window example"
     );
     for jobs in &configuration[..2] {
         assert_stored_as("docs/configuration.md", jobs, CONFIGURATION_MD);
     }
-    for jobs in &configuration[2..] {
+    for jobs in &configuration[2..4] {
         assert_stored_as("docs/configuration.md", jobs, CONFIGURATION_MD_KINDS);
     }
+    assert_stored_as(
+        "docs/configuration.md",
+        &configuration[4],
+        CONFIGURATION_MD_TIMING,
+    );
     let readme = job_blocks("README.md");
     assert_eq!(readme.len(), 2, "README.md's job files");
     assert_stored_as("README.md", &readme[0], README_MD);

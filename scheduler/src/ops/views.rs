@@ -20,7 +20,9 @@ use crate::parking::ParkedPayload;
 use crate::secrets;
 
 /// The job-definition fields a schedule preview takes.
-pub const PREVIEW_FIELDS: &[&str] = &["schedule", "every", "at", "timezone"];
+pub const PREVIEW_FIELDS: &[&str] = &[
+    "schedule", "every", "at", "timezone", "jitter", "start_at", "end_at", "max_runs", "name",
+];
 
 /// What a schedule would do, as `chime check` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -39,7 +41,8 @@ pub struct SchedulePreview {
 
 impl Operations {
     /// Validates the schedule fields of a job definition (`schedule`, `every`, `at`,
-    /// `timezone`; the job-file form, as JSON) with the same checks as job files and
+    /// `timezone`, `jitter`, `start_at`, `end_at`, `max_runs`, and `name` for the jitter; the
+    /// job-file form, as JSON) with the same checks as job files and
     /// `POST /api/jobs`, and lists the next fire times after `now`. Nothing is saved.
     pub async fn preview_schedule(
         &self,
@@ -65,8 +68,9 @@ impl Operations {
                 FieldProblem::new(
                     key,
                     value.to_string(),
-                    "unknown field; a preview takes \"schedule\", \"every\", \"at\" and \
-                     \"timezone\"",
+                    "unknown field; a preview takes \"schedule\", \"every\", \"at\", \
+                     \"timezone\", \"jitter\", \"start_at\", \"end_at\", \"max_runs\" and \
+                     \"name\" (the job's, which its jitter depends on)",
                 )
             })
             .collect();
@@ -74,21 +78,24 @@ impl Operations {
             unknown.sort_by(|a, b| a.field.cmp(&b.field));
             return Err(OpsError::Invalid(unknown));
         }
-        // A stand-in name and group, which are valid, so every problem is about the schedule.
+        // A stand-in group (and name, when none is given), which are valid, so every problem is
+        // about the schedule. A jittered schedule depends on the job's name.
         let mut definition = fields;
-        definition.insert("name".into(), "schedule-preview".into());
+        definition
+            .entry("name")
+            .or_insert_with(|| "schedule-preview".into());
         definition.insert("group".into(), "preview".into());
         let spec = validated(&serde_json::Value::Object(definition))?;
-        let schedule = spec.schedule().map_err(|e| {
+        let timing = spec.timing().map_err(|e| {
             OpsError::Invalid(vec![FieldProblem {
                 field: None,
                 value: None,
                 message: e.to_string(),
             }])
         })?;
-        let upcoming = schedule.upcoming(now, UPCOMING);
+        let upcoming = spec.upcoming(&timing, now, UPCOMING, 0);
         Ok(SchedulePreview {
-            schedule: schedule.describe(),
+            schedule: timing.describe(),
             timezone: spec.timezone.name().to_owned(),
             upcoming_local: upcoming
                 .iter()
@@ -99,7 +106,7 @@ impl Operations {
                 .collect(),
             none_because: upcoming
                 .is_empty()
-                .then(|| crate::check::why_no_fires(&spec)),
+                .then(|| spec.why_no_fires(&timing, now, 0)),
             upcoming,
         })
     }

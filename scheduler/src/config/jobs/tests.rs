@@ -49,7 +49,8 @@ fn toml_job(text: &str) -> JobSpec {
 }
 
 const ALL_FIELDS: &str = "name, group, kind, shards, shard_params, min_workers, map_depth, \
-                          on_task_failure, schedule, every, at, timezone, params, secret_params, timeout, misfire, \
+                          on_task_failure, schedule, every, at, timezone, jitter, start_at, end_at, max_runs, params, \
+                          secret_params, timeout, misfire, \
                           misfire_grace, catchup_window, max_catchup, concurrency, retry, \
                           alerts, retention, paused, description";
 
@@ -814,6 +815,10 @@ fn job_fields_match_the_spec_serde_form() {
         on_task_failure: crate::job::TaskFailurePolicy::Fail,
         when: When::Manual,
         timezone: Tz::UTC,
+        jitter: Some(Duration::from_secs(1)),
+        start_at: Some(DateTime::parse_from_rfc3339("2026-12-01T00:00:00Z").unwrap()),
+        end_at: Some(DateTime::parse_from_rfc3339("2026-12-02T00:00:00Z").unwrap()),
+        max_runs: Some(3),
         params: serde_json::json!({}),
         secret_params: vec!["token".into()],
         timeout: Some(Duration::from_secs(1)),

@@ -10,13 +10,13 @@ use super::*;
 use crate::job::{Kind, Shards, TaskFailurePolicy};
 
 /// The job a JSON definition (an API body) validates into.
-fn job(definition: Value) -> JobSpec {
+pub(super) fn job(definition: Value) -> JobSpec {
     validate_job(definition.as_object().expect("object"))
         .unwrap_or_else(|e| panic!("{definition}: {e:#?}"))
 }
 
 /// The mistakes of a JSON definition, as `field = value: message` lines.
-fn mistakes(definition: Value) -> Vec<String> {
+pub(super) fn mistakes(definition: Value) -> Vec<String> {
     let errors = validate_job(definition.as_object().expect("object"))
         .map(|job| panic!("{definition}: expected mistakes, built {job:#?}"))
         .unwrap_or_else(|errors| errors);
@@ -33,7 +33,7 @@ fn mistakes(definition: Value) -> Vec<String> {
 }
 
 /// A definition of job `a` in group `g` with `fields` added.
-fn with(fields: Value) -> Value {
+pub(super) fn with(fields: Value) -> Value {
     let mut definition = json!({"name": "a", "group": "g"});
     let (Value::Object(base), Value::Object(fields)) = (&mut definition, fields) else {
         panic!("objects");
