@@ -720,6 +720,23 @@ fn timing_errors(
     let Ok(schedule) = spec.schedule() else {
         return errors;
     };
+    // A static never-firing expression is rejected by the parser; a Quartz year field can also
+    // lie wholly in the past, which only the clock tells.
+    if let Schedule::Cron(cron) = &schedule
+        && cron.next_after(now).is_none()
+    {
+        errors.push(fail(
+            "schedule",
+            format!(
+                "invalid cron expression: its year field allows no year from {} on, so it would \
+                 never fire again; widen the year field (such as {}-{}) or remove it",
+                now.year(),
+                now.year(),
+                now.year() + 4
+            ),
+        ));
+        return errors;
+    }
     if let (Some(start), Some(end)) = (spec.start_at, spec.end_at)
         && end <= start
     {

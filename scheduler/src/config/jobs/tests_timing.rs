@@ -97,6 +97,25 @@ fn each_timing_mistake_names_the_field_the_value_and_the_fix() {
 }
 
 #[test]
+fn a_quartz_year_field_wholly_in_the_past_is_rejected_with_the_fix() {
+    let got = mistakes(with(json!({"schedule": "0 0 9 * * ? 2020-2024"})));
+    let year = chrono::Datelike::year(&chrono::Utc::now());
+    assert_eq!(
+        got,
+        vec![format!(
+            "schedule = \"0 0 9 * * ? 2020-2024\": invalid cron expression: its year field \
+             allows no year from {year} on, so it would never fire again; widen the year field \
+             (such as {year}-{}) or remove it",
+            year + 4
+        )]
+    );
+    // A year field reaching this year or later is fine.
+    job(with(
+        json!({"schedule": format!("0 0 9 * * ? 2020-{}", year + 1)}),
+    ));
+}
+
+#[test]
 fn a_window_that_ended_is_no_mistake_and_a_one_shot_takes_any_jitter() {
     // A schedule whose end_at has passed has ended; its job file stays loadable.
     let ended = job(with(
