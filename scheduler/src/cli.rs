@@ -70,6 +70,14 @@ pub enum Command {
         #[arg(required = true, value_name = "FILE")]
         files: Vec<PathBuf>,
     },
+    /// Compare job files with what the cluster runs: per job added, removed or changed (each
+    /// field, and the next fires before and after). Exit 0: no change; 2: changes; 1: errors.
+    Diff {
+        /// Job files (TOML or YAML): all those the schedulers load, since a job-file job that
+        /// none of them declares shows as removed.
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+    },
     /// Inspect and control jobs.
     #[command(subcommand)]
     Jobs(JobsCommand),
@@ -409,6 +417,7 @@ async fn execute(
         Command::Scheduler { .. }
         | Command::Migrate
         | Command::Check { .. }
+        | Command::Diff { .. }
         | Command::Completions { .. } => Err(OpsError::Internal(anyhow::anyhow!(
             "not a runtime control command"
         ))),

@@ -10,6 +10,7 @@ pub mod check;
 pub mod cli;
 pub mod config;
 pub mod dashboard;
+pub mod diff;
 pub mod dispatcher;
 pub mod job;
 pub mod leader;

@@ -68,6 +68,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Diff { files } => {
+            let store = Store::connect(&settings.database_url, 2).await?;
+            let mut out = std::io::stdout().lock();
+            let code = chime_scheduler::diff::run(&store, &files, cli.output, &mut out).await?;
+            out.flush()?;
+            Ok(code)
+        }
         command => {
             let store = Store::connect(&settings.database_url, 2).await?;
             let broker = Broker::new(settings.amqp_addresses(), &settings.queue_prefix)

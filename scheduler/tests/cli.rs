@@ -320,3 +320,84 @@ async fn migrate_says_it_created_the_database_and_how_many_migrations_it_applied
     );
     assert_eq!(second, format!("database {name} is up to date\n"));
 }
+
+#[sqlx::test(migrations = "../migrations")]
+async fn diff_exits_0_when_files_match_the_cluster_2_with_changes_and_1_on_mistakes(pool: PgPool) {
+    declare_job(&pool).await;
+    let url = url_of(&pool).await;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).expect("job file written");
+        path.to_str().expect("utf-8 path").to_owned()
+    };
+    let same = write(
+        "same.toml",
+        "[[jobs]]\nname = \"nightly\"\ngroup = \"g\"\nevery = \"1h\"\n\
+         params = { batch = 500, region = \"eu\" }\ndescription = \"reconciles the ledger\"\n",
+    );
+    let output = chime_at(&url, &["diff", &same], &[]);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&output),
+        stderr(&output)
+    );
+    assert_eq!(
+        stdout(&output),
+        "No changes: 1 jobs as the cluster runs them\n"
+    );
+
+    let changed = write(
+        "changed.toml",
+        "[[jobs]]\nname = \"nightly\"\ngroup = \"g\"\nevery = \"2h\"\njitter = \"1m\"\n\
+         params = { batch = 500, region = \"eu\" }\ndescription = \"reconciles the ledger\"\n\
+         [[jobs]]\nname = \"fresh\"\ngroup = \"g\"\nschedule = \"0 9 * * *\"\n",
+    );
+    let output = chime_at(&url, &["diff", &changed], &[]);
+    let text = stdout(&output);
+    assert_eq!(output.status.code(), Some(2), "{text}{}", stderr(&output));
+    assert!(
+        text.contains("+ job \"fresh\" (added)\n    next fires:        "),
+        "{text}"
+    );
+    assert!(
+        text.contains("~ job \"nightly\" (changed)\n    every: \"1h\" -> \"2h\"\n    jitter: (not set) -> \"1m\"\n    next fires before: "),
+        "{text}"
+    );
+    assert!(
+        text.ends_with("1 added, 1 changed, 0 removed; 0 unchanged\n"),
+        "{text}"
+    );
+    // JSON for scripts; nothing was stored.
+    let output = chime_at(&url, &["diff", "--output", "json", &changed], &[]);
+    assert_eq!(output.status.code(), Some(2));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(report["changes"][1]["change"], "changed", "{report}");
+    assert_eq!(
+        report["changes"][1]["fields"][0]["field"], "every",
+        "{report}"
+    );
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM chime_jobs")
+        .fetch_one(&pool)
+        .await
+        .expect("count");
+    assert_eq!(stored, 1, "chime diff stores nothing");
+
+    // No file declares the job any more: removed.
+    let empty = write("other.toml", "[[jobs]]\nname = \"other\"\ngroup = \"g\"\n");
+    let text = stdout(&chime_at(&url, &["diff", &empty], &[]));
+    assert!(
+        text.contains("- job \"nightly\" (removed)\n    next fires were:   "),
+        "{text}"
+    );
+
+    let broken = write(
+        "broken.toml",
+        "[[jobs]]\nname = \"x\"\ngroup = \"g\"\nevery = \"soon\"\n",
+    );
+    let output = chime_at(&url, &["diff", &broken], &[]);
+    assert_eq!(output.status.code(), Some(1), "{}", stdout(&output));
+    assert!(stdout(&output).contains("soon"), "{}", stdout(&output));
+}
