@@ -108,6 +108,8 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/api/jobs/{name}/resume", post(resume_job))
         .route("/api/jobs/{name}/trigger", post(trigger_job))
         .route("/api/jobs/{name}/report", get(views::job_report))
+        .route("/api/jobs/{name}/versions", get(job_versions))
+        .route("/api/jobs/{name}/rollback", post(rollback_job))
         .route("/api/schedules/preview", post(views::preview_schedule))
         .route("/api/runs", get(list_runs))
         .route("/api/runs/{id}", get(show_run))
@@ -517,6 +519,47 @@ async fn resume_job(
     Path(name): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
     ok(s.ops.set_paused(&c, &name, false).await?)
+}
+
+async fn job_versions(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+    Path(name): Path<String>,
+) -> ApiResult<impl IntoResponse> {
+    ok(s.ops.job_history(&c, &name).await?)
+}
+
+async fn rollback_job(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> ApiResult<impl IntoResponse> {
+    const SHAPE: &str = "the body is {\"to\": N}, N the version to put back (GET \
+                         /api/jobs/NAME/versions lists them)";
+    let problem = |field: Option<&str>, value: &Value| {
+        ApiError::invalid(vec![FieldProblem {
+            field: field.map(str::to_owned),
+            value: Some(value.to_string()),
+            message: SHAPE.to_owned(),
+        }])
+    };
+    let body = body_json(&body)?;
+    let Value::Object(map) = &body else {
+        return Err(problem(None, &body));
+    };
+    if let Some(key) = map.keys().find(|k| k.as_str() != "to") {
+        return Err(problem(Some(key), &map[key]));
+    }
+    let to = map.get("to").unwrap_or(&Value::Null);
+    let Some(version) = to
+        .as_i64()
+        .and_then(|n| i32::try_from(n).ok())
+        .filter(|n| *n > 0)
+    else {
+        return Err(problem(Some("to"), to));
+    };
+    ok(s.ops.rollback_job(&c, &name, version).await?)
 }
 
 async fn trigger_job(
@@ -937,6 +980,8 @@ mod tests_hostile;
 mod tests_params;
 #[cfg(test)]
 mod tests_tasks;
+#[cfg(test)]
+mod tests_versions;
 #[cfg(test)]
 mod tests_views;
 #[cfg(test)]

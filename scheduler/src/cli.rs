@@ -281,6 +281,20 @@ pub enum JobsCommand {
         /// Job name.
         name: String,
     },
+    /// A job's definition versions: each change (job file reload, API or CLI edit) with who
+    /// made it, when, and which fields it changed.
+    History {
+        /// Job name.
+        name: String,
+    },
+    /// Put back an earlier definition of a job created through the API, as a new version.
+    Rollback {
+        /// Job name.
+        name: String,
+        /// The version to put back (`chime jobs history` lists them).
+        #[arg(long, value_name = "VERSION")]
+        to: i32,
+    },
 }
 
 /// `chime runs …`
@@ -517,6 +531,49 @@ async fn jobs(
         JobsCommand::Delete { name } => {
             ops.delete_job(caller, &name).await?;
             writeln!(out, "deleted {name}").map_err(io)
+        }
+        JobsCommand::History { name } => {
+            let versions = ops.job_history(caller, &name).await?;
+            render(output, out, &versions, |t| {
+                t.set_header(["VERSION", "AT", "BY", "SOURCE", "CHANGES"]);
+                for v in &versions {
+                    let changes = if v.version == 1 || v.changes.is_empty() {
+                        if v.version == 1 {
+                            "created"
+                        } else {
+                            "no field changed"
+                        }
+                        .to_owned()
+                    } else {
+                        v.changes
+                            .iter()
+                            .map(ToString::to_string)
+                            .collect::<Vec<_>>()
+                            .join("\n")
+                    };
+                    let number = if v.current {
+                        format!("{} (current)", v.version)
+                    } else {
+                        v.version.to_string()
+                    };
+                    t.add_row([
+                        number,
+                        time(Some(v.at)),
+                        v.actor.clone(),
+                        v.source.clone(),
+                        changes,
+                    ]);
+                }
+            })
+        }
+        JobsCommand::Rollback { name, to } => {
+            let job = ops.rollback_job(caller, &name, to).await?;
+            writeln!(
+                out,
+                "rolled {name} back to version {to}, now version {}",
+                job.version
+            )
+            .map_err(io)
         }
     }
 }

@@ -19,7 +19,6 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::check::UPCOMING_FIRES;
-use crate::cli::Output;
 use crate::config::{ConfigErrors, expand_job_patterns, load_job_files};
 use crate::job::JobSpec;
 use crate::secrets::redact_spec;
@@ -49,6 +48,20 @@ pub struct FieldChange {
     pub after: Option<Value>,
 }
 
+impl std::fmt::Display for FieldChange {
+    /// `field: before -> after`, `(not set)` for a side without it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let value = |v: &Option<Value>| v.as_ref().map_or("(not set)".to_owned(), Value::to_string);
+        write!(
+            f,
+            "{}: {} -> {}",
+            self.field,
+            value(&self.before),
+            value(&self.after)
+        )
+    }
+}
+
 /// One job that would change.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct JobChange {
@@ -70,12 +83,12 @@ pub struct JobChange {
 pub const CHANGES_EXIT: u8 = 2;
 
 /// `chime diff FILES…`: loads the job files (patterns as `chime check` takes them), reads the
-/// jobs of the cluster at `store`, and writes the changes as `output` says. Mistakes in the
-/// files are written like `chime check` writes them.
+/// jobs of the cluster at `store`, and writes the changes for people, or as JSON when `json`.
+/// Mistakes in the files are written like `chime check` writes them.
 pub async fn run(
     store: &Store,
     paths: &[PathBuf],
-    output: Output,
+    json: bool,
     out: &mut dyn Write,
 ) -> anyhow::Result<ExitCode> {
     let loaded = expand_job_patterns(paths).and_then(|files| load_job_files(&files));
@@ -97,12 +110,11 @@ pub async fn run(
             .iter()
             .filter(|c| c.change != Change::Removed)
             .count();
-    match output {
-        Output::Table => render(&changes, unchanged, out)?,
-        Output::Json => {
-            let report = serde_json::json!({"changes": changes, "unchanged": unchanged});
-            writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
-        }
+    if json {
+        let report = serde_json::json!({"changes": changes, "unchanged": unchanged});
+        writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
+    } else {
+        render(&changes, unchanged, out)?;
     }
     Ok(if changes.is_empty() {
         ExitCode::SUCCESS
@@ -178,7 +190,7 @@ fn fires(spec: &JobSpec, now: DateTime<Utc>, made: i64) -> Vec<DateTime<Utc>> {
 }
 
 /// The fields of the stored forms of `before` and `after` that differ, secrets hidden.
-fn field_changes(before: &JobSpec, after: &JobSpec) -> Vec<FieldChange> {
+pub fn field_changes(before: &JobSpec, after: &JobSpec) -> Vec<FieldChange> {
     let flat = |spec: &JobSpec| {
         let mut fields = BTreeMap::new();
         if let Ok(Value::Object(form)) = serde_json::to_value(redact_spec(spec)) {
@@ -231,7 +243,6 @@ pub fn render(changes: &[JobChange], unchanged: usize, out: &mut dyn Write) -> s
             fires.iter().map(instant).collect::<Vec<_>>().join(", ")
         }
     };
-    let value = |v: &Option<Value>| v.as_ref().map_or("(not set)".to_owned(), Value::to_string);
     for change in changes {
         match change.change {
             Change::Added => {
@@ -245,13 +256,7 @@ pub fn render(changes: &[JobChange], unchanged: usize, out: &mut dyn Write) -> s
             Change::Changed => {
                 writeln!(out, "~ job {:?} (changed)", change.name)?;
                 for field in &change.fields {
-                    writeln!(
-                        out,
-                        "    {}: {} -> {}",
-                        field.field,
-                        value(&field.before),
-                        value(&field.after)
-                    )?;
+                    writeln!(out, "    {field}")?;
                 }
                 if change.fires_before != change.fires_after {
                     writeln!(out, "    next fires before: {}", list(&change.fires_before))?;
@@ -292,6 +297,7 @@ mod tests {
             paused_by: None,
             cursor_at: None,
             scheduled_runs: made,
+            version: 1,
         }
     }
 

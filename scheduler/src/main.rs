@@ -71,7 +71,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Diff { files } => {
             let store = Store::connect(&settings.database_url, 2).await?;
             let mut out = std::io::stdout().lock();
-            let code = chime_scheduler::diff::run(&store, &files, cli.output, &mut out).await?;
+            let json = cli.output == chime_scheduler::cli::Output::Json;
+            let code = chime_scheduler::diff::run(&store, &files, json, &mut out).await?;
             out.flush()?;
             Ok(code)
         }

@@ -20,6 +20,7 @@ use chime_protocol::wire::ControlMessage;
 use crate::auth::{self, Caller, Role};
 use crate::broker::ControlDelivery;
 use crate::config::{validate_job, validate_params};
+use crate::diff::FieldChange;
 use crate::job::JobSpec;
 use crate::parking::ParkingLot;
 use crate::secrets;
@@ -150,7 +151,28 @@ pub struct JobView {
     pub paused_by: Option<String>,
     /// `config` (from job files; change the file) or `api` (created at runtime).
     pub source: String,
+    /// The number of the definition's current version (`chime jobs history`).
+    pub version: i32,
     /// The full definition, in its config-file form.
+    pub spec: JobSpec,
+}
+
+/// One version of a job's definition, with what changed from the version before it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct VersionView {
+    /// Its number.
+    pub version: i32,
+    /// When it was applied.
+    pub at: DateTime<Utc>,
+    /// Who applied it: `file` for job files, else the actor (`token:ops`, `cli:alice`).
+    pub actor: String,
+    /// `config` or `api`.
+    pub source: String,
+    /// Whether it is the definition the job has now.
+    pub current: bool,
+    /// The fields that differ from the version before (none for the first), secrets hidden.
+    pub changes: Vec<FieldChange>,
+    /// The definition (secrets hidden from those who may not see them).
     pub spec: JobSpec,
 }
 
@@ -578,7 +600,7 @@ impl Operations {
             Entry::job_named(name.as_deref()).detail(serde_json::json!({"definition": definition}));
         self.audited(caller, Action::JobsCreate, entry, async |_| {
             let spec = validated(&definition)?;
-            if !self.store.create_api_job(&spec).await? {
+            if !self.store.create_api_job(&spec, &caller.actor).await? {
                 return Err(OpsError::Conflict(format!(
                     "a job named {:?} already exists; choose another name, or change it with \
                      PATCH /api/jobs/{}",
@@ -644,7 +666,78 @@ impl Operations {
                 definition.insert(key.clone(), value.clone());
             }
             let spec = validated(&serde_json::Value::Object(definition))?;
-            if !self.store.update_api_job(&spec).await? {
+            if !self.store.update_api_job(&spec, &caller.actor).await? {
+                return Err(no_such_job(name));
+            }
+            self.existing_job(name).await
+        })
+        .await
+    }
+
+    /// Job `name`'s definition versions, oldest first, each with its changes from the one
+    /// before; those of a deleted job too.
+    pub async fn job_history(&self, caller: &Caller, name: &str) -> OpsResult<Vec<VersionView>> {
+        self.authorize(caller, Action::JobsHistory, Entry::job(name))
+            .await?;
+        let versions = self.store.job_versions(name).await?;
+        if versions.is_empty() {
+            return Err(no_such_job(name));
+        }
+        let current = self.store.job(name).await?.map(|job| job.version);
+        let mut views = Vec::with_capacity(versions.len());
+        let mut before: Option<&JobSpec> = None;
+        for version in &versions {
+            let changes = before.map_or_else(Vec::new, |before| {
+                crate::diff::field_changes(before, &version.spec)
+            });
+            let spec = if sees_secrets(caller) {
+                version.spec.clone()
+            } else {
+                secrets::redact_spec(&version.spec)
+            };
+            views.push(VersionView {
+                version: version.version,
+                at: version.at,
+                actor: version.actor.clone(),
+                source: version.source.clone(),
+                current: current == Some(version.version),
+                changes,
+                spec,
+            });
+            before = Some(&version.spec);
+        }
+        Ok(views)
+    }
+
+    /// Puts back version `to` of a job created at runtime, as a new version (the history keeps
+    /// every step); its cursor and pause state stay, as with any change.
+    pub async fn rollback_job(&self, caller: &Caller, name: &str, to: i32) -> OpsResult<JobView> {
+        let entry = Entry::job(name).detail(serde_json::json!({"to": to}));
+        self.audited(caller, Action::JobsRollback, entry, async |_| {
+            let job = self.existing_job(name).await?;
+            if job.source != "api" {
+                return Err(OpsError::Conflict(format!(
+                    "job {name:?} is declared in a job file; roll back the file (its version \
+                     control) and reload (SIGHUP), or the next reload would undo the change"
+                )));
+            }
+            let versions = self.store.job_versions(name).await?;
+            let Some(version) = versions.iter().find(|v| v.version == to) else {
+                let last = versions.last().map_or(0, |v| v.version);
+                return Err(OpsError::NotFound(format!(
+                    "job {name:?} has no version {to}; its versions are 1 to {last} (`chime \
+                     jobs history {name}`)"
+                )));
+            };
+            if to == job.version {
+                return Err(OpsError::Conflict(format!(
+                    "version {to} is the current definition of job {name:?}; nothing to roll back"
+                )));
+            }
+            // Validated again: limits may have tightened since that version was stored.
+            let spec =
+                validated(&serde_json::to_value(&version.spec).map_err(anyhow::Error::from)?)?;
+            if !self.store.update_api_job(&spec, &caller.actor).await? {
                 return Err(no_such_job(name));
             }
             self.existing_job(name).await
@@ -662,7 +755,7 @@ impl Operations {
                      (SIGHUP)"
                 )));
             }
-            if !self.store.delete_api_job(name).await? {
+            if !self.store.delete_api_job(name, &caller.actor).await? {
                 return Err(no_such_job(name));
             }
             Ok(())
@@ -1400,6 +1493,7 @@ fn job_view(j: crate::store::JobRecord, now: DateTime<Utc>) -> JobView {
         paused: j.paused,
         paused_by: j.paused_by,
         source: j.source,
+        version: j.version,
         spec: j.spec,
     }
 }

@@ -60,7 +60,8 @@ pub use failures::{
     ReplayOutcome, Rescued, RunBrief,
 };
 pub use ops::{
-    AuditQuery, AuditRecord, NewAuditEntry, ObservedRun, RunQuery, TokenRecord, WorkerRecord,
+    AuditQuery, AuditRecord, JobVersion, NewAuditEntry, ObservedRun, RunQuery, TokenRecord,
+    WorkerRecord,
 };
 pub use overdue::Overdue;
 pub use report::ReportRow;
@@ -331,6 +332,8 @@ pub struct JobRecord {
     pub cursor_at: Option<DateTime<Utc>>,
     /// Fires the job's schedule has made, skipped ones included (what `max_runs` counts).
     pub scheduled_runs: i64,
+    /// The number of its definition's current version (`chime_job_versions`).
+    pub version: i32,
 }
 
 /// What a config sync changed.
@@ -752,6 +755,7 @@ impl Store {
         sqlx::query("SELECT pg_advisory_xact_lock(hashtext('chime_jobs_sync'))")
             .execute(&mut *tx)
             .await?;
+        set_actor(&mut tx, JOB_FILES_ACTOR).await?;
         // Names only: stored definitions are compared with the new ones in the database, a
         // batch at a time, so 100,000 of them are never decoded here at once.
         let config_names: Vec<String> =
@@ -880,7 +884,7 @@ impl Store {
     pub async fn jobs(&self) -> anyhow::Result<Vec<JobRecord>> {
         let rows = sqlx::query(
             "SELECT spec, source, paused, paused_by, coalesce(cursor_at, updated_at) AS cursor_at,
-                    scheduled_runs FROM chime_jobs ORDER BY name",
+                    scheduled_runs, version FROM chime_jobs ORDER BY name",
         )
         .fetch_all(&self.pool)
         .await
@@ -898,7 +902,7 @@ impl Store {
     ) -> anyhow::Result<Vec<JobRecord>> {
         let rows = sqlx::query(
             "SELECT spec, source, paused, paused_by, coalesce(cursor_at, updated_at) AS cursor_at,
-                    scheduled_runs FROM chime_jobs
+                    scheduled_runs, version FROM chime_jobs
              WHERE name > $1 ORDER BY name LIMIT $2",
         )
         .bind(after.unwrap_or(""))
@@ -913,7 +917,7 @@ impl Store {
     pub async fn job(&self, name: &str) -> anyhow::Result<Option<JobRecord>> {
         let row = sqlx::query(
             "SELECT spec, source, paused, paused_by, coalesce(cursor_at, updated_at) AS cursor_at,
-                    scheduled_runs FROM chime_jobs WHERE name = $1",
+                    scheduled_runs, version FROM chime_jobs WHERE name = $1",
         )
         .bind(name)
         .fetch_optional(&self.pool)
@@ -1017,9 +1021,9 @@ impl Store {
                  ) a ON true
              ), ins AS (
                  INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, params, state,
-                                         reason, term, retry_policy)
+                                         reason, term, retry_policy, job_version)
                  SELECT d.job_name, d.group_name, d.scheduled_at, d.trigger, d.params, d.state,
-                        d.reason, lease.term, chime_retry_snapshot(j.spec)
+                        d.reason, lease.term, chime_retry_snapshot(j.spec), j.version
                  FROM decided d CROSS JOIN lease CROSS JOIN counted
                  LEFT JOIN chime_jobs j ON j.name = d.job_name
                  ON CONFLICT (job_name, scheduled_at) WHERE trigger <> 'manual' AND parent_id IS NULL
@@ -1532,6 +1536,23 @@ impl Store {
     }
 }
 
+/// The actor of definition versions written by loading job files.
+pub const JOB_FILES_ACTOR: &str = "file";
+
+/// Names `actor` as the author of the definition versions the transaction writes
+/// (`chime.actor`, read by the `chime_job_version` trigger).
+async fn set_actor(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    actor: &str,
+) -> anyhow::Result<()> {
+    sqlx::query("SELECT set_config('chime.actor', $1, true)")
+        .bind(actor)
+        .execute(&mut **tx)
+        .await
+        .context("naming the change's actor")?;
+    Ok(())
+}
+
 async fn notify(
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
     channel: &str,
@@ -1556,6 +1577,7 @@ fn job_record(r: sqlx::postgres::PgRow) -> anyhow::Result<JobRecord> {
         paused_by: r.get("paused_by"),
         cursor_at: r.get("cursor_at"),
         scheduled_runs: r.get("scheduled_runs"),
+        version: r.get("version"),
     })
 }
 

@@ -401,3 +401,26 @@ async fn diff_exits_0_when_files_match_the_cluster_2_with_changes_and_1_on_mista
     assert_eq!(output.status.code(), Some(1), "{}", stdout(&output));
     assert!(stdout(&output).contains("soon"), "{}", stdout(&output));
 }
+
+#[sqlx::test(migrations = "../migrations")]
+async fn jobs_history_lists_each_version_with_who_and_rollback_refuses_a_file_job(pool: PgPool) {
+    declare_job(&pool).await;
+    let url = url_of(&pool).await;
+    let output = chime_at(&url, &["jobs", "history", "nightly"], &[]);
+    let text = stdout(&output);
+    assert_eq!(output.status.code(), Some(0), "{text}{}", stderr(&output));
+    let row = text
+        .lines()
+        .find(|line| line.contains("(current)"))
+        .unwrap_or_else(|| panic!("no current version:\n{text}"));
+    for word in ["1 (current)", "file", "config", "created"] {
+        assert!(row.contains(word), "{word:?} missing from {row:?}");
+    }
+    let output = chime_at(&url, &["jobs", "rollback", "nightly", "--to", "1"], &[]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr(&output).contains("declared in a job file"),
+        "{}",
+        stderr(&output)
+    );
+}

@@ -1481,7 +1481,34 @@ async fn an_admin_manages_a_shanghai_job_triggers_it_with_params_and_reads_its_r
         "{durations}"
     );
     assert!(!durations.contains("10873"), "{durations}");
+    // Its versions, newest first: the edit (attempts 1 -> 3) on top of the creation.
+    browser
+        .wait_text("#versions tr[data-version=\"2\"]", |t| {
+            t.contains("2 (current)") && t.contains("retry.max_attempts: 1 → 3")
+        })
+        .await;
+    browser
+        .wait_text("#versions tr[data-version=\"1\"]", |t| {
+            t.contains("created")
+        })
+        .await;
     browser.screenshot("job-page").await;
+    // Rolling back to version 1 makes version 3 with one attempt again.
+    browser
+        .click("#versions tr[data-version=\"1\"] button.rollback")
+        .await;
+    browser
+        .wait_text("#notice", |t| {
+            t == "Rolled shanghai back to version 1, now version 3"
+        })
+        .await;
+    let attempts: Option<String> = sqlx::query_scalar(
+        "SELECT spec->'retry'->>'max_attempts' FROM chime_jobs WHERE name = 'shanghai'",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("retry");
+    assert_eq!(attempts.as_deref(), Some("1"));
 
     // The report: runs per day by outcome, and durations per day.
     browser.click("#report-link").await;

@@ -389,14 +389,16 @@ const MISFIRE = { skip: "skip missed fires", fire_once: "run the latest missed f
   fire_all: "run every missed fire" };
 
 // One job, readably: its definition, next fire times in its zone, its recent runs with their
-// success rate and a duration chart; trigger, pause, and (admins, jobs created through the
-// API) edit and delete. Jobs from job files are read-only here.
+// success rate and a duration chart, its definition versions with what each changed; trigger,
+// pause, and (admins, jobs created through the API) edit, delete and roll back to a version.
+// Jobs from job files are read-only here.
 async function job(page, name) {
   const enc = encodeURIComponent(name);
-  const [j, recent, report] = await Promise.all([
+  const [j, recent, report, versions] = await Promise.all([
     api("GET", "/api/jobs/" + enc),
     api("GET", "/api/runs?limit=50&job=" + enc),
     api("GET", "/api/jobs/" + enc + "/report?days=14"),
+    api("GET", "/api/jobs/" + enc + "/versions"),
   ]);
   const spec = j.spec;
   const zone = j.timezone;
@@ -455,7 +457,38 @@ async function job(page, name) {
     durationChart(recent.runs),
     el("h2", {}, "Recent runs"),
     runTable(recent.runs.slice(0, 20), () => zone, false),
+    el("h2", {}, "Versions"),
+    versionTable(versions.slice().reverse(), editable ? name : null, zone),
   ].filter((node) => node !== null));
+}
+
+// A job's definition versions, newest first: who applied each, when, and the fields it
+// changed (secrets hidden). With `rollbackJob` (an admin, a job created through the API), each
+// earlier version has a button that puts it back as a new version.
+function versionTable(versions, rollbackJob, zone) {
+  const value = (v) => (v === undefined || v === null ? "(not set)" : JSON.stringify(v));
+  const changes = (v) => (v.version === 1 ? "created"
+    : v.changes.length
+      ? el("ul", { class: "changes" }, v.changes.map((c) =>
+        el("li", {}, el("code", {}, c.field), ": " + value(c.before) + " → " + value(c.after))))
+      : "no field changed");
+  const rollback = (v) => (rollbackJob === null || v.current ? null
+    : el("button", { type: "button", class: "rollback", "data-version": v.version, onclick: async (event) => {
+      event.target.disabled = true;
+      try {
+        const back = await api("POST", "/api/jobs/" + encodeURIComponent(rollbackJob) + "/rollback", { to: v.version });
+        await route(); // the same page again, with the new version on top
+        notice("Rolled " + rollbackJob + " back to version " + v.version + ", now version " + back.version, false);
+      } catch (e) {
+        notice(e.message, true);
+        event.target.disabled = false;
+      }
+    } }, "Roll back to this"));
+  return el("div", { id: "versions" }, table([
+    ["version", (v) => v.version + (v.current ? " (current)" : "")],
+    ["at", (v) => zoned(v.at, zone)], ["by", (v) => v.actor], ["source", (v) => v.source],
+    ["changes", changes], ["", (v) => rollback(v) || ""],
+  ], versions, (v) => ({ "data-version": v.version })));
 }
 
 // Runs as a table; `zoneOf(run)` names the zone its times are shown in.

@@ -30,6 +30,10 @@ pub enum Action {
     JobsResume,
     /// Run a job now.
     JobsTrigger,
+    /// A job's definition versions.
+    JobsHistory,
+    /// Put back an earlier definition of a job created at runtime.
+    JobsRollback,
     /// Preview a schedule's fire times (nothing is saved).
     SchedulesPreview,
     /// List runs.
@@ -81,7 +85,7 @@ pub enum Effect {
 
 impl Action {
     /// Every action, in the order they are declared.
-    pub const ALL: [Action; 28] = [
+    pub const ALL: [Action; 30] = [
         Action::JobsList,
         Action::JobsShow,
         Action::JobsReport,
@@ -91,6 +95,8 @@ impl Action {
         Action::JobsPause,
         Action::JobsResume,
         Action::JobsTrigger,
+        Action::JobsHistory,
+        Action::JobsRollback,
         Action::SchedulesPreview,
         Action::RunsList,
         Action::RunsShow,
@@ -126,6 +132,8 @@ impl Action {
             Action::JobsPause => ("jobs.pause", Operator, Changes),
             Action::JobsResume => ("jobs.resume", Operator, Changes),
             Action::JobsTrigger => ("jobs.trigger", Operator, Changes),
+            Action::JobsHistory => ("jobs.history", Viewer, Reads),
+            Action::JobsRollback => ("jobs.rollback", Admin, Changes),
             Action::SchedulesPreview => ("schedules.preview", Viewer, Reads),
             Action::RunsList => ("runs.list", Viewer, Reads),
             Action::RunsShow => ("runs.show", Viewer, Reads),
@@ -187,7 +195,7 @@ mod tests {
     fn every_action_keeps_its_name_role_and_effect() {
         use Effect::{Changes, Reads};
         use Role::{Admin, Operator, Viewer};
-        let expected: [(Action, &str, Role, Effect); 28] = [
+        let expected: [(Action, &str, Role, Effect); 30] = [
             (Action::JobsList, "jobs.list", Viewer, Reads),
             (Action::JobsShow, "jobs.show", Viewer, Reads),
             (Action::JobsReport, "jobs.report", Viewer, Reads),
@@ -197,6 +205,8 @@ mod tests {
             (Action::JobsPause, "jobs.pause", Operator, Changes),
             (Action::JobsResume, "jobs.resume", Operator, Changes),
             (Action::JobsTrigger, "jobs.trigger", Operator, Changes),
+            (Action::JobsHistory, "jobs.history", Viewer, Reads),
+            (Action::JobsRollback, "jobs.rollback", Admin, Changes),
             (Action::SchedulesPreview, "schedules.preview", Viewer, Reads),
             (Action::RunsList, "runs.list", Viewer, Reads),
             (Action::RunsShow, "runs.show", Viewer, Reads),

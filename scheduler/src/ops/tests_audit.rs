@@ -156,6 +156,30 @@ async fn each_changing_action_is_audited_once_per_outcome(pool: PgPool) {
         )
         .await;
 
+    // api-job now has versions 1 (created) and 2 (every = 1m).
+    let a = Action::JobsRollback;
+    audit
+        .once(
+            a,
+            "denied",
+            job,
+            None,
+            ops.rollback_job(&operator, "api-job", 1),
+        )
+        .await;
+    audit
+        .once(a, "ok", job, None, ops.rollback_job(&admin, "api-job", 1))
+        .await;
+    audit
+        .once(
+            a,
+            "failed",
+            job,
+            None,
+            ops.rollback_job(&admin, "api-job", 9),
+        )
+        .await;
+
     for (a, paused) in [(Action::JobsPause, true), (Action::JobsResume, false)] {
         audit
             .once(

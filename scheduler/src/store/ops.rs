@@ -7,8 +7,23 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::Row as _;
 
-use super::{JOBS_CHANNEL, LISTED_RUN_COLUMNS, RunRecord, Store, notify, run_record};
+use super::{JOBS_CHANNEL, LISTED_RUN_COLUMNS, RunRecord, Store, notify, run_record, set_actor};
 use crate::job::JobSpec;
+
+/// One numbered version of a job's definition (`chime_job_versions`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobVersion {
+    /// Its number: 1 for the first definition, one more for each change.
+    pub version: i32,
+    /// The definition.
+    pub spec: JobSpec,
+    /// `config` (a job file) or `api`.
+    pub source: String,
+    /// Who made it: `file` for job files, else the actor (`token:ops`, `cli:alice`).
+    pub actor: String,
+    /// When.
+    pub at: DateTime<Utc>,
+}
 
 /// An API token as stored (never its secret).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -308,8 +323,33 @@ impl Store {
 
     // ---- runtime job changes --------------------------------------------------------------
 
-    /// Creates a job at runtime (`source = 'api'`); false if the name is taken.
-    pub async fn create_api_job(&self, spec: &JobSpec) -> anyhow::Result<bool> {
+    /// Job `name`'s definition versions, oldest first (those of a deleted job included).
+    pub async fn job_versions(&self, name: &str) -> anyhow::Result<Vec<JobVersion>> {
+        let rows = sqlx::query(
+            "SELECT version, spec, source, actor, created_at FROM chime_job_versions
+             WHERE job_name = $1 ORDER BY version",
+        )
+        .bind(name)
+        .fetch_all(&self.pool)
+        .await
+        .with_context(|| format!("reading the versions of job {name:?}"))?;
+        rows.into_iter()
+            .map(|r| {
+                Ok(JobVersion {
+                    version: r.get("version"),
+                    spec: serde_json::from_value(r.get("spec"))
+                        .with_context(|| format!("decoding a stored version of job {name:?}"))?,
+                    source: r.get("source"),
+                    actor: r.get("actor"),
+                    at: r.get("created_at"),
+                })
+            })
+            .collect()
+    }
+
+    /// Creates a job at runtime (`source = 'api'`) as `actor`'s change; false if the name is
+    /// taken.
+    pub async fn create_api_job(&self, spec: &JobSpec, actor: &str) -> anyhow::Result<bool> {
         let insert = sqlx::query(
             "INSERT INTO chime_jobs (name, group_name, spec, source, paused, paused_by)
              VALUES ($1, $2, $3, 'api', $4, CASE WHEN $4 THEN 'operator' END)
@@ -319,12 +359,13 @@ impl Store {
         .bind(&spec.group)
         .bind(serde_json::to_value(spec)?)
         .bind(spec.paused);
-        self.change_api_job(&spec.name, "creating", insert).await
+        self.change_api_job(&spec.name, actor, "creating", insert)
+            .await
     }
 
-    /// Replaces the definition of a job created at runtime (its cursor and pause state stay);
-    /// false if there is no such job created through the API.
-    pub async fn update_api_job(&self, spec: &JobSpec) -> anyhow::Result<bool> {
+    /// Replaces the definition of a job created at runtime (its cursor and pause state stay)
+    /// as `actor`'s change; false if there is no such job created through the API.
+    pub async fn update_api_job(&self, spec: &JobSpec, actor: &str) -> anyhow::Result<bool> {
         let update = sqlx::query(
             "UPDATE chime_jobs SET group_name = $2, spec = $3, updated_at = now()
              WHERE name = $1 AND source = 'api'",
@@ -332,25 +373,30 @@ impl Store {
         .bind(&spec.name)
         .bind(&spec.group)
         .bind(serde_json::to_value(spec)?);
-        self.change_api_job(&spec.name, "updating", update).await
+        self.change_api_job(&spec.name, actor, "updating", update)
+            .await
     }
 
-    /// Deletes a job created at runtime (its runs stay); false if there is none of that name.
-    pub async fn delete_api_job(&self, name: &str) -> anyhow::Result<bool> {
+    /// Deletes a job created at runtime (its runs and versions stay); false if there is none of
+    /// that name.
+    pub async fn delete_api_job(&self, name: &str, actor: &str) -> anyhow::Result<bool> {
         let delete =
             sqlx::query("DELETE FROM chime_jobs WHERE name = $1 AND source = 'api'").bind(name);
-        self.change_api_job(name, "deleting", delete).await
+        self.change_api_job(name, actor, "deleting", delete).await
     }
 
-    /// Runs `statement` (a change of job `name`) and, when it changed the row, tells the
-    /// planners (`NOTIFY`) in the same transaction; whether it changed the row.
+    /// Runs `statement` (a change of job `name` by `actor`, whom a new definition version
+    /// names) and, when it changed the row, tells the planners (`NOTIFY`) in the same
+    /// transaction; whether it changed the row.
     async fn change_api_job(
         &self,
         name: &str,
+        actor: &str,
         doing: &str,
         statement: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
     ) -> anyhow::Result<bool> {
         let mut tx = self.pool.begin().await?;
+        set_actor(&mut tx, actor).await?;
         let changed = statement
             .execute(&mut *tx)
             .await

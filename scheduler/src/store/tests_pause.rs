@@ -107,7 +107,12 @@ async fn a_file_taking_over_an_api_job_brings_its_own_pause(pool: PgPool) {
         SourceFormat::Toml,
     )
     .expect("valid");
-    assert!(store.create_api_job(&specs[0]).await.expect("created"));
+    assert!(
+        store
+            .create_api_job(&specs[0], "cli:test")
+            .await
+            .expect("created")
+    );
     store
         .set_paused("nightly-reconcile", true, "token:ops")
         .await
