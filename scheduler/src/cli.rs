@@ -949,6 +949,10 @@ fn show_run(detail: &RunDetail, zone: &str, out: &mut dyn Write) -> std::io::Res
         ("group", r.group.clone()),
         ("state", r.state.clone()),
         ("trigger", r.trigger.clone()),
+        (
+            "job version",
+            r.job_version.map(|v| v.to_string()).unwrap_or_default(),
+        ),
         ("scheduled", time(Some(r.scheduled_at))),
         ("published", time(r.published_at)),
         ("started", time(r.started_at)),
@@ -1426,6 +1430,7 @@ mod tests {
             error: None,
             params: serde_json::json!({}),
             term: None,
+            job_version: None,
             requested_by: None,
             created_at: at,
             published_at: None,

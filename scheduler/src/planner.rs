@@ -181,9 +181,10 @@ pub async fn lead(
     }
 }
 
-/// What the planner keeps of a planned job: only what planning and firing need (about 150
-/// bytes a job, against ~560 for a whole [`JobSpec`]), with the schedule and the group shared
-/// between jobs. The name is the key of [`Planner::jobs`].
+/// What the planner keeps of a planned job: only what planning and firing need (a record of
+/// 160 bytes, `tests::a_planned_job_stays_compact`, against ~560 for a whole [`JobSpec`]), with
+/// the schedule and the group shared between jobs, and a job's window and jitter boxed, so a
+/// job without them pays 8 bytes for them. The name is the key of [`Planner::jobs`].
 struct Planned {
     /// The schedule (shared) with the job's window and jitter.
     timing: Timing,
@@ -672,5 +673,16 @@ fn new_fire(
         params: planned.params(),
         skip,
         concurrency: planned.concurrency,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The plan's memory grows by one of these per job (docs/benchmarks.md, "Scale memory"):
+    /// a window, jitter or `max_runs` must not make every job's record larger.
+    #[test]
+    fn a_planned_job_stays_compact() {
+        let size = std::mem::size_of::<super::Planned>();
+        assert!(size <= 160, "Planned is {size} bytes");
     }
 }

@@ -381,6 +381,9 @@ pub struct RunRecord {
     pub params: serde_json::Value,
     /// Leader term that created it (none for manual runs).
     pub term: Option<i64>,
+    /// The version of its job's definition it was made under (`chime jobs history`); `None`
+    /// for tasks (their parent has it) and runs made before versions were kept.
+    pub job_version: Option<i32>,
     /// Who triggered it (manual runs).
     pub requested_by: Option<String>,
     /// When the row was written.
@@ -551,15 +554,16 @@ pub struct TaskQuery {
 }
 
 const RUN_COLUMNS: &str = "id, job_name, group_name, scheduled_at, trigger, state, reason, attempt, \
-     worker_id, error, params, term, requested_by, created_at, published_at, started_at, finished_at, \
-     next_attempt_at, cancel_requested_at, cancel_requested_by, replayed_by, replayed_at, \
+     worker_id, error, params, term, job_version, requested_by, created_at, published_at, started_at, \
+     finished_at, next_attempt_at, cancel_requested_at, cancel_requested_by, replayed_by, replayed_at, \
      parent_id, task_key, task_kind, shard_index, shard_total, shard_param, target_worker, \
      map_step, map_depth, output, tasks_total, tasks_ended, tasks_failed";
 
 /// [`RUN_COLUMNS`] with the output cut to a little more than [`MAX_LISTED_OUTPUT_BYTES`] by
 /// the database (so a page of tasks does not read every task's 64 KiB), for lists.
 const LISTED_RUN_COLUMNS: &str = "id, job_name, group_name, scheduled_at, trigger, state, reason, \
-     attempt, worker_id, error, params, term, requested_by, created_at, published_at, started_at, \
+     attempt, worker_id, error, params, term, job_version, requested_by, created_at, published_at, \
+     started_at, \
      finished_at, next_attempt_at, cancel_requested_at, cancel_requested_by, replayed_by, \
      replayed_at, parent_id, task_key, task_kind, shard_index, shard_total, shard_param, \
      target_worker, map_step, map_depth, tasks_total, tasks_ended, tasks_failed, \
@@ -1601,6 +1605,7 @@ fn run_record(r: sqlx::postgres::PgRow) -> RunRecord {
         error: r.get("error"),
         params: r.get("params"),
         term: r.get("term"),
+        job_version: r.get("job_version"),
         requested_by: r.get("requested_by"),
         created_at: r.get("created_at"),
         published_at: r.get("published_at"),

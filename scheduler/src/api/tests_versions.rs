@@ -86,6 +86,16 @@ async fn each_change_is_a_version_runs_record_theirs_and_an_api_job_rolls_back(p
             .await
             .expect("the run");
     assert_eq!(recorded, Some(2));
+    let run_id = triggered["run_id"].as_i64().expect("run id");
+    let (_, run) = app
+        .call(
+            Method::GET,
+            &format!("/api/runs/{run_id}"),
+            Some(&viewer),
+            None,
+        )
+        .await;
+    assert_eq!(run["job_version"], 2, "{run}");
 
     // Rolling back: admins only, to a version that exists and is not the current one.
     let rollback = |token: String, body: Value| {

@@ -879,6 +879,8 @@ async function run(page, id) {
   const parent = r.parent;
   const fields = [
     ["job", r.job], ["group", r.group], ["trigger", r.trigger], ["requested by", r.requested_by],
+    r.job_version !== null && r.job_version !== undefined
+      ? ["job version", el("a", { href: jobHref(r.job), title: "the job page lists its versions" }, "version " + r.job_version)] : null,
     parent ? ["task of", el("span", {}, runLink(parent.id), " ", stateCell(parent.state),
       parent.progress ? " " + parent.progress : "")] : null,
     parent ? ["task", r.task_key + " (" + taskPlace(r) + ")"] : null,
