@@ -157,6 +157,10 @@ pub struct JobView {
     pub spec: JobSpec,
 }
 
+/// Most definition versions a job's history lists: the latest ones (a job file reloaded with a
+/// change every minute makes half a million a year).
+pub const HISTORY_LIMIT: i64 = 1_000;
+
 /// One version of a job's definition, with what changed from the version before it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct VersionView {
@@ -674,19 +678,25 @@ impl Operations {
         .await
     }
 
-    /// Job `name`'s definition versions, oldest first, each with its changes from the one
-    /// before; those of a deleted job too.
+    /// Job `name`'s latest [`HISTORY_LIMIT`] definition versions, oldest first, each with its
+    /// changes from the one before; those of a deleted job too.
     pub async fn job_history(&self, caller: &Caller, name: &str) -> OpsResult<Vec<VersionView>> {
         self.authorize(caller, Action::JobsHistory, Entry::job(name))
             .await?;
-        let versions = self.store.job_versions(name).await?;
+        let versions = self.store.job_versions(name, HISTORY_LIMIT).await?;
         if versions.is_empty() {
             return Err(no_such_job(name));
         }
         let current = self.store.job(name).await?.map(|job| job.version);
-        let mut views = Vec::with_capacity(versions.len());
-        let mut before: Option<&JobSpec> = None;
-        for version in &versions {
+        // One more than shown when there are more: the oldest shown is diffed against it.
+        let (mut before, shown) = match versions.split_first() {
+            Some((first, rest)) if versions.len() as i64 > HISTORY_LIMIT => {
+                (Some(&first.spec), rest)
+            }
+            _ => (None, &versions[..]),
+        };
+        let mut views = Vec::with_capacity(shown.len());
+        for version in shown {
             let changes = before.map_or_else(Vec::new, |before| {
                 crate::diff::field_changes(before, &version.spec)
             });
@@ -721,9 +731,8 @@ impl Operations {
                      control) and reload (SIGHUP), or the next reload would undo the change"
                 )));
             }
-            let versions = self.store.job_versions(name).await?;
-            let Some(version) = versions.iter().find(|v| v.version == to) else {
-                let last = versions.last().map_or(0, |v| v.version);
+            let (found, last) = self.store.job_version(name, to).await?;
+            let Some(version) = found else {
                 return Err(OpsError::NotFound(format!(
                     "job {name:?} has no version {to}; its versions are 1 to {last} (`chime \
                      jobs history {name}`)"

@@ -196,3 +196,34 @@ async fn each_change_is_a_version_runs_record_theirs_and_an_api_job_rolls_back(p
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_history_lists_the_latest_versions_each_against_the_one_before(pool: PgPool) {
+    let app = app(pool.clone()).await;
+    let viewer = app.token(Role::Viewer).await;
+    // 1,005 versions of one job, the period changing at each.
+    sqlx::query(
+        "INSERT INTO chime_job_versions (job_name, version, spec, source, actor)
+         SELECT 'busy', v, jsonb_build_object('name', 'busy', 'group', 'g',
+                                               'every', v || 's'), 'api', 'cli:bot'
+         FROM generate_series(1, 1005) AS v",
+    )
+    .execute(&pool)
+    .await
+    .expect("versions");
+    let (status, versions) = app
+        .call(Method::GET, "/api/jobs/busy/versions", Some(&viewer), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{versions}");
+    let versions = versions.as_array().expect("a list");
+    assert_eq!(versions.len() as i64, crate::ops::HISTORY_LIMIT);
+    assert_eq!(versions[0]["version"], 6);
+    // The oldest shown is compared with the one before it, which is not shown.
+    assert_eq!(
+        versions[0]["changes"],
+        json!([{"field": "every", "before": "5s", "after": "6s"}])
+    );
+    assert_eq!(versions.last().unwrap()["version"], 1005);
+    // The job itself is gone: no version is current, and none can be rolled back to.
+    assert!(versions.iter().all(|v| v["current"] == false));
+}

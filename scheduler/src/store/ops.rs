@@ -323,28 +323,51 @@ impl Store {
 
     // ---- runtime job changes --------------------------------------------------------------
 
-    /// Job `name`'s definition versions, oldest first (those of a deleted job included).
-    pub async fn job_versions(&self, name: &str) -> anyhow::Result<Vec<JobVersion>> {
+    /// Job `name`'s latest `limit` definition versions, oldest first (those of a deleted job
+    /// included), and the one before them when there is one: what the oldest shown changed.
+    pub async fn job_versions(&self, name: &str, limit: i64) -> anyhow::Result<Vec<JobVersion>> {
         let rows = sqlx::query(
             "SELECT version, spec, source, actor, created_at FROM chime_job_versions
-             WHERE job_name = $1 ORDER BY version",
+             WHERE job_name = $1 ORDER BY version DESC LIMIT $2",
         )
         .bind(name)
+        .bind(limit.saturating_add(1))
         .fetch_all(&self.pool)
         .await
         .with_context(|| format!("reading the versions of job {name:?}"))?;
-        rows.into_iter()
-            .map(|r| {
-                Ok(JobVersion {
-                    version: r.get("version"),
-                    spec: serde_json::from_value(r.get("spec"))
-                        .with_context(|| format!("decoding a stored version of job {name:?}"))?,
-                    source: r.get("source"),
-                    actor: r.get("actor"),
-                    at: r.get("created_at"),
-                })
-            })
-            .collect()
+        let mut versions = rows
+            .into_iter()
+            .map(|r| job_version(name, r))
+            .collect::<anyhow::Result<Vec<JobVersion>>>()?;
+        versions.reverse();
+        Ok(versions)
+    }
+
+    /// Version `version` of job `name`'s definition, and the number of its latest version (0
+    /// when it has none).
+    pub async fn job_version(
+        &self,
+        name: &str,
+        version: i32,
+    ) -> anyhow::Result<(Option<JobVersion>, i32)> {
+        let found = sqlx::query(
+            "SELECT version, spec, source, actor, created_at FROM chime_job_versions
+             WHERE job_name = $1 AND version = $2",
+        )
+        .bind(name)
+        .bind(version)
+        .fetch_optional(&self.pool)
+        .await
+        .with_context(|| format!("reading version {version} of job {name:?}"))?
+        .map(|r| job_version(name, r))
+        .transpose()?;
+        let latest: Option<i32> =
+            sqlx::query_scalar("SELECT max(version) FROM chime_job_versions WHERE job_name = $1")
+                .bind(name)
+                .fetch_one(&self.pool)
+                .await
+                .with_context(|| format!("reading the versions of job {name:?}"))?;
+        Ok((found, latest.unwrap_or(0)))
     }
 
     /// Creates a job at runtime (`source = 'api'`) as `actor`'s change; false if the name is
@@ -773,4 +796,16 @@ fn token_record(r: sqlx::postgres::PgRow) -> TokenRecord {
         last_used_at: r.get("last_used_at"),
         revoked_at: r.get("revoked_at"),
     }
+}
+
+/// A `chime_job_versions` row of job `name`.
+fn job_version(name: &str, r: sqlx::postgres::PgRow) -> anyhow::Result<JobVersion> {
+    Ok(JobVersion {
+        version: r.get("version"),
+        spec: serde_json::from_value(r.get("spec"))
+            .with_context(|| format!("decoding a stored version of job {name:?}"))?,
+        source: r.get("source"),
+        actor: r.get("actor"),
+        at: r.get("created_at"),
+    })
 }
