@@ -35,6 +35,20 @@ pub const MAX_JITTER: Duration = Duration::from_secs(3600);
 /// Most fires a job's schedule may make (`max_runs`).
 pub const MAX_RUNS: u32 = 1_000_000_000;
 
+/// Most rules (weekday, date, yearly and time entries) of one calendar with the calendars it
+/// includes and excepts: ten thousand, a holiday list of several countries for decades.
+pub const MAX_CALENDAR_ENTRIES: usize = 10_000;
+
+/// Deepest chain of calendars through `include` and `except`.
+pub const MAX_CALENDAR_DEPTH: usize = 8;
+
+/// Largest calendar file (`file`), one date or range per line.
+pub const MAX_CALENDAR_FILE_BYTES: u64 = 1024 * 1024;
+
+/// How far a calendar is searched for an allowed instant (`on_excluded = "next_allowed"`, the
+/// next fires `chime check` shows): one leap year.
+pub const MAX_CALENDAR_SEARCH: Duration = Duration::from_secs(366 * DAY);
+
 /// Longest catch-up window, misfire grace and similar look-backs (`catchup_window`,
 /// `misfire_grace`): one leap year.
 pub const MAX_LOOKBACK: Duration = Duration::from_secs(366 * DAY);

@@ -8,6 +8,7 @@
 //! reference for every key and for this error format; tests assert the exact lines, so treat a
 //! change of wording as a change of interface.
 
+mod calendars;
 #[cfg(test)]
 mod corpus;
 #[cfg(test)]

@@ -10,7 +10,9 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::schedule::{Schedule, ScheduleError, Timing};
+use crate::schedule::{
+    CalendarClock, CalendarDef, CalendarUse, OnExcluded, Schedule, ScheduleError, Timing,
+};
 
 /// A validated job definition.
 ///
@@ -55,6 +57,20 @@ pub struct JobSpec {
     /// backfills are not the schedule's).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_runs: Option<u32>,
+    /// The calendar the job's fires are kept to or out of, references resolved
+    /// (`crate::schedule::CalendarDef`; docs/configuration.md, "Calendars").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub calendar: Option<CalendarDef>,
+    /// Whether fires are allowed only in the calendar, or only outside it.
+    #[serde(skip_serializing_if = "CalendarMode::is_only")]
+    pub calendar_mode: CalendarMode,
+    /// What a fire the calendar excludes does.
+    #[serde(skip_serializing_if = "OnExcluded::is_skip")]
+    pub on_excluded: OnExcluded,
+    /// A calendar named in a job file and not yet looked up among the files' `[calendars]`
+    /// (validation resolves it into `calendar`); never stored.
+    #[serde(skip)]
+    pub calendar_ref: Option<String>,
     /// JSON parameters handed to the handler.
     pub params: serde_json::Value,
     /// Keys of `params` whose values are secrets, hidden from viewers and in the audit log
@@ -133,6 +149,12 @@ struct StoredSpec {
     #[serde(default)]
     max_runs: Option<u32>,
     #[serde(default)]
+    calendar: Option<CalendarDef>,
+    #[serde(default)]
+    calendar_mode: CalendarMode,
+    #[serde(default)]
+    on_excluded: OnExcluded,
+    #[serde(default)]
     params: serde_json::Value,
     #[serde(default)]
     secret_params: Vec<String>,
@@ -170,6 +192,12 @@ impl TryFrom<StoredSpec> for JobSpec {
     type Error = String;
 
     fn try_from(stored: StoredSpec) -> Result<JobSpec, String> {
+        if let Some(calendar) = &stored.calendar
+            && let Err(problems) = calendar.compile(stored.timezone)
+        {
+            let problems: Vec<String> = problems.iter().map(ToString::to_string).collect();
+            return Err(format!("calendar: {}", problems.join("; ")));
+        }
         Ok(JobSpec {
             when: When::from_fields(stored.schedule, stored.every, stored.at)?,
             name: stored.name,
@@ -188,6 +216,10 @@ impl TryFrom<StoredSpec> for JobSpec {
             start_at: stored.start_at,
             end_at: stored.end_at,
             max_runs: stored.max_runs,
+            calendar: stored.calendar,
+            calendar_mode: stored.calendar_mode,
+            on_excluded: stored.on_excluded,
+            calendar_ref: None,
             params: stored.params,
             secret_params: stored.secret_params,
             timeout: stored.timeout,
@@ -750,6 +782,35 @@ impl AlertFormat {
     }
 }
 
+/// Whether a job's calendar lists the instants its fires are allowed at, or those they are not.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CalendarMode {
+    /// Fires only at instants in the calendar.
+    #[default]
+    Only,
+    /// Fires only at instants not in the calendar.
+    Except,
+}
+
+impl CalendarMode {
+    /// The words of job files.
+    pub const NAMES: &'static [&'static str] = &["only", "except"];
+
+    /// Parses the word of job files.
+    pub fn parse(word: &str) -> Option<CalendarMode> {
+        match word {
+            "only" => Some(CalendarMode::Only),
+            "except" => Some(CalendarMode::Except),
+            _ => None,
+        }
+    }
+
+    fn is_only(&self) -> bool {
+        *self == CalendarMode::Only
+    }
+}
+
 /// Cluster-wide overlap policy.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -804,8 +865,9 @@ impl JobSpec {
         Ok(self.timing_of(Arc::new(self.schedule()?)))
     }
 
-    /// Up to `n` fires after `now` as the planner makes them: by `timing` (this spec's), and no
-    /// more than its `max_runs` leaves after the `made` fires its schedule has made.
+    /// Up to `n` fires after `now` that run as the planner makes them: by `timing` (this
+    /// spec's), among the fires its `max_runs` leaves after the `made` fires its schedule has
+    /// made (fires its calendar skips count against it).
     pub fn upcoming(
         &self,
         timing: &Timing,
@@ -817,7 +879,7 @@ impl JobSpec {
             let left = u64::from(max).saturating_sub(u64::try_from(made).unwrap_or(0));
             usize::try_from(left).unwrap_or(usize::MAX)
         });
-        timing.upcoming(now, n.min(left))
+        timing.upcoming_within(now, n, left)
     }
 
     /// Why [`JobSpec::upcoming`] lists no fire (`chime check`, the API's views and schedule
@@ -829,6 +891,10 @@ impl JobSpec {
                 "its schedule has made its max_runs fires"
             }
             _ if timing.ended_by_window(now) => "its end_at has passed",
+            _ if timing.calendar().is_some() && timing.schedule().next_after(now).is_some() => {
+                const _: () = assert!(crate::schedule::UPCOMING_SCAN == 100_000);
+                "its calendar excludes every one of its next fires (100000 looked at)"
+            }
             When::At(_) => "its one-shot instant has passed",
             When::Cron(_) | When::Every(_) => "the schedule never fires again",
         }
@@ -836,13 +902,39 @@ impl JobSpec {
 
     /// [`JobSpec::timing`] over `schedule`, this spec's schedule already built (and shared).
     pub fn timing_of(&self, schedule: Arc<Schedule>) -> Timing {
-        Timing::new(
-            schedule,
+        self.timing_with(schedule, self.calendar_clock().map(Arc::new))
+    }
+
+    /// [`JobSpec::timing_of`] with the job's calendar already compiled (and shared): `clock`
+    /// is [`JobSpec::calendar_clock`]'s, or `None` for a job without calendar.
+    pub fn timing_with(
+        &self,
+        schedule: Arc<Schedule>,
+        clock: Option<Arc<CalendarClock>>,
+    ) -> Timing {
+        let calendar = self
+            .calendar
+            .as_ref()
+            .zip(clock)
+            .map(|(calendar, clock)| CalendarUse {
+                clock,
+                name: calendar.name.clone().into_boxed_str(),
+                only: self.calendar_mode == CalendarMode::Only,
+                on_excluded: self.on_excluded,
+            });
+        Timing::plain(schedule).shaped(
             &self.name,
             self.start_at.map(|t| t.to_utc()),
             self.end_at.map(|t| t.to_utc()),
             self.jitter,
+            calendar,
         )
+    }
+
+    /// The job's calendar compiled, read in its zone or the job's (`None` without calendar; a
+    /// stored calendar always compiles, validation and `StoredSpec` check it).
+    pub fn calendar_clock(&self) -> Option<CalendarClock> {
+        self.calendar.as_ref()?.compile(self.timezone).ok()
     }
 }
 

@@ -13,6 +13,10 @@
 //!
 //! Boundaries: `now - at == grace` is on time; `at == now - catchup_window` is inside the window.
 //!
+//! A fire the job's calendar excludes ([`Timing::excluded`]) never runs: on time or missed it is
+//! skipped ([`SkipReason::ExcludedByCalendar`]), and it is not one of the missed fires that
+//! `fire_once` and `fire_all` count. Decisions stay in order of their instants.
+//!
 //! # Bounded work
 //!
 //! A day-long outage of a per-second job is 86,400 fires, so one call returns at most
@@ -146,6 +150,11 @@ pub enum SkipReason {
         /// The cap applied (the job's `max_catchup`, at most [`MAX_DECISIONS`]).
         max_catchup: u32,
     },
+    /// The job's calendar excludes it ([`Timing::exclusion_reason`] says how, for the record).
+    ExcludedByCalendar {
+        /// How long before `now` it was due (zero when on time).
+        missed_by: Duration,
+    },
 }
 
 impl SkipReason {
@@ -156,6 +165,7 @@ impl SkipReason {
             SkipReason::MisfirePolicySkip { .. } => "misfire_policy_skip",
             SkipReason::CoalescedByFireOnce { .. } => "coalesced_by_fire_once",
             SkipReason::OverMaxCatchup { .. } => "over_max_catchup",
+            SkipReason::ExcludedByCalendar { .. } => "excluded_by_calendar",
         }
     }
 
@@ -165,7 +175,8 @@ impl SkipReason {
             SkipReason::OutsideCatchupWindow { missed_by, .. }
             | SkipReason::MisfirePolicySkip { missed_by }
             | SkipReason::CoalescedByFireOnce { missed_by }
-            | SkipReason::OverMaxCatchup { missed_by, .. } => missed_by,
+            | SkipReason::OverMaxCatchup { missed_by, .. }
+            | SkipReason::ExcludedByCalendar { missed_by } => missed_by,
         }
     }
 }
@@ -185,6 +196,7 @@ impl fmt::Display for SkipReason {
                 f,
                 "misfire policy fire_all runs only the latest {max_catchup} missed fires (max_catchup)"
             ),
+            SkipReason::ExcludedByCalendar { .. } => f.write_str("excluded by the job's calendar"),
         }
     }
 }
@@ -228,7 +240,7 @@ pub fn catch_up(
             return run.finish(done);
         };
         scanned += 1;
-        if scanned > MAX_SCAN || !run.decide(at) {
+        if scanned > MAX_SCAN || !run.decide(at, timing.excluded(at)) {
             return run.finish(false);
         }
         pos = at;
@@ -246,8 +258,11 @@ struct Run<'p> {
     /// How many of the latest missed fires run.
     keep: usize,
     /// Missed fires inside the window not yet decided: a fire runs only if fewer than `keep`
-    /// missed fires follow it, which we know only once they have been seen.
-    pending: VecDeque<DateTime<Utc>>,
+    /// missed fires follow it, which we know only once they have been seen. Excluded fires
+    /// (`true`) wait among them only to keep the decisions in order.
+    pending: VecDeque<(DateTime<Utc>, bool)>,
+    /// How many of `pending` are not excluded.
+    pending_fires: usize,
     decisions: VecDeque<Decision>,
     omitted: u64,
     omitted_range: Option<(DateTime<Utc>, DateTime<Utc>)>,
@@ -263,6 +278,7 @@ impl<'p> Run<'p> {
             window_from: before(now, policy.catchup_window),
             keep: policy.missed_to_fire(),
             pending: VecDeque::new(),
+            pending_fires: 0,
             decisions: VecDeque::new(),
             omitted: 0,
             omitted_range: None,
@@ -270,36 +286,90 @@ impl<'p> Run<'p> {
         }
     }
 
-    /// Decides (or holds as pending) one fire; false if the output is full of fires.
-    fn decide(&mut self, at: DateTime<Utc>) -> bool {
+    /// Decides (or holds as pending) one fire, `excluded` by the calendar or not; false if the
+    /// output is full of fires.
+    fn decide(&mut self, at: DateTime<Utc>, excluded: bool) -> bool {
         if at >= self.on_time_from {
-            self.flush_missed() && self.emit(Decision::Fire { at, late: false })
+            if !self.flush_missed() {
+                return false;
+            }
+            if excluded {
+                return self.emit(self.excluded_skip(at));
+            }
+            self.emit(Decision::Fire { at, late: false })
         } else if at < self.window_from {
             let reason = SkipReason::OutsideCatchupWindow {
                 missed_by: self.missed_by(at),
                 window: self.policy.catchup_window,
             };
             self.emit(Decision::Skip { at, reason })
+        } else if excluded && self.pending.is_empty() {
+            self.emit(self.excluded_skip(at))
         } else {
-            self.pending.push_back(at);
-            if self.pending.len() > self.keep {
-                let oldest = self.pending.pop_front().unwrap_or(at);
-                let reason = self.policy_skip(oldest);
-                return self.emit(Decision::Skip { at: oldest, reason });
+            self.pending.push_back((at, excluded));
+            if !excluded {
+                self.pending_fires += 1;
             }
-            true
+            self.settle_pending()
         }
     }
 
-    /// The pending missed fires are the latest ones: they run (late).
-    fn flush_missed(&mut self) -> bool {
-        while let Some(&at) = self.pending.front() {
-            if !self.emit(Decision::Fire { at, late: true }) {
+    /// Decides the oldest pending fires that can be: excluded ones, and missed ones followed by
+    /// `keep` others (skipped by the policy).
+    fn settle_pending(&mut self) -> bool {
+        while let Some(&(at, excluded)) = self.pending.front() {
+            let decision = if excluded {
+                self.excluded_skip(at)
+            } else if self.pending_fires > self.keep {
+                Decision::Skip {
+                    at,
+                    reason: self.policy_skip(at),
+                }
+            } else {
+                return true;
+            };
+            if !self.emit_pending(decision) {
                 return false;
             }
-            self.pending.pop_front();
         }
         true
+    }
+
+    /// The pending missed fires are the latest ones: they run (late), the excluded ones among
+    /// them are skipped.
+    fn flush_missed(&mut self) -> bool {
+        while let Some(&(at, excluded)) = self.pending.front() {
+            let decision = if excluded {
+                self.excluded_skip(at)
+            } else {
+                Decision::Fire { at, late: true }
+            };
+            if !self.emit_pending(decision) {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Emits the decision of the oldest pending fire and lets it go; false (and it stays) when
+    /// the output is full of fires.
+    fn emit_pending(&mut self, decision: Decision) -> bool {
+        if !self.emit(decision) {
+            return false;
+        }
+        if let Some((_, false)) = self.pending.pop_front() {
+            self.pending_fires -= 1;
+        }
+        true
+    }
+
+    fn excluded_skip(&self, at: DateTime<Utc>) -> Decision {
+        Decision::Skip {
+            at,
+            reason: SkipReason::ExcludedByCalendar {
+                missed_by: self.missed_by(at),
+            },
+        }
     }
 
     fn policy_skip(&self, at: DateTime<Utc>) -> SkipReason {
@@ -1218,6 +1288,121 @@ mod tests {
             prop_assert!(late <= bound);
             let on_time = decided.iter().filter(|(_, k)| *k == "F").count();
             prop_assert_eq!(on_time, all.iter().filter(|a| **a >= before(now, p.grace)).count());
+        }
+    }
+
+    /// A timing of `schedule` kept out of the second-of-minute windows `times` (UTC), its
+    /// excluded fires skipped.
+    fn kept_out(schedule: &Schedule, times: &[String]) -> Timing {
+        let def = crate::schedule::CalendarDef {
+            name: "quiet".into(),
+            times: times.to_vec(),
+            ..Default::default()
+        };
+        let calendar = crate::schedule::CalendarUse {
+            clock: std::sync::Arc::new(def.compile(Tz::UTC).unwrap()),
+            name: "quiet".into(),
+            only: false,
+            on_excluded: crate::schedule::OnExcluded::Skip,
+        };
+        plain(schedule).shaped("quiet", None, None, None, Some(calendar))
+    }
+
+    #[test]
+    fn excluded_fires_are_skipped_in_order_and_are_not_missed_fires() {
+        // Every 10 s; 10:00:20-10:00:40 excluded. Cursor 10:00:00, now 10:01:05, grace 5 s:
+        // 10:00:10 .. 10:01:00 are missed, the excluded 10:00:20 and :30 among them.
+        let timing = kept_out(
+            &every(10),
+            &[
+                "10:00:20-10:00:40".to_owned(),
+                "10:01:00-10:01:01".to_owned(),
+            ],
+        );
+        let got = catch_up(
+            &timing,
+            t("2026-01-01T10:00:00Z"),
+            t("2026-01-01T10:01:05Z"),
+            &policy(FireOnce, 5, 3600, 100),
+        );
+        assert_eq!(
+            kinds(&got),
+            expect(&[
+                ("2026-01-01T10:00:10Z", "coalesced_by_fire_once"),
+                ("2026-01-01T10:00:20Z", "excluded_by_calendar"),
+                ("2026-01-01T10:00:30Z", "excluded_by_calendar"),
+                ("2026-01-01T10:00:40Z", "coalesced_by_fire_once"),
+                ("2026-01-01T10:00:50Z", "L"),
+                ("2026-01-01T10:01:00Z", "excluded_by_calendar"),
+            ])
+        );
+        assert!(got.complete);
+        // An on-time fire the calendar excludes is skipped too.
+        let got = catch_up(
+            &timing,
+            t("2026-01-01T10:00:15Z"),
+            t("2026-01-01T10:00:21Z"),
+            &policy(FireAll, 5, 3600, 100),
+        );
+        assert_eq!(
+            kinds(&got),
+            expect(&[("2026-01-01T10:00:20Z", "excluded_by_calendar")])
+        );
+        let Decision::Skip { reason, .. } = &got.decisions[0] else {
+            panic!("a skip");
+        };
+        assert_eq!(
+            reason.to_string(),
+            "missed by 1s; excluded by the job's calendar"
+        );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+        /// With a calendar: excluded fires are skipped (older than the window: skipped as
+        /// such), the others are decided by the rules as if the excluded ones did not exist,
+        /// and decisions stay in order.
+        #[test]
+        fn excluded_fires_leave_the_rules_to_the_others(
+            period in 1u64..30,
+            windows in proptest::collection::vec((0u32..86_400, 1u32..600), 1..4),
+            start in 0i64..86_400,
+            span in 0i64..900,
+            policy_kind in prop::sample::select(vec![Skip, FireOnce, FireAll]),
+            grace in 0u64..60,
+            window in 0u64..1200,
+            max_catchup in 0u32..5,
+        ) {
+            let clock = |s: u32| format!("{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60);
+            let times: Vec<String> = windows
+                .iter()
+                .map(|&(from, len)| format!("{}-{}", clock(from), clock((from + len) % 86_400)))
+                .collect();
+            let schedule = every(period);
+            let timing = kept_out(&schedule, &times);
+            let cursor = t("2026-03-07T00:00:00Z") + TimeDelta::seconds(start);
+            let now = cursor + TimeDelta::seconds(span);
+            let p = policy(policy_kind, grace, window, max_catchup);
+            let all: Vec<DateTime<Utc>> = std::iter::successors(schedule.next_after(cursor), |at| schedule.next_after(*at))
+                .take_while(|at| *at <= now)
+                .collect();
+            let allowed: Vec<DateTime<Utc>> = all.iter().copied().filter(|at| !timing.excluded(*at)).collect();
+            let want = expected(&allowed, now, &p);
+            let got = catch_up(&timing, cursor, now, &p);
+            prop_assert!(got.complete);
+            prop_assert_eq!(got.omitted, 0);
+            let decided: Vec<DateTime<Utc>> = got.decisions.iter().map(Decision::at).collect();
+            prop_assert_eq!(&decided, &all);
+            for (decision, (at, kind)) in got.decisions.iter().zip(kinds(&got)) {
+                let at = t(&at);
+                let rule = if timing.excluded(at) {
+                    if at < before(now, p.catchup_window) { "outside_catchup_window" } else { "excluded_by_calendar" }
+                } else {
+                    want[allowed.binary_search(&at).unwrap()]
+                };
+                prop_assert_eq!(kind, rule, "{}", decision);
+            }
         }
     }
 }

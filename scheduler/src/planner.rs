@@ -42,12 +42,12 @@ use crate::config::{AlertSettings, RescuerSettings};
 use crate::dispatcher::{Dispatcher, Triggers, WallClock};
 use crate::job::{ConcurrencyPolicy, JobSpec};
 use crate::leader::Leadership;
-use crate::misfire::{self, CatchUpPolicy, Decision};
+use crate::misfire::{self, CatchUpPolicy, Decision, SkipReason};
 use crate::outbox::Outbox;
 pub use crate::pace::MAX_LEAD;
 use crate::pace::{Instants, Pace, minus};
 use crate::publish::Publisher;
-use crate::schedule::{Schedule, Timing};
+use crate::schedule::{CalendarClock, Schedule, Timing};
 use crate::store::{
     ALL_JOBS, Fence, JOBS_CHANNEL, JobRecord, NewFire, OutboxRun, Store, TriggerKind,
 };
@@ -157,6 +157,7 @@ pub async fn lead(
         generation: 0,
         plan_writes: 0,
         schedules: HashMap::new(),
+        calendars: HashMap::new(),
         groups: HashSet::new(),
     };
     if let Err(e) = planner.run(&stop).await {
@@ -267,6 +268,9 @@ struct Planner {
     plan_writes: i64,
     /// Parsed schedules by definition, while a batch of jobs is admitted.
     schedules: HashMap<String, Arc<Schedule>>,
+    /// Compiled calendars by definition and zone, while a batch of jobs is admitted (shared as
+    /// the schedules are: a holiday list is named by many jobs).
+    calendars: HashMap<String, Arc<CalendarClock>>,
     /// Group names, shared by the jobs of each group (a handful of groups for many jobs).
     groups: HashSet<Arc<str>>,
 }
@@ -295,6 +299,7 @@ impl Planner {
             self.tick().await?;
         }
         self.schedules = HashMap::new();
+        self.calendars = HashMap::new();
         self.jobs.shrink_to_fit();
         info!(
             term = self.fence.term,
@@ -389,7 +394,7 @@ impl Planner {
         };
         self.generation += 1;
         let planned = Planned {
-            timing: spec.timing_of(schedule),
+            timing: spec.timing_with(schedule, self.calendar_of(&spec)),
             runs_left: spec.max_runs.map(|max| {
                 u64::from(max).saturating_sub(u64::try_from(scheduled_runs).unwrap_or(0))
             }),
@@ -447,6 +452,18 @@ impl Planner {
         Ok(schedule)
     }
 
+    /// The job's compiled calendar, shared like [`Planner::schedule_of`]'s schedules.
+    fn calendar_of(&mut self, spec: &JobSpec) -> Option<Arc<CalendarClock>> {
+        let calendar = spec.calendar.as_ref()?;
+        let key = format!("{calendar:?}|{}", spec.timezone);
+        if let Some(clock) = self.calendars.get(&key) {
+            return Some(clock.clone());
+        }
+        let clock = Arc::new(spec.calendar_clock()?);
+        self.calendars.insert(key, clock.clone());
+        Some(clock)
+    }
+
     /// A heap slot came due (or is about to).
     fn fire(
         &mut self,
@@ -470,7 +487,11 @@ impl Planner {
             now
         } else {
             if planned.take_run() {
-                fires.push(new_fire(&name, planned, at, TriggerKind::Schedule, None));
+                let skip = planned
+                    .timing
+                    .excluded(at)
+                    .then(|| planned.timing.exclusion_reason(at));
+                fires.push(new_fire(&name, planned, at, TriggerKind::Schedule, skip));
             }
             at
         };
@@ -583,6 +604,7 @@ impl Planner {
         self.jobs.retain(|name, _| present.contains(name));
         let removed = kept - self.jobs.len();
         self.schedules = HashMap::new();
+        self.calendars = HashMap::new();
         info!(replanned, removed, "jobs re-planned after a bulk change");
         self.write(fires).await
     }
@@ -645,6 +667,13 @@ fn push_decisions(
             }
             Decision::Fire { at, late: false } => {
                 new_fire(name, planned, at, TriggerKind::Schedule, None)
+            }
+            Decision::Skip {
+                at,
+                reason: SkipReason::ExcludedByCalendar { .. },
+            } => {
+                let reason = planned.timing.exclusion_reason(at);
+                new_fire(name, planned, at, TriggerKind::Schedule, Some(reason))
             }
             Decision::Skip { at, reason } => new_fire(
                 name,

@@ -77,6 +77,7 @@
 //! `every` fires at every whole multiple of its period since the Unix epoch (`30s` fires at :00
 //! and :30 of each minute). `at` fires once. `manual` never fires on its own.
 
+mod calendar;
 mod cron_expr;
 mod timing;
 mod zoned;
@@ -84,8 +85,11 @@ mod zoned;
 #[cfg(test)]
 mod tests;
 
+pub use calendar::{
+    CalendarClock, CalendarDef, CalendarProblem, search_words as calendar_search_words,
+};
 pub use cron_expr::CronDialect;
-pub use timing::Timing;
+pub use timing::{CalendarUse, OnExcluded, Timing, UPCOMING_SCAN};
 pub use zoned::CronSchedule;
 
 use chrono::{DateTime, SecondsFormat, Utc};

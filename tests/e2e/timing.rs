@@ -1,3 +1,6 @@
+//! A job's calendar kept by a running leader: excluded fires recorded skipped with the
+//! calendar's reason, or moved to the next allowed instant as one fire.
+//!
 //! A job's timing fields under a leader failover: jittered fires land on the same instants
 //! whichever leader writes them, `max_runs` counts across leaders, and a `start_at`–`end_at`
 //! window fires exactly its instants.
@@ -113,5 +116,91 @@ async fn jittered_fires_limits_and_windows_hold_across_a_killed_leader(pool: PgP
     let instants: Vec<DateTime<Utc>> = window.iter().map(|r| r.scheduled_at).collect();
     let want: Vec<DateTime<Utc>> = (0..=5).map(|s| start + TimeDelta::seconds(s)).collect();
     assert_eq!(instants, want);
+    t.finish().await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_calendar_skips_or_moves_the_fires_it_excludes(pool: PgPool) {
+    let t = Setup::new(&pool).with_groups(&["calendar"]);
+    let (db, prefix) = (t.database_url.clone(), t.prefix.clone());
+    // Three seconds of every-second fires excluded, a few seconds after the leader starts.
+    let quiet = Utc::now().duration_trunc(TimeDelta::seconds(1)).unwrap() + TimeDelta::seconds(10);
+    let quiet_end = quiet + TimeDelta::seconds(3);
+    let window = format!(
+        "{}-{}",
+        quiet.format("%H:%M:%S"),
+        quiet_end.format("%H:%M:%S")
+    );
+    let define = |name: &str, on_excluded: &str| {
+        job(json!({
+            "name": name, "group": "calendar", "every": "1s",
+            "calendar": {"name": "quiet", "times": [window]},
+            "calendar_mode": "except", "on_excluded": on_excluded,
+        }))
+    };
+    let jobs = vec![
+        define("cal-skip", "skip"),
+        define("cal-move", "next_allowed"),
+    ];
+    let scheduler = Scheduler::start(service_config(&db, AMQP_URL, "a", &prefix), jobs);
+    let settled = quiet_end + TimeDelta::seconds(2);
+    wait_for(
+        Duration::from_secs(30),
+        "fires after the quiet window",
+        || async {
+            let mut done = true;
+            for name in ["cal-skip", "cal-move"] {
+                done &= runs(&pool, name)
+                    .await
+                    .last()
+                    .is_some_and(|r| r.scheduled_at >= settled);
+            }
+            done.then_some(())
+        },
+    )
+    .await;
+    scheduler.stop().await.expect("graceful stop");
+
+    let in_quiet = |at: DateTime<Utc>| at >= quiet && at < quiet_end;
+    // skip: each excluded second is a skipped run naming the calendar; the others run.
+    let skip = runs(&pool, "cal-skip").await;
+    assert_consecutive(&skip, Duration::from_secs(1));
+    let excluded: Vec<&crate::common::Run> =
+        skip.iter().filter(|r| in_quiet(r.scheduled_at)).collect();
+    assert_eq!(excluded.len(), 3, "{skip:?}");
+    for run in &excluded {
+        assert_eq!(run.state, "skipped", "{run:?}");
+        let reason = run.reason.as_deref().unwrap_or_default();
+        assert!(
+            reason.contains(
+                "excluded by calendar quiet (calendar_mode = \"except\", on_excluded = \"skip\")"
+            ),
+            "{run:?}"
+        );
+    }
+    assert!(
+        skip.iter()
+            .filter(|r| !in_quiet(r.scheduled_at))
+            .all(|r| r.state != "skipped"),
+        "{skip:?}"
+    );
+    // next_allowed: nothing inside the window, and the window's end fires once for all of it.
+    let moved = runs(&pool, "cal-move").await;
+    assert!(moved.iter().all(|r| !in_quiet(r.scheduled_at)), "{moved:?}");
+    assert!(moved.iter().all(|r| r.state != "skipped"), "{moved:?}");
+    assert_eq!(
+        moved.iter().filter(|r| r.scheduled_at == quiet_end).count(),
+        1,
+        "{moved:?}"
+    );
+    let instants: Vec<DateTime<Utc>> = moved.iter().map(|r| r.scheduled_at).collect();
+    assert!(instants.windows(2).all(|w| w[0] < w[1]), "{instants:?}");
+    let first = instants.first().copied().expect("runs");
+    let want: Vec<DateTime<Utc>> = (0..)
+        .map(|s| first + TimeDelta::seconds(s))
+        .take_while(|at| *at <= *instants.last().unwrap())
+        .filter(|at| !in_quiet(*at))
+        .collect();
+    assert_eq!(instants, want, "every second but the quiet ones");
     t.finish().await;
 }

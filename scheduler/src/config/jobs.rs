@@ -7,7 +7,7 @@
 //! A TOML file is parsed one `[[jobs]]` table at a time where it splits cleanly at those header
 //! lines (a 100,000-job file's whole tree took several hundred MB), and whole otherwise.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -20,10 +20,11 @@ use chrono::{DateTime, Datelike as _, NaiveDate, NaiveDateTime, SecondsFormat, U
 use chrono_tz::Tz;
 use serde_json::{Map, Value};
 
+use super::calendars;
 use super::suggest::closest;
 use super::{ConfigError, ConfigErrors, FieldError, JobRef, render, render_config, to_json};
-use crate::job::{JobSpec, Kind, KindName, Shards, TaskFailurePolicy, When};
-use crate::schedule::{Schedule, ScheduleError};
+use crate::job::{CalendarMode, JobSpec, Kind, KindName, Shards, TaskFailurePolicy, When};
+use crate::schedule::{OnExcluded, Schedule, ScheduleError};
 
 /// Every field a job table may have, in the order messages and docs list them. A test keeps
 /// this in step with [`JobSpec`]'s serde form.
@@ -44,6 +45,9 @@ pub const JOB_FIELDS: &[&str] = &[
     "start_at",
     "end_at",
     "max_runs",
+    "calendar",
+    "calendar_mode",
+    "on_excluded",
     "params",
     "secret_params",
     "timeout",
@@ -351,6 +355,8 @@ struct Reader {
     errors: Vec<ConfigError>,
     /// Job name → (file, position) of its first definition.
     names: HashMap<String, (String, usize)>,
+    /// The calendars the files declare (`[calendars.NAME]`), by name.
+    calendars: BTreeMap<String, calendars::Declared>,
 }
 
 impl Reader {
@@ -398,6 +404,7 @@ impl Reader {
             return false;
         }
         self.unknown_keys(origin, &root);
+        self.read_calendars(origin, &root);
         drop(root);
         for (i, chunk) in jobs.iter().enumerate() {
             let Ok(mut root) = SourceFormat::Toml.parse(origin, chunk) else {
@@ -428,6 +435,7 @@ impl Reader {
             }
         };
         self.unknown_keys(origin, &root);
+        self.read_calendars(origin, &root);
         let items = match root.get("jobs").map(|jobs| &jobs.kind) {
             None | Some(config::ValueKind::Nil) => return,
             Some(config::ValueKind::Array(items)) => items,
@@ -447,22 +455,43 @@ impl Reader {
         }
     }
 
-    /// Reports the top-level keys other than `jobs`.
+    /// Reads the `calendars` table of a file's top level, if it has one.
+    fn read_calendars(&mut self, origin: &str, root: &config::Map<String, config::Value>) {
+        let Some(value) = root.get("calendars") else {
+            return;
+        };
+        let mut not_json = Vec::new();
+        let json = to_json(value, "calendars", &mut not_json);
+        for bad in not_json {
+            self.errors.push(ConfigError::key(
+                origin,
+                bad.path,
+                Some(bad.value),
+                bad.message,
+            ));
+        }
+        calendars::read_declared(origin, &json, &mut self.calendars, &mut self.errors);
+    }
+
+    /// Reports the top-level keys other than `jobs` and `calendars`.
     fn unknown_keys(&mut self, origin: &str, root: &config::Map<String, config::Value>) {
-        let mut keys: Vec<&String> = root.keys().filter(|key| *key != "jobs").collect();
+        let mut keys: Vec<&String> = root
+            .keys()
+            .filter(|key| *key != "jobs" && *key != "calendars")
+            .collect();
         keys.sort();
         for key in keys {
             let message = if super::SETTINGS_KEYS
                 .iter()
                 .any(|setting| setting.split('.').next() == Some(key.as_str()))
             {
-                "unknown key; a job file holds only a \"jobs\" list (this looks like a setting: \
-                 it belongs in the settings file)"
+                "unknown key; a job file holds a \"jobs\" list and \"calendars\" tables (this \
+                 looks like a setting: it belongs in the settings file)"
                     .to_owned()
-            } else if let Some(near) = closest(key, ["jobs"]) {
+            } else if let Some(near) = closest(key, ["jobs", "calendars"]) {
                 format!("unknown key; did you mean {near:?}?")
             } else {
-                "unknown key; a job file holds only a \"jobs\" list".to_owned()
+                "unknown key; a job file holds a \"jobs\" list and \"calendars\" tables".to_owned()
             };
             self.errors.push(ConfigError::key(
                 origin,
@@ -500,7 +529,7 @@ impl Reader {
                 FieldError::new(&bad.path, Some(bad.value), bad.message),
             ));
         }
-        let result = validate_job(&table);
+        let result = validate(&table, Calendars::ByName);
         if let Err(field_errors) = &result {
             self.errors.extend(
                 field_errors
@@ -550,7 +579,47 @@ impl Reader {
         first_of_name
     }
 
-    fn finish(self) -> Result<Vec<LoadedJob>, ConfigErrors> {
+    fn finish(mut self) -> Result<Vec<LoadedJob>, ConfigErrors> {
+        let resolved = calendars::resolve_declared(&self.calendars, &mut self.errors);
+        let now = Utc::now();
+        for job in &mut self.jobs {
+            let Some(name) = job.spec.calendar_ref.take() else {
+                continue;
+            };
+            let job_ref = JobRef::Name(job.spec.name.clone());
+            let Some(def) = resolved.get(&name) else {
+                // A declared calendar with mistakes has its own messages.
+                if !self.calendars.contains_key(&name) {
+                    let names = calendars::declared_names(&resolved);
+                    let near = closest(&name, names.iter().copied())
+                        .map(|near| format!(" did you mean {near:?}?"))
+                        .unwrap_or_default();
+                    let known = if names.is_empty() {
+                        "the job files declare no calendar".to_owned()
+                    } else {
+                        format!("declared: {}", names.join(", "))
+                    };
+                    self.errors.push(ConfigError::in_job(
+                        &job.origin,
+                        &job_ref,
+                        FieldError::new(
+                            "calendar",
+                            Some(render(&Value::String(name.clone()))),
+                            format!(
+                                "no calendar of this name ({known});{near} declare it as \
+                                 [calendars.{name}] in a job file or fix the name"
+                            ),
+                        ),
+                    ));
+                }
+                continue;
+            };
+            job.spec.calendar = Some(def.clone());
+            if let Some(error) = calendar_problem(&job.spec, now) {
+                self.errors
+                    .push(ConfigError::in_job(&job.origin, &job_ref, error));
+            }
+        }
         if self.errors.is_empty() {
             Ok(self.jobs)
         } else {
@@ -561,8 +630,22 @@ impl Reader {
 
 /// Validates one job given as a JSON object (a job table of a file, or an API request body) and
 /// builds its [`JobSpec`]; returns every mistake, each naming the field, the value and the fix.
-/// A `null` field counts as absent.
+/// A `null` field counts as absent. A calendar is written out as a table: names of declared
+/// calendars are known only where job files are loaded.
 pub fn validate_job(table: &Map<String, Value>) -> Result<JobSpec, Vec<FieldError>> {
+    validate(table, Calendars::Inline)
+}
+
+/// How a job's `calendar` may be given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Calendars {
+    /// A name of a job file's `[calendars.NAME]` (resolved when every file is read) or a table.
+    ByName,
+    /// Only a table (a definition sent to the API).
+    Inline,
+}
+
+fn validate(table: &Map<String, Value>, calendars: Calendars) -> Result<JobSpec, Vec<FieldError>> {
     let mut check = Check {
         table,
         errors: Vec::new(),
@@ -615,6 +698,9 @@ pub fn validate_job(table: &Map<String, Value>) -> Result<JobSpec, Vec<FieldErro
     }
     check.duration_at_most("jitter", MAX_JITTER, "jitter");
     check.whole_number_in("max_runs", 1, MAX_RUNS);
+    let calendar_ref = check.calendar(calendars);
+    check.one_of("calendar_mode", CalendarMode::NAMES);
+    check.one_of("on_excluded", OnExcluded::NAMES);
     check.params();
     check.secret_params();
     if let Some(timeout) = check.duration_at_most("timeout", MAX_TIMEOUT, "a timeout")
@@ -668,7 +754,7 @@ pub fn validate_job(table: &Map<String, Value>) -> Result<JobSpec, Vec<FieldErro
     if !check.errors.is_empty() {
         return Err(check.errors);
     }
-    let spec: JobSpec = serde_json::from_value(Value::Object(check.clean)).map_err(|e| {
+    let mut spec: JobSpec = serde_json::from_value(Value::Object(check.clean)).map_err(|e| {
         // Unreachable unless JOB_FIELDS and the checks above lag behind JobSpec.
         vec![FieldError {
             field: None,
@@ -676,12 +762,51 @@ pub fn validate_job(table: &Map<String, Value>) -> Result<JobSpec, Vec<FieldErro
             message: format!("cannot build the job: {e}"),
         }]
     })?;
-    let errors = timing_errors(&spec, table, Utc::now());
+    spec.calendar_ref = calendar_ref;
+    let now = Utc::now();
+    let mut errors = timing_errors(&spec, table, now);
+    if errors.is_empty()
+        && let Some(error) = calendar_problem(&spec, now)
+    {
+        errors.push(error);
+    }
     if errors.is_empty() {
         Ok(spec)
     } else {
         Err(errors)
     }
+}
+
+/// The check of a job's calendar that needs the clock: a calendar whose instants allowed to the
+/// job (in it with `calendar_mode = "only"`, outside it with `"except"`) do not occur in the
+/// [`MAX_CALENDAR_SEARCH`](chime_protocol::limits::MAX_CALENDAR_SEARCH) after `now` would keep
+/// every fire from running, a mistake such as dates of a past year.
+pub(super) fn calendar_problem(spec: &JobSpec, now: DateTime<Utc>) -> Option<FieldError> {
+    let calendar = spec.calendar.as_ref()?;
+    let clock = spec.calendar_clock()?;
+    let only = spec.calendar_mode == CalendarMode::Only;
+    if clock.first_at_or_after(now, only).is_some() {
+        return None;
+    }
+    let (mode, fix) = if only {
+        (
+            "only",
+            "add dates to come, or use calendar_mode = \"except\" to keep fires out of it",
+        )
+    } else {
+        ("except", "narrow the calendar")
+    };
+    Some(FieldError::new(
+        "calendar",
+        Some(render(&Value::String(calendar.name.clone()))),
+        format!(
+            "with calendar_mode = \"{mode}\", calendar {} allows no instant in the next {} \
+             (from {}), so the job would never run; {fix}",
+            calendar.name,
+            crate::schedule::calendar_search_words(),
+            now.to_rfc3339_opts(SecondsFormat::Secs, true),
+        ),
+    ))
 }
 
 /// How many fires after the validation instant `jitter` is checked against: the shortest time
@@ -702,10 +827,26 @@ fn timing_errors(
         FieldError::new(field, table.get(field).map(render), message)
     };
     let mut errors = Vec::new();
-    let given: Vec<&str> = ["jitter", "start_at", "end_at", "max_runs"]
-        .into_iter()
+    // The timing fields: JOB_FIELDS from `jitter` up to `params`.
+    let given: Vec<&str> = JOB_FIELDS
+        .iter()
+        .copied()
+        .skip_while(|field| *field != "jitter")
+        .take_while(|field| *field != "params")
         .filter(|field| table.get(*field).is_some_and(|v| !v.is_null()))
         .collect();
+    if !given.contains(&"calendar") {
+        for field in ["calendar_mode", "on_excluded"] {
+            if given.contains(&field) {
+                errors.push(fail(
+                    field,
+                    "applies to the job's calendar, and the job has none; add calendar = \
+                     \"NAME\" or remove it"
+                        .to_owned(),
+                ));
+            }
+        }
+    }
     if spec.when == When::Manual {
         for field in given {
             errors.push(fail(
@@ -1600,6 +1741,57 @@ impl<'a> Check<'a> {
         match validate_params(value) {
             Ok(()) => self.keep("params"),
             Err(error) => self.errors.push(error),
+        }
+    }
+
+    /// `calendar`: a declared calendar's name, returned to be resolved against the job files'
+    /// `[calendars]`, or a calendar written out as a table, checked and kept.
+    fn calendar(&mut self, calendars: Calendars) -> Option<String> {
+        match self.get("calendar")? {
+            Value::String(_) if calendars == Calendars::Inline => {
+                self.fail(
+                    "calendar",
+                    "a calendar's name refers to a [calendars.NAME] table of the job files, \
+                     which a definition sent to the API does not see; write the calendar out \
+                     as a table, such as {\"weekdays\": [\"mon-fri\"]}"
+                        .to_owned(),
+                );
+                None
+            }
+            Value::String(name) => {
+                match identifier_problem(name) {
+                    None => return Some(name.clone()),
+                    Some(problem) => self.fail(
+                        "calendar",
+                        format!(
+                            "invalid calendar name: {problem}; name a calendar declared as \
+                             [calendars.NAME] in a job file"
+                        ),
+                    ),
+                }
+                None
+            }
+            Value::Object(table) => {
+                match calendars::read_inline(table) {
+                    Ok(def) => {
+                        let value = serde_json::to_value(&def).unwrap_or(Value::Null);
+                        self.clean.insert("calendar".into(), value);
+                    }
+                    Err(errors) => self.errors.extend(errors),
+                }
+                None
+            }
+            other => {
+                let found = kind(other);
+                self.fail(
+                    "calendar",
+                    format!(
+                        "expected a calendar's name, such as \"cn-workdays\", or a calendar \
+                         table, found {found}"
+                    ),
+                );
+                None
+            }
         }
     }
 

@@ -61,6 +61,11 @@ const CONFIGURATION_MD_KINDS: &[&str] = &[
 const CONFIGURATION_MD_TIMING: &[&str] = &[
     r##"{"name":"nightly-export","group":"reports","schedule":"0 0 * * *","timezone":"UTC","jitter":"5m","start_at":"2027-01-01T00:00:00+08:00","end_at":"2027-06-30T23:59:59+08:00","params":null,"misfire":"fire_once","misfire_grace":"5s","catchup_window":"1h","max_catchup":100,"concurrency":"allow","retry":{"max_attempts":3,"initial":"10s","multiplier":2.0,"max":"10m","jitter":true},"paused":false}"##,
 ];
+/// The calendars example of docs/configuration.md.
+const CONFIGURATION_MD_CALENDARS: &[&str] = &[
+    r##"{"name":"daily-settlement","group":"billing","schedule":"0 2 * * *","timezone":"Asia/Shanghai","calendar":{"name":"cn-workdays","timezone":"Asia/Shanghai","weekdays":["mon-fri"],"include":[{"name":"cn-extra-workdays","dates":["2027-02-20"]}],"except":[{"name":"cn-holidays","dates":["2027-02-10..2027-02-17","2027-10-01..2027-10-07"]}]},"params":null,"misfire":"fire_once","misfire_grace":"5s","catchup_window":"1h","max_catchup":100,"concurrency":"allow","retry":{"max_attempts":3,"initial":"10s","multiplier":2.0,"max":"10m","jitter":true},"paused":false}"##,
+    r##"{"name":"night-batch","group":"etl","every":"10m","timezone":"UTC","calendar":{"name":"inline","times":["22:00-06:00"]},"calendar_mode":"except","on_excluded":"next_allowed","params":null,"misfire":"fire_once","misfire_grace":"5s","catchup_window":"1h","max_catchup":100,"concurrency":"allow","retry":{"max_attempts":3,"initial":"10s","multiplier":2.0,"max":"10m","jitter":true},"paused":false}"##,
+];
 /// The job file of README.md.
 const README_MD: &[&str] = &[
     r##"{"name":"close-unpaid-orders","group":"orders","schedule":"0 */2 * * * *","timezone":"Asia/Shanghai","params":{"batch":500},"timeout":"5m","misfire":"fire_once","misfire_grace":"5s","catchup_window":"1h","max_catchup":100,"concurrency":"forbid","retry":{"max_attempts":4,"initial":"10s","multiplier":2.0,"max":"10m","jitter":true},"alerts":{"webhook":"https://hooks.slack.com/services/…","format":"slack"},"paused":false}"##,
@@ -180,9 +185,9 @@ fn documented_job_files_store_the_json_they_stored_before() {
     let configuration = job_blocks("docs/configuration.md");
     assert_eq!(
         configuration.len(),
-        5,
+        6,
         "one job file in TOML, the same in YAML; then the job kinds' in TOML, the same in YAML; \
-         then the jitter and window example"
+         then the jitter and window example, and the calendars example"
     );
     for jobs in &configuration[..2] {
         assert_stored_as("docs/configuration.md", jobs, CONFIGURATION_MD);
@@ -194,6 +199,11 @@ fn documented_job_files_store_the_json_they_stored_before() {
         "docs/configuration.md",
         &configuration[4],
         CONFIGURATION_MD_TIMING,
+    );
+    assert_stored_as(
+        "docs/configuration.md",
+        &configuration[5],
+        CONFIGURATION_MD_CALENDARS,
     );
     let readme = job_blocks("README.md");
     assert_eq!(readme.len(), 2, "README.md's job files");

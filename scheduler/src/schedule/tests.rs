@@ -10,13 +10,13 @@ use proptest::prelude::*;
 use std::cell::Cell;
 use std::sync::OnceLock;
 
-fn utc(s: &str) -> DateTime<Utc> {
+pub(super) fn utc(s: &str) -> DateTime<Utc> {
     DateTime::parse_from_rfc3339(s)
         .unwrap_or_else(|e| panic!("{s}: {e}"))
         .to_utc()
 }
 
-fn zone(name: &str) -> Tz {
+pub(super) fn zone(name: &str) -> Tz {
     name.parse().unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 

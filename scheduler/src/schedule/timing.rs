@@ -12,8 +12,21 @@
 //! A fire never moves past the next nominal fire, so jittered fires keep their order and a
 //! cursor at a jittered instant finds the next one.
 //!
+//! **Calendar.** After jitter, a job's calendar decides: with `calendar_mode = "only"` a fire is
+//! allowed when its instant is in the calendar, with `"except"` when it is not. An excluded
+//! fire is, by `on_excluded`:
+//!
+//! - `skip` (the default): still decided at its instant, recorded skipped with the reason
+//!   ([`Timing::next_after`] returns it, [`Timing::excluded`] says it is excluded);
+//! - `next_allowed`: moved to the first allowed instant at or after it. Fires moved to one
+//!   instant are one fire there, as is a fire moved onto an allowed fire of the schedule; so the
+//!   fires stay in order and never fire twice. A fire with no allowed instant within
+//!   [`MAX_CALENDAR_SEARCH`](chime_protocol::limits::MAX_CALENDAR_SEARCH) after it stays at its
+//!   instant and is skipped, with that reason.
+//!
 //! **Window.** `start_at` and `end_at` bound the fire instants (after jitter), both inclusive:
-//! no fire before `start_at`, none after `end_at`; after `end_at` the schedule has ended.
+//! no fire before `start_at`, none after `end_at`; after `end_at` the schedule has ended. A fire
+//! that `next_allowed` moves past `end_at` is not made.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,9 +34,13 @@ use std::time::Duration;
 use chrono::{DateTime, SecondsFormat, TimeDelta, Utc};
 use sha2::{Digest as _, Sha256};
 
-use super::{Schedule, epoch_nanos};
+use super::{CalendarClock, Schedule, epoch_nanos};
 
-/// A job's fire instants: its schedule with its window and jitter.
+/// At most this many decided fires are looked at to list upcoming ones: a calendar that
+/// excludes every fire of a per-second job for a day still answers at once.
+pub const UPCOMING_SCAN: usize = 100_000;
+
+/// A job's fire instants: its schedule with its window, jitter and calendar.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Timing {
     /// Shared between the jobs of one schedule (the planner shares it).
@@ -37,6 +54,68 @@ struct Shape {
     start_at: Option<DateTime<Utc>>,
     end_at: Option<DateTime<Utc>>,
     jitter: Option<Jitter>,
+    calendar: Option<CalendarUse>,
+}
+
+/// What a job does with a fire its calendar excludes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnExcluded {
+    /// Record the fire skipped, with the reason.
+    #[default]
+    Skip,
+    /// Move the fire to the first allowed instant at or after it.
+    NextAllowed,
+}
+
+impl OnExcluded {
+    /// The words of job files.
+    pub const NAMES: &'static [&'static str] = &["skip", "next_allowed"];
+
+    /// The word of job files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnExcluded::Skip => "skip",
+            OnExcluded::NextAllowed => "next_allowed",
+        }
+    }
+
+    /// Whether this is the default, `skip`.
+    pub fn is_skip(&self) -> bool {
+        *self == OnExcluded::Skip
+    }
+
+    /// Parses the word of job files.
+    pub fn parse(word: &str) -> Option<OnExcluded> {
+        match word {
+            "skip" => Some(OnExcluded::Skip),
+            "next_allowed" => Some(OnExcluded::NextAllowed),
+            _ => None,
+        }
+    }
+}
+
+/// A job's calendar as its fires use it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CalendarUse {
+    /// The compiled calendar (shared between the jobs of one calendar).
+    pub clock: Arc<CalendarClock>,
+    /// Its name, for skip reasons.
+    pub name: Box<str>,
+    /// `calendar_mode = "only"` (fires in the calendar are allowed); else `"except"`.
+    pub only: bool,
+    /// What an excluded fire does.
+    pub on_excluded: OnExcluded,
+}
+
+impl CalendarUse {
+    fn allows(&self, t: DateTime<Utc>) -> bool {
+        self.clock.contains(t) == self.only
+    }
+
+    fn next_allowed(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        self.clock.first_at_or_after(t, self.only)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,17 +178,66 @@ impl Timing {
         end_at: Option<DateTime<Utc>>,
         jitter: Option<Duration>,
     ) -> Timing {
+        Timing::plain(schedule).shaped(name, start_at, end_at, jitter, None)
+    }
+
+    /// This timing with a window, jitter and calendar (each `None`: none).
+    pub fn shaped(
+        self,
+        name: &str,
+        start_at: Option<DateTime<Utc>>,
+        end_at: Option<DateTime<Utc>>,
+        jitter: Option<Duration>,
+        calendar: Option<CalendarUse>,
+    ) -> Timing {
         let jitter = jitter
             .filter(|max| !max.is_zero())
             .map(|max| Jitter::new(name, max));
-        let shape = (start_at.is_some() || end_at.is_some() || jitter.is_some()).then(|| {
+        let shaped = start_at.is_some() || end_at.is_some() || jitter.is_some();
+        let shape = (shaped || calendar.is_some()).then(|| {
             Box::new(Shape {
                 start_at,
                 end_at,
                 jitter,
+                calendar,
             })
         });
-        Timing { schedule, shape }
+        Timing {
+            schedule: self.schedule,
+            shape,
+        }
+    }
+
+    /// The job's calendar, if it has one.
+    pub fn calendar(&self) -> Option<&CalendarUse> {
+        self.shape.as_ref()?.calendar.as_ref()
+    }
+
+    /// Whether the calendar excludes the fire decided at `at` (one [`Timing::next_after`]
+    /// returned): it is recorded skipped instead of run.
+    pub fn excluded(&self, at: DateTime<Utc>) -> bool {
+        self.calendar().is_some_and(|calendar| !calendar.allows(at))
+    }
+
+    /// Why the calendar excludes the fire at `at`, for the skip's record.
+    pub fn exclusion_reason(&self, at: DateTime<Utc>) -> String {
+        let Some(calendar) = self.calendar() else {
+            return "excluded by the job's calendar".into();
+        };
+        let mode = if calendar.only { "only" } else { "except" };
+        match calendar.on_excluded {
+            OnExcluded::Skip => format!(
+                "excluded by calendar {} (calendar_mode = \"{mode}\", on_excluded = \"skip\")",
+                calendar.name
+            ),
+            OnExcluded::NextAllowed => format!(
+                "excluded by calendar {} (calendar_mode = \"{mode}\"), which allows no instant \
+                 in the {} after {}, so on_excluded = \"next_allowed\" has nowhere to move it",
+                calendar.name,
+                super::calendar::search_words(),
+                at.to_rfc3339_opts(SecondsFormat::AutoSi, true)
+            ),
+        }
     }
 
     /// The schedule before window and jitter.
@@ -138,14 +266,69 @@ impl Timing {
                 .unwrap_or(after),
             _ => after,
         };
-        let at = match &shape.jitter {
-            None => self.schedule.next_after(from)?,
-            Some(jitter) => self.next_jittered(jitter, from)?,
+        let at = match &shape.calendar {
+            Some(calendar) if calendar.on_excluded == OnExcluded::NextAllowed => {
+                self.next_moved(shape, calendar, from)?
+            }
+            _ => self.next_jittered_or_nominal(shape, from)?,
         };
         match shape.end_at {
             Some(end) if at > end => None,
             _ => Some(at),
         }
+    }
+
+    fn next_jittered_or_nominal(
+        &self,
+        shape: &Shape,
+        after: DateTime<Utc>,
+    ) -> Option<DateTime<Utc>> {
+        match &shape.jitter {
+            None => self.schedule.next_after(after),
+            Some(jitter) => self.next_jittered(jitter, after),
+        }
+    }
+
+    /// The first fire strictly after `after` when excluded fires move to the next allowed
+    /// instant (`g(f)`, nondecreasing in `f`, so moved fires keep their order).
+    fn next_moved(
+        &self,
+        shape: &Shape,
+        calendar: &CalendarUse,
+        after: DateTime<Utc>,
+    ) -> Option<DateTime<Utc>> {
+        if !calendar.allows(after) {
+            // A fire at or before `after` in the excluded stretch around `after` moves past it:
+            // to the stretch's end, the first allowed instant after `after`.
+            let stretch = calendar.clock.stretch_start(after, calendar.only);
+            let lowest = match shape.start_at {
+                Some(start) if start > stretch => start,
+                _ => stretch,
+            };
+            let pending = lowest
+                .checked_sub_signed(TimeDelta::nanoseconds(1))
+                .and_then(|before| self.next_jittered_or_nominal(shape, before))
+                .is_some_and(|fire| fire <= after);
+            if pending && let Some(allowed) = calendar.next_allowed(after) {
+                return Some(allowed);
+            }
+        }
+        let fire = self.next_jittered_or_nominal(shape, after)?;
+        // No allowed instant within the search: the fire stays, to be recorded skipped.
+        Some(calendar.next_allowed(fire).unwrap_or(fire))
+    }
+
+    /// The first fire strictly after `after` that runs (not excluded by the calendar), looking
+    /// at no more than `scan` decided fires.
+    pub fn next_run_after(&self, after: DateTime<Utc>, scan: usize) -> Option<DateTime<Utc>> {
+        let mut at = after;
+        for _ in 0..scan {
+            at = self.next_after(at)?;
+            if !self.excluded(at) {
+                return Some(at);
+            }
+        }
+        None
     }
 
     /// The first jittered fire strictly after `after`. A nominal fire `n` lands in
@@ -167,11 +350,35 @@ impl Timing {
         }
     }
 
-    /// Up to `n` fires strictly after `after`, in order.
+    /// Up to `n` fires strictly after `after` that run, in order: those the calendar
+    /// excludes are left out, and the search ends after [`UPCOMING_SCAN`] decided fires.
     pub fn upcoming(&self, after: DateTime<Utc>, n: usize) -> Vec<DateTime<Utc>> {
-        std::iter::successors(self.next_after(after), |at| self.next_after(*at))
-            .take(n)
-            .collect()
+        self.upcoming_within(after, n, UPCOMING_SCAN)
+    }
+
+    /// [`Timing::upcoming`] among the next `decided` fires at most (run or skipped: `max_runs`
+    /// counts both).
+    pub fn upcoming_within(
+        &self,
+        after: DateTime<Utc>,
+        n: usize,
+        decided: usize,
+    ) -> Vec<DateTime<Utc>> {
+        let mut fires = Vec::with_capacity(n.min(1024));
+        let mut at = after;
+        for _ in 0..decided.min(UPCOMING_SCAN) {
+            if fires.len() >= n {
+                break;
+            }
+            let Some(next) = self.next_after(at) else {
+                break;
+            };
+            if !self.excluded(next) {
+                fires.push(next);
+            }
+            at = next;
+        }
+        fires
     }
 
     /// Whether the schedule has ended by `now` because of `end_at`: the schedule itself fires
@@ -197,6 +404,13 @@ impl Timing {
             }
             if let Some(end) = shape.end_at {
                 text.push_str(&format!(", until {}", instant(end)));
+            }
+            if let Some(calendar) = &shape.calendar {
+                let mode = if calendar.only { "only" } else { "except" };
+                text.push_str(&format!(", {mode} calendar {}", calendar.name));
+                if calendar.on_excluded == OnExcluded::NextAllowed {
+                    text.push_str(" (excluded fires move to the next allowed instant)");
+                }
             }
         }
         text
@@ -351,27 +565,218 @@ mod tests {
         );
     }
 
+    /// A calendar of `weekdays` and `times` in UTC, used `only` or not, with `on_excluded`.
+    fn calendar(
+        weekdays: &[&str],
+        times: &[&str],
+        only: bool,
+        on_excluded: OnExcluded,
+    ) -> CalendarUse {
+        let def = crate::schedule::CalendarDef {
+            name: "office".into(),
+            weekdays: weekdays.iter().map(|s| (*s).to_owned()).collect(),
+            times: times.iter().map(|s| (*s).to_owned()).collect(),
+            ..Default::default()
+        };
+        CalendarUse {
+            clock: Arc::new(def.compile(Tz::UTC).unwrap()),
+            name: "office".into(),
+            only,
+            on_excluded,
+        }
+    }
+
+    fn kept_to(schedule: Arc<Schedule>, calendar: CalendarUse) -> Timing {
+        Timing::plain(schedule).shaped("c", None, None, None, Some(calendar))
+    }
+
+    #[test]
+    fn skipped_fires_stay_at_their_instants_and_upcoming_leaves_them_out() {
+        let office = calendar(&["mon-fri"], &["09:00-17:00"], true, OnExcluded::Skip);
+        let t = kept_to(cron("0 * * * *"), office);
+        // 2027-01-08 is a Friday.
+        let friday = utc(2027, 1, 8, 16, 30, 0);
+        assert_eq!(t.next_after(friday), Some(utc(2027, 1, 8, 17, 0, 0)));
+        assert!(t.excluded(utc(2027, 1, 8, 17, 0, 0)));
+        assert!(!t.excluded(utc(2027, 1, 8, 16, 0, 0)));
+        assert_eq!(
+            t.exclusion_reason(utc(2027, 1, 8, 17, 0, 0)),
+            "excluded by calendar office (calendar_mode = \"only\", on_excluded = \"skip\")"
+        );
+        assert_eq!(
+            t.upcoming(friday, 2),
+            vec![utc(2027, 1, 11, 9, 0, 0), utc(2027, 1, 11, 10, 0, 0)]
+        );
+        assert_eq!(
+            t.next_run_after(friday, 100),
+            Some(utc(2027, 1, 11, 9, 0, 0))
+        );
+        assert_eq!(
+            t.next_run_after(friday, 10),
+            None,
+            "only 10 fires looked at"
+        );
+        assert_eq!(
+            t.describe(),
+            "cron \"0 * * * *\" (UTC), only calendar office"
+        );
+    }
+
+    #[test]
+    fn next_allowed_moves_excluded_fires_and_makes_one_fire_of_those_landing_together() {
+        let office = calendar(
+            &["mon-fri"],
+            &["09:00-17:00"],
+            true,
+            OnExcluded::NextAllowed,
+        );
+        let t = kept_to(cron("0 * * * *"), office);
+        let friday = utc(2027, 1, 8, 16, 30, 0);
+        // Friday 17:00 .. Monday 09:00 all land on Monday 09:00: one fire.
+        assert_eq!(
+            t.upcoming(friday, 3),
+            vec![
+                utc(2027, 1, 11, 9, 0, 0),
+                utc(2027, 1, 11, 10, 0, 0),
+                utc(2027, 1, 11, 11, 0, 0)
+            ]
+        );
+        // From inside the excluded stretch, the moved fires are still to come.
+        assert_eq!(
+            t.next_after(utc(2027, 1, 9, 12, 0, 0)),
+            Some(utc(2027, 1, 11, 9, 0, 0))
+        );
+        // Past the moved fire, the next is the schedule's.
+        assert_eq!(
+            t.next_after(utc(2027, 1, 11, 9, 0, 0)),
+            Some(utc(2027, 1, 11, 10, 0, 0))
+        );
+        // A fire mid-stretch of a job firing weekly on Saturday noon moves to Monday 09:00.
+        let weekly = kept_to(
+            cron("0 12 * * 6"),
+            calendar(
+                &["mon-fri"],
+                &["09:00-17:00"],
+                true,
+                OnExcluded::NextAllowed,
+            ),
+        );
+        assert_eq!(
+            weekly.next_after(utc(2027, 1, 4, 0, 0, 0)),
+            Some(utc(2027, 1, 4, 9, 0, 0)),
+            "Saturday's fire is still to come on Monday morning"
+        );
+        assert_eq!(
+            weekly.next_after(utc(2027, 1, 4, 9, 0, 0)),
+            Some(utc(2027, 1, 11, 9, 0, 0))
+        );
+        assert!(!weekly.excluded(utc(2027, 1, 11, 9, 0, 0)));
+    }
+
+    #[test]
+    fn except_mode_keeps_fires_out_of_the_calendar() {
+        let night = calendar(&[], &["22:00-06:00"], false, OnExcluded::NextAllowed);
+        let t = kept_to(cron("0 */4 * * *"), night);
+        // 00:00 and 04:00 fall in the night and move to 06:00 as one fire.
+        assert_eq!(
+            t.upcoming(utc(2027, 1, 8, 21, 0, 0), 4),
+            vec![
+                utc(2027, 1, 9, 6, 0, 0),
+                utc(2027, 1, 9, 8, 0, 0),
+                utc(2027, 1, 9, 12, 0, 0),
+                utc(2027, 1, 9, 16, 0, 0)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_fire_with_nowhere_to_move_stays_and_is_excluded() {
+        let def = crate::schedule::CalendarDef {
+            name: "old".into(),
+            dates: vec!["2020-01-01".into()],
+            ..Default::default()
+        };
+        let t = kept_to(
+            cron("0 0 * * *"),
+            CalendarUse {
+                clock: Arc::new(def.compile(Tz::UTC).unwrap()),
+                name: "old".into(),
+                only: true,
+                on_excluded: OnExcluded::NextAllowed,
+            },
+        );
+        let at = utc(2027, 1, 1, 0, 0, 0);
+        assert_eq!(t.next_after(at - TimeDelta::seconds(1)), Some(at));
+        assert!(t.excluded(at));
+        assert!(
+            t.exclusion_reason(at).contains("has nowhere to move it"),
+            "{}",
+            t.exclusion_reason(at)
+        );
+        assert!(t.upcoming(at, 3).is_empty());
+    }
+
     proptest! {
-        /// Against a walk of the nominal fires: `next_after` from any instant is the first
-        /// jittered fire after it, and jittered fires are strictly increasing.
+    /// Against a walk of the nominal fires: `next_after` from any instant is the first
+    /// jittered fire after it, and jittered fires are strictly increasing.
+    #[test]
+    fn next_after_is_the_first_jittered_fire_after_any_instant(
+        period_s in 1u64..7200,
+        jitter_s in 1u64..3600,
+        name in "[a-z]{1,12}",
+        from_s in 0i64..86_400,
+        probes in proptest::collection::vec(0i64..200_000, 1..20),
+    ) {
+        let every = Arc::new(Schedule::every(Duration::from_secs(period_s)).unwrap());
+        let t = jittered(every, &name, Duration::from_secs(jitter_s));
+        let origin = utc(2026, 12, 2, 0, 0, 0) + TimeDelta::seconds(from_s);
+        let back = origin - TimeDelta::seconds(3600);
+        let walked = walk(&t, back, 400);
+        prop_assert!(walked.windows(2).all(|w| w[0].1 < w[1].1));
+        for probe in probes {
+            let at = origin + TimeDelta::milliseconds(probe * 10);
+            let expected = walked.iter().map(|(_, j)| *j).find(|j| *j > at);
+            if let Some(expected) = expected {
+                prop_assert_eq!(t.next_after(at), Some(expected));
+            }
+        }
+    }    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Against moving every nominal fire one by one: with `next_allowed`, `next_after` from
+        /// any instant is the least moved fire after it, so moved fires are in order and each
+        /// instant fires once.
         #[test]
-        fn next_after_is_the_first_jittered_fire_after_any_instant(
-            period_s in 1u64..7200,
-            jitter_s in 1u64..3600,
-            name in "[a-z]{1,12}",
-            from_s in 0i64..86_400,
-            probes in proptest::collection::vec(0i64..200_000, 1..20),
+        fn next_allowed_is_the_least_moved_fire_after_any_instant(
+            period_m in 7u64..600,
+            day in 0usize..7,
+            days in 0usize..7,
+            from_m in 0u32..1440,
+            len_m in 1u32..1439,
+            only in any::<bool>(),
+            probes in proptest::collection::vec(0i64..20_000, 1..10),
         ) {
-            let every = Arc::new(Schedule::every(Duration::from_secs(period_s)).unwrap());
-            let t = jittered(every, &name, Duration::from_secs(jitter_s));
-            let origin = utc(2026, 12, 2, 0, 0, 0) + TimeDelta::seconds(from_s);
-            let back = origin - TimeDelta::seconds(3600);
-            let walked = walk(&t, back, 400);
-            prop_assert!(walked.windows(2).all(|w| w[0].1 < w[1].1));
+            const DAYS: [&str; 7] = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"];
+            let weekdays = format!("{}-{}", DAYS[day], DAYS[(day + days) % 7]);
+            let clock = |m: u32| format!("{:02}:{:02}", m / 60, m % 60);
+            let times = format!("{}-{}", clock(from_m), clock((from_m + len_m) % 1440));
+            let use_ = calendar(&[weekdays.as_str()], &[times.as_str()], only, OnExcluded::NextAllowed);
+            let every = Arc::new(Schedule::every(Duration::from_secs(period_m * 60)).unwrap());
+            let t = kept_to(every.clone(), use_.clone());
+            let origin = utc(2027, 3, 1, 0, 0, 0);
+            let moved: Vec<DateTime<Utc>> = std::iter::successors(
+                every.next_after(origin - TimeDelta::days(8)),
+                |f| every.next_after(*f),
+            )
+            .take_while(|f| *f < origin + TimeDelta::days(30))
+            .map(|f| use_.next_allowed(f).unwrap_or(f))
+            .collect();
             for probe in probes {
-                let at = origin + TimeDelta::milliseconds(probe * 10);
-                let expected = walked.iter().map(|(_, j)| *j).find(|j| *j > at);
-                if let Some(expected) = expected {
+                let at = origin + TimeDelta::minutes(probe) + TimeDelta::seconds(probe % 60);
+                let expected = moved.iter().copied().filter(|m| *m > at).min();
+                if let Some(expected) = expected.filter(|e| *e < origin + TimeDelta::days(29)) {
                     prop_assert_eq!(t.next_after(at), Some(expected));
                 }
             }

@@ -49,7 +49,7 @@ fn toml_job(text: &str) -> JobSpec {
 }
 
 const ALL_FIELDS: &str = "name, group, kind, shards, shard_params, min_workers, map_depth, \
-                          on_task_failure, schedule, every, at, timezone, jitter, start_at, end_at, max_runs, params, \
+                          on_task_failure, schedule, every, at, timezone, jitter, start_at, end_at, max_runs, calendar, calendar_mode, on_excluded, params, \
                           secret_params, timeout, misfire, \
                           misfire_grace, catchup_window, max_catchup, concurrency, retry, \
                           alerts, retention, paused, description";
@@ -647,7 +647,7 @@ fn unknown_top_level_key() {
     let error = toml_error("database_url = \"postgres://localhost/chime\"\n");
     assert_eq!(
         error,
-        r#"jobs.toml: key "database_url" = "postgres://localhost/chime": unknown key; a job file holds only a "jobs" list (this looks like a setting: it belongs in the settings file)"#
+        r#"jobs.toml: key "database_url" = "postgres://localhost/chime": unknown key; a job file holds a "jobs" list and "calendars" tables (this looks like a setting: it belongs in the settings file)"#
     );
 }
 
@@ -819,6 +819,13 @@ fn job_fields_match_the_spec_serde_form() {
         start_at: Some(DateTime::parse_from_rfc3339("2026-12-01T00:00:00Z").unwrap()),
         end_at: Some(DateTime::parse_from_rfc3339("2026-12-02T00:00:00Z").unwrap()),
         max_runs: Some(3),
+        calendar: Some(crate::schedule::CalendarDef {
+            name: "c".into(),
+            ..Default::default()
+        }),
+        calendar_mode: crate::job::CalendarMode::Except,
+        on_excluded: crate::schedule::OnExcluded::NextAllowed,
+        calendar_ref: None,
         params: serde_json::json!({}),
         secret_params: vec!["token".into()],
         timeout: Some(Duration::from_secs(1)),
@@ -1186,7 +1193,7 @@ fn chunked_toml_gives_the_messages_of_the_whole_document() {
     assert_eq!(
         errors,
         [
-            r#"jobs.toml: key "database_url" = "postgres://localhost/chime": unknown key; a job file holds only a "jobs" list (this looks like a setting: it belongs in the settings file)"#,
+            r#"jobs.toml: key "database_url" = "postgres://localhost/chime": unknown key; a job file holds a "jobs" list and "calendars" tables (this looks like a setting: it belongs in the settings file)"#,
             r#"jobs.toml: job "a": field "shedule" = "0 9 * * *": unknown field; did you mean "schedule"?"#,
             r#"jobs.toml: job #2: field "name": missing; every job needs a unique name, such as "close-unpaid-orders""#,
             r#"jobs.toml: job "a": field "params.ratio" = NaN: JSON has no NaN or infinity; use a finite number, or quote it as a string"#,
@@ -1215,7 +1222,7 @@ fn toml_that_is_not_one_job_per_chunk_is_read_whole() {
     assert_eq!(
         as_read(after),
         Err(vec![
-            r#"jobs.toml: key "defaults" = {"group":"g"}: unknown key; a job file holds only a "jobs" list"#
+            r#"jobs.toml: key "defaults" = {"group":"g"}: unknown key; a job file holds a "jobs" list and "calendars" tables"#
                 .to_owned()
         ])
     );
