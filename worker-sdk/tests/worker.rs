@@ -1103,8 +1103,10 @@ async fn a_cancel_while_a_trigger_is_held_keeps_its_handler_from_starting(pool: 
         .build()
         .unwrap();
     let running = env.start(worker);
-    // Just under the worker's 250 ms hold limit, so the cancel has time to arrive.
-    let (run_id, trigger, headers) = early_trigger(&env, "tick", Duration::from_millis(245)).await;
+    // The scheduler's longest lead: held (under the workers' 4 s hold limit for triggers),
+    // and seconds for the cancel to arrive even on a loaded machine (245 ms was not, in CI).
+    let ahead = chime_protocol::timing::MAX_LEAD;
+    let (run_id, trigger, headers) = early_trigger(&env, "tick", ahead).await;
     env.publish_with_headers(&trigger, headers).await;
     env.run_in_state(run_id, "running").await;
     env.cancel(run_id).await;
