@@ -467,7 +467,13 @@ impl CalendarClock {
             .from_local_datetime(&midnight)
             .earliest()?
             .to_utc();
-        let end = start + TimeDelta::hours(26);
+        // Up to the next local midnight: a change after it is the next day's (listing it here
+        // would put it before that day's midnight).
+        let next = midnight + TimeDelta::days(1);
+        let end = match self.zone.from_local_datetime(&next).earliest() {
+            Some(t) => t.to_utc(),
+            None => super::zoned::gap_end(self.zone, next),
+        };
         let offset = |t: DateTime<Utc>| self.zone.offset_from_utc_datetime(&t.naive_utc()).fix();
         let before = offset(start);
         if offset(end) == before {

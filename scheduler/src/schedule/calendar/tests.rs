@@ -219,6 +219,25 @@ fn a_skipped_hour_holds_no_instant_and_a_repeated_hour_holds_both_passes() {
 }
 
 #[test]
+fn an_offset_change_in_the_small_hours_is_not_taken_for_the_days_midnight() {
+    // Lord Howe goes from +11 to +10:30 at 02:00 local on 2027-04-04 (15:00Z): the Sunday
+    // starts at its midnight, 13:00Z, not at the change (found by the property test below).
+    let def = CalendarDef {
+        dates: strings(&["2027-03-01"]),
+        include: vec![CalendarDef {
+            weekdays: strings(&["sun-mon"]),
+            ..named("include")
+        }],
+        ..named("own")
+    };
+    let clock = clock(&def, "Australia/Lord_Howe");
+    assert_eq!(
+        clock.first_at_or_after(utc("2027-03-29T13:00:00Z"), true),
+        Some(utc("2027-04-03T13:00:00Z"))
+    );
+}
+
+#[test]
 fn one_zone_reads_every_calendar_of_a_tree() {
     let holidays = CalendarDef {
         timezone: Some(zone("America/New_York")),
@@ -495,7 +514,7 @@ fn scan_back(clock: &CalendarClock, t: DateTime<Utc>, wanted: bool) -> Option<Da
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(96))]
+    #![proptest_config(ProptestConfig::with_cases(256))]
 
     #[test]
     fn first_at_or_after_finds_what_a_scan_finds(
