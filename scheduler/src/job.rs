@@ -783,7 +783,7 @@ impl AlertFormat {
 }
 
 /// Whether a job's calendar lists the instants its fires are allowed at, or those they are not.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CalendarMode {
     /// Fires only at instants in the calendar.

@@ -273,13 +273,7 @@ fn read_table(
 ) -> (CalendarDef, Vec<String>, Vec<String>) {
     let mut def = CalendarDef {
         name: name.to_owned(),
-        timezone: None,
-        weekdays: Vec::new(),
-        dates: Vec::new(),
-        yearly: Vec::new(),
-        times: Vec::new(),
-        include: Vec::new(),
-        except: Vec::new(),
+        ..CalendarDef::default()
     };
     let (mut include, mut except) = (Vec::new(), Vec::new());
     let prefix = &place.prefix;
@@ -520,23 +514,19 @@ fn read_file(
             .split(['-', '.'])
             .next()
             .is_some_and(|first| first.len() == 2);
-        let probe = CalendarDef {
-            name: def.name.clone(),
-            timezone: None,
-            weekdays: Vec::new(),
-            dates: if yearly {
-                Vec::new()
-            } else {
-                vec![entry.to_owned()]
-            },
-            yearly: if yearly {
-                vec![entry.to_owned()]
-            } else {
-                Vec::new()
-            },
-            times: Vec::new(),
-            include: Vec::new(),
-            except: Vec::new(),
+        let entries = vec![entry.to_owned()];
+        let probe = if yearly {
+            CalendarDef {
+                name: def.name.clone(),
+                yearly: entries,
+                ..CalendarDef::default()
+            }
+        } else {
+            CalendarDef {
+                name: def.name.clone(),
+                dates: entries,
+                ..CalendarDef::default()
+            }
         };
         if let Err(found) = probe.compile(Tz::UTC) {
             for problem in found {

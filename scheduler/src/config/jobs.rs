@@ -582,6 +582,9 @@ impl Reader {
     fn finish(mut self) -> Result<Vec<LoadedJob>, ConfigErrors> {
         let resolved = calendars::resolve_declared(&self.calendars, &mut self.errors);
         let now = Utc::now();
+        // The clock check of a declared calendar, once per calendar, zone and mode: many jobs
+        // name one calendar, and compiling a long holiday list per job made loading slow.
+        let mut checked: HashMap<(String, Tz, CalendarMode), Option<FieldError>> = HashMap::new();
         for job in &mut self.jobs {
             let Some(name) = job.spec.calendar_ref.take() else {
                 continue;
@@ -615,7 +618,11 @@ impl Reader {
                 continue;
             };
             job.spec.calendar = Some(def.clone());
-            if let Some(error) = calendar_problem(&job.spec, now) {
+            let key = (name, job.spec.timezone, job.spec.calendar_mode);
+            let problem = checked
+                .entry(key)
+                .or_insert_with(|| calendar_problem(&job.spec, now));
+            if let Some(error) = problem.clone() {
                 self.errors
                     .push(ConfigError::in_job(&job.origin, &job_ref, error));
             }
