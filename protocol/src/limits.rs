@@ -49,6 +49,19 @@ pub const MAX_CALENDAR_FILE_BYTES: u64 = 1024 * 1024;
 /// next fires `chime check` shows): one leap year.
 pub const MAX_CALENDAR_SEARCH: Duration = Duration::from_secs(366 * DAY);
 
+/// Most fires one backfill may make into runs (`chime jobs backfill`): a minutely job for two
+/// months, a daily one for 270 years. A longer range is several backfills.
+pub const MAX_BACKFILL_FIRES: u32 = 100_000;
+
+/// Longest range of one backfill, from `--from` to `--to`: ten years.
+pub const MAX_BACKFILL_RANGE: Duration = Duration::from_secs(3_653 * DAY);
+
+/// Most runs of one backfill unfinished at once (`--parallel`).
+pub const MAX_BACKFILL_PARALLEL: u32 = 100;
+
+/// Most runs one backfill makes per second (`--rate`).
+pub const MAX_BACKFILL_RATE: u32 = 1_000;
+
 /// Longest catch-up window, misfire grace and similar look-backs (`catchup_window`,
 /// `misfire_grace`): one leap year.
 pub const MAX_LOOKBACK: Duration = Duration::from_secs(366 * DAY);

@@ -34,7 +34,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::{Caller, Role};
 use crate::leader::Leadership;
-use crate::ops::{Broker, FieldProblem, MAX_PAGE, Operations, OpsError, TASK_PAGE, TriggerOptions};
+use crate::ops::{
+    BackfillListQuery, BackfillRequest, Broker, FieldProblem, MAX_PAGE, Operations, OpsError,
+    TASK_PAGE, TriggerOptions,
+};
 use crate::store::{AuditQuery, RunQuery, Store};
 
 /// The OpenAPI 3.1 document, hand-written next to the router (a test checks that both name the
@@ -110,6 +113,10 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/api/jobs/{name}/report", get(views::job_report))
         .route("/api/jobs/{name}/versions", get(job_versions))
         .route("/api/jobs/{name}/rollback", post(rollback_job))
+        .route("/api/jobs/{name}/backfills", post(backfill_job))
+        .route("/api/backfills", get(list_backfills))
+        .route("/api/backfills/{id}", get(show_backfill))
+        .route("/api/backfills/{id}/cancel", post(cancel_backfill))
         .route("/api/schedules/preview", post(views::preview_schedule))
         .route("/api/runs", get(list_runs))
         .route("/api/runs/{id}", get(show_run))
@@ -419,11 +426,23 @@ impl Params {
 }
 
 fn run_id(text: &str) -> ApiResult<i64> {
+    path_id(text, "a run id is a whole number, such as /api/runs/42")
+}
+
+fn backfill_id(text: &str) -> ApiResult<i64> {
+    path_id(
+        text,
+        "a backfill id is a whole number, such as /api/backfills/7",
+    )
+}
+
+/// The `{id}` of a path, or a 400 naming it with `message`.
+fn path_id(text: &str, message: &str) -> ApiResult<i64> {
     text.parse().map_err(|_| {
         ApiError::invalid(vec![FieldProblem {
             field: Some("id".into()),
             value: Some(format!("{text:?}")),
-            message: "a run id is a whole number, such as /api/runs/42".into(),
+            message: message.into(),
         }])
     })
 }
@@ -638,6 +657,75 @@ async fn trigger_job(
     Ok((status, axum::Json(triggered)))
 }
 
+async fn backfill_job(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    const SHAPE: &str = "the body is {\"from\": \"<RFC 3339 or YYYY-MM-DD>\", \"to\": \"…\", \
+         \"parallel\": N, \"rate\": N, \"dry_run\": true} (parallel, rate and dry_run optional)";
+    let body = body_json(&body)?;
+    let request: BackfillRequest = serde_json::from_value(body.clone()).map_err(|e| {
+        // Name the field serde stopped at, when it says (`unknown field `x``, `missing field`).
+        let field = body.as_object().and_then(|map| {
+            map.keys()
+                .find(|k| !["from", "to", "parallel", "rate", "dry_run"].contains(&k.as_str()))
+                .cloned()
+        });
+        ApiError::invalid(vec![FieldProblem {
+            value: field
+                .as_ref()
+                .and_then(|f| body.get(f))
+                .map(Value::to_string)
+                .or_else(|| Some(body.to_string())),
+            field,
+            message: format!("{e}; {SHAPE}"),
+        }])
+    })?;
+    if request.dry_run {
+        return Ok(axum::Json(s.ops.preview_backfill(&c, &name, &request).await?).into_response());
+    }
+    let started = s.ops.start_backfill(&c, &name, &request).await?;
+    Ok((StatusCode::CREATED, axum::Json(started)).into_response())
+}
+
+async fn list_backfills(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult<impl IntoResponse> {
+    let q = Params(q);
+    let mut problems = Vec::new();
+    q.reject_unknown(&["job", "state", "before", "limit"], &mut problems);
+    let query = BackfillListQuery {
+        job: q.text("job"),
+        state: q.text("state"),
+        before: q.number("before", &mut problems),
+        limit: q.number("limit", &mut problems),
+    };
+    if !problems.is_empty() {
+        return Err(ApiError::invalid(problems));
+    }
+    ok(s.ops.backfills(&c, query).await?)
+}
+
+async fn show_backfill(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+    Path(id): Path<String>,
+) -> ApiResult<impl IntoResponse> {
+    ok(s.ops.backfill(&c, backfill_id(&id)?).await?)
+}
+
+async fn cancel_backfill(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+    Path(id): Path<String>,
+) -> ApiResult<impl IntoResponse> {
+    ok(s.ops.cancel_backfill(&c, backfill_id(&id)?).await?)
+}
+
 async fn list_runs(
     State(s): State<Arc<ApiState>>,
     Authed(c): Authed,
@@ -646,7 +734,9 @@ async fn list_runs(
     let q = Params(q);
     let mut problems = Vec::new();
     q.reject_unknown(
-        &["job", "state", "group", "before", "limit", "tasks"],
+        &[
+            "job", "state", "group", "before", "limit", "tasks", "backfill",
+        ],
         &mut problems,
     );
     let query = RunQuery {
@@ -656,6 +746,7 @@ async fn list_runs(
         before: q.number("before", &mut problems),
         limit: q.number("limit", &mut problems).unwrap_or(DEFAULT_PAGE),
         include_tasks: q.flag("tasks", &mut problems),
+        backfill: q.number("backfill", &mut problems),
     };
     if !problems.is_empty() {
         return Err(ApiError::invalid(problems));
@@ -974,6 +1065,8 @@ mod views;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_backfills;
 #[cfg(test)]
 mod tests_hostile;
 #[cfg(test)]

@@ -18,6 +18,7 @@ use crate::ops::{
 };
 use crate::store::{RunDetail, RunQuery, RunRecord, Store};
 
+mod backfills;
 mod grants;
 
 /// Chime: a distributed job scheduler on PostgreSQL and RabbitMQ.
@@ -84,6 +85,9 @@ pub enum Command {
     /// Inspect and cancel runs.
     #[command(subcommand)]
     Runs(RunsCommand),
+    /// Follow and cancel backfills (`chime jobs backfill` starts one).
+    #[command(subcommand)]
+    Backfills(BackfillsCommand),
     /// Inspect, replay and purge the parking lot (dead letters).
     #[command(subcommand)]
     Dlq(DlqCommand),
@@ -287,6 +291,32 @@ pub enum JobsCommand {
         /// Job name.
         name: String,
     },
+    /// Make the fires of a past range into runs, as one batch: a fire that has a run already
+    /// keeps it (a repeated or overlapping backfill makes no second run of a fire).
+    #[command(group(ArgGroup::new("concurrency").args(["parallel", "serial"])))]
+    Backfill {
+        /// Job name.
+        name: String,
+        /// Fires at or after this instant: RFC 3339, or a date (`2026-11-01`: its midnight in
+        /// the job's time zone).
+        #[arg(long, value_name = "INSTANT")]
+        from: String,
+        /// …and before this one (left out), not after now.
+        #[arg(long, value_name = "INSTANT")]
+        to: String,
+        /// Runs of the backfill unfinished at once (1 to 100).
+        #[arg(long, value_name = "N", default_value_t = crate::ops::DEFAULT_PARALLEL)]
+        parallel: u32,
+        /// One run after the other (`--parallel 1`).
+        #[arg(long)]
+        serial: bool,
+        /// Runs made per second, at most (1 to 1000).
+        #[arg(long, value_name = "N", default_value_t = crate::ops::DEFAULT_RATE)]
+        rate: u32,
+        /// Only print the fires and which of them have a run already; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Put back an earlier definition of a job created through the API, as a new version.
     Rollback {
         /// Job name.
@@ -294,6 +324,34 @@ pub enum JobsCommand {
         /// The version to put back (`chime jobs history` lists them).
         #[arg(long, value_name = "VERSION")]
         to: i32,
+    },
+}
+
+/// `chime backfills …`
+#[derive(Debug, Subcommand)]
+pub enum BackfillsCommand {
+    /// List backfills, newest first, with their progress.
+    List {
+        /// Only this job's.
+        #[arg(long)]
+        job: Option<String>,
+        /// Only those in this state (`running`, `done`, `cancelled`).
+        #[arg(long)]
+        state: Option<String>,
+        /// How many.
+        #[arg(long, default_value_t = 20)]
+        limit: i64,
+    },
+    /// Show a backfill: its range, progress and runs by state.
+    Show {
+        /// Backfill id.
+        id: i64,
+    },
+    /// Cancel a backfill: it makes no more runs, its waiting runs are cancelled and its
+    /// running ones are stopped through their workers.
+    Cancel {
+        /// Backfill id.
+        id: i64,
     },
 }
 
@@ -315,6 +373,9 @@ pub enum RunsCommand {
         /// only top-level runs, one per fire.
         #[arg(long)]
         tasks: bool,
+        /// Only the runs of this backfill (`chime backfills list`).
+        #[arg(long, value_name = "ID")]
+        backfill: Option<i64>,
     },
     /// Show a run with its attempts and log lines; a run with tasks with its tasks (a page of
     /// them, in creation order), a task with its parent.
@@ -400,6 +461,9 @@ async fn execute(
     match command {
         Command::Jobs(command) => jobs(ops, caller, output, command, out).await,
         Command::Runs(command) => runs(ops, caller, output, command, out).await,
+        Command::Backfills(command) => {
+            backfills::backfills(ops, caller, output, command, out).await
+        }
         Command::Dlq(command) => dlq(ops, caller, output, command, out).await,
         Command::Workers(WorkersCommand::List) => {
             let workers = ops.workers(caller).await?;
@@ -566,6 +630,24 @@ async fn jobs(
                 }
             })
         }
+        JobsCommand::Backfill {
+            name,
+            from,
+            to,
+            parallel,
+            serial,
+            rate,
+            dry_run,
+        } => {
+            let request = crate::ops::BackfillRequest {
+                from,
+                to,
+                parallel: Some(if serial { 1 } else { parallel }),
+                rate: Some(rate),
+                dry_run,
+            };
+            backfills::start(ops, caller, output, &name, &request, out).await
+        }
         JobsCommand::Rollback { name, to } => {
             let job = ops.rollback_job(caller, &name, to).await?;
             writeln!(
@@ -591,6 +673,7 @@ async fn runs(
             state,
             limit,
             tasks,
+            backfill,
         } => {
             let zones = job_zones(ops, caller).await?;
             let page = ops
@@ -601,6 +684,7 @@ async fn runs(
                         state,
                         limit: limit.clamp(1, MAX_PAGE),
                         include_tasks: tasks,
+                        backfill,
                         ..RunQuery::default()
                     },
                 )
@@ -1431,6 +1515,7 @@ mod tests {
             params: serde_json::json!({}),
             term: None,
             job_version: None,
+            backfill_id: None,
             requested_by: None,
             created_at: at,
             published_at: None,

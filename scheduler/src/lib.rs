@@ -5,6 +5,7 @@ pub mod alerts;
 pub mod amqp;
 pub mod api;
 pub mod auth;
+pub mod backfill;
 pub mod broker;
 pub mod check;
 pub mod cli;

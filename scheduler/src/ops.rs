@@ -33,12 +33,17 @@ use audit::{Entry, Outcome};
 
 mod action;
 mod audit;
+mod backfills;
 mod report;
 #[cfg(test)]
 mod tests_audit;
 mod views;
 
 pub use action::{Action, Effect};
+pub use backfills::{
+    BACKFILL_STATES, BackfillCancelled, BackfillListQuery, BackfillPreview, BackfillRequest,
+    BackfillStarted, BackfillsPage, DEFAULT_PARALLEL, DEFAULT_RATE, PREVIEW_FIRES, PreviewFire,
+};
 pub use report::{JobReport, REPORT_DAYS, REPORT_OUTCOMES, ReportDay};
 pub use views::{
     DeadLetterMessage, MAX_TIMELINE_BUCKETS, PREVIEW_FIELDS, RunTimeline, SchedulePreview,

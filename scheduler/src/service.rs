@@ -281,15 +281,16 @@ pub async fn run_serving(
                     term,
                 };
                 let store = ctx.store.clone();
-                // The planner's duties, and the misfire policy for triggers a broker outage held
-                // back; when either stops (lease lost), both do.
+                // The planner's duties, the misfire policy for triggers a broker outage held
+                // back, and backfills; when one stops (lease lost), all do.
                 let planner_stop = stop.clone();
                 tokio::join!(
                     async move {
                         lead(ctx, term, leadership, planner_stop.clone()).await;
                         planner_stop.cancel();
                     },
-                    overdue::run(store, fence, stop),
+                    overdue::run(store.clone(), fence.clone(), stop.clone()),
+                    crate::backfill::run(store, fence, stop),
                 );
             }
         },

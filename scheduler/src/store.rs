@@ -31,6 +31,7 @@ macro_rules! lease_cte {
 /// [`lease_cte!`] for statements built with `format!`.
 const LEASE_CTE: &str = lease_cte!();
 
+mod backfills;
 mod dead_letters;
 mod failures;
 mod grants;
@@ -54,6 +55,10 @@ mod tests_protocol_calls;
 pub(crate) mod tests_tasks;
 mod timeline;
 
+pub use backfills::{
+    BACKFILLS_CHANNEL, BackfillCancel, BackfillQuery, BackfillRecord, BackfillWork, FireRun,
+    NewBackfill, Stepped,
+};
 pub use dead_letters::{DeadLetterContent, DeadLetterRecord, NewDeadLetter};
 pub use failures::{
     AlertEvent, AlertKind, AlertRecord, CancelOutcome, ClaimedAlert, REPLAYABLE_STATES,
@@ -365,7 +370,7 @@ pub struct RunRecord {
     pub group: String,
     /// Scheduled instant.
     pub scheduled_at: DateTime<Utc>,
-    /// `schedule`, `catchup` or `manual`.
+    /// `schedule`, `catchup`, `manual` or `backfill`.
     pub trigger: String,
     /// State (see docs/runs.md).
     pub state: String,
@@ -384,6 +389,8 @@ pub struct RunRecord {
     /// The version of its job's definition it was made under (`chime jobs history`); `None`
     /// for tasks (their parent has it) and runs made before versions were kept.
     pub job_version: Option<i32>,
+    /// The backfill that made it (`chime jobs backfill`; its trigger is `backfill`).
+    pub backfill_id: Option<i64>,
     /// Who triggered it (manual runs).
     pub requested_by: Option<String>,
     /// When the row was written.
@@ -554,7 +561,8 @@ pub struct TaskQuery {
 }
 
 const RUN_COLUMNS: &str = "id, job_name, group_name, scheduled_at, trigger, state, reason, attempt, \
-     worker_id, error, params, term, job_version, requested_by, created_at, published_at, started_at, \
+     worker_id, error, params, term, job_version, backfill_id, requested_by, created_at, published_at, \
+     started_at, \
      finished_at, next_attempt_at, cancel_requested_at, cancel_requested_by, replayed_by, replayed_at, \
      parent_id, task_key, task_kind, shard_index, shard_total, shard_param, target_worker, \
      map_step, map_depth, output, tasks_total, tasks_ended, tasks_failed";
@@ -562,8 +570,8 @@ const RUN_COLUMNS: &str = "id, job_name, group_name, scheduled_at, trigger, stat
 /// [`RUN_COLUMNS`] with the output cut to a little more than [`MAX_LISTED_OUTPUT_BYTES`] by
 /// the database (so a page of tasks does not read every task's 64 KiB), for lists.
 const LISTED_RUN_COLUMNS: &str = "id, job_name, group_name, scheduled_at, trigger, state, reason, \
-     attempt, worker_id, error, params, term, job_version, requested_by, created_at, published_at, \
-     started_at, \
+     attempt, worker_id, error, params, term, job_version, backfill_id, requested_by, created_at, \
+     published_at, started_at, \
      finished_at, next_attempt_at, cancel_requested_at, cancel_requested_by, replayed_by, \
      replayed_at, parent_id, task_key, task_kind, shard_index, shard_total, shard_param, \
      target_worker, map_step, map_depth, tasks_total, tasks_ended, tasks_failed, \
@@ -964,7 +972,7 @@ impl Store {
     /// The concurrency policy is decided here, against the database, in the same statement:
     /// a `forbid` fire while the job has an unfinished run (pending, queued, running or retrying)
     /// is recorded `skipped` with reason `previous run N still active (concurrency forbid)`; a
-    /// `queue` fire in that case is created `pending` but reported [`CreatedRun::blocked`].
+    /// backfill's runs do not count (its own `parallel` governs them); a `queue` fire in that case is created `pending` but reported [`CreatedRun::blocked`].
     ///
     /// `plan_writes` is the planner's count of its writes (`chime_plan_writes`, read
     /// with [`Store::plan_writes`] when it starts): the statement writes only if the table
@@ -1021,6 +1029,7 @@ impl Store {
                      WHERE f.policy IN ('forbid', 'queue') AND f.state = 'pending'
                        AND e.job_name = f.job_name AND e.parent_id IS NULL
                        AND e.state IN ('pending', 'queued', 'running', 'retrying')
+                       AND e.backfill_id IS NULL
                      ORDER BY e.id DESC LIMIT 1
                  ) a ON true
              ), ins AS (
@@ -1121,6 +1130,8 @@ impl Store {
     /// Runs in the outbox due by `horizon`, oldest first, at most `limit`. A pending run of a
     /// `queue`-policy job is left out while an earlier run of the job is unfinished, so the job's
     /// runs are published one after the other (a task is not: its parent's turn came). A
+    /// backfill's runs are outside the job's policy both ways: its `parallel` governs them, so
+    /// they are never held back, nor hold back or cancel (`replace`) the job's other runs. A
     /// map/reduce run's reduce task is left out until every other task of its run has ended.
     /// Each carries the retry policy its run was made with (`chime_runs.retry_policy`, filled at
     /// insert from the job's), not the job's current one; a run without one gets the default
@@ -1133,17 +1144,20 @@ impl Store {
         let rows = sqlx::query(
             "SELECT r.id, r.job_name, r.group_name, r.scheduled_at, r.attempt, r.params,
                     j.spec->>'timeout' AS timeout, r.retry_policy AS retry,
-                    chime_job_concurrency(j.spec) AS concurrency,
+                    CASE WHEN r.backfill_id IS NULL THEN chime_job_concurrency(j.spec)
+                         ELSE 'allow' END AS concurrency,
                     r.parent_id IS NULL AND chime_job_kind(j.spec) <> 'single' AS fan_out,
                     r.parent_id, r.task_key, r.task_kind, r.shard_index, r.shard_total,
                     r.shard_param, r.target_worker, r.map_step, r.map_depth
              FROM chime_runs r LEFT JOIN chime_jobs j ON j.name = r.job_name
              WHERE r.state = 'pending' AND r.scheduled_at <= $1
-               AND NOT (r.parent_id IS NULL AND chime_job_concurrency(j.spec) = 'queue'
+               AND NOT (r.parent_id IS NULL AND r.backfill_id IS NULL
+                   AND chime_job_concurrency(j.spec) = 'queue'
                    AND EXISTS (
                    SELECT 1 FROM chime_runs e
                    WHERE e.job_name = r.job_name AND e.id < r.id AND e.parent_id IS NULL
-                     AND e.state IN ('pending', 'queued', 'running', 'retrying')))
+                     AND e.state IN ('pending', 'queued', 'running', 'retrying')
+                     AND e.backfill_id IS NULL))
                AND NOT (r.task_kind = 'reduce' AND EXISTS (
                    SELECT 1 FROM chime_runs p
                    WHERE p.id = r.parent_id AND p.tasks_ended < p.tasks_total - 1))
@@ -1606,6 +1620,7 @@ fn run_record(r: sqlx::postgres::PgRow) -> RunRecord {
         params: r.get("params"),
         term: r.get("term"),
         job_version: r.get("job_version"),
+        backfill_id: r.get("backfill_id"),
         requested_by: r.get("requested_by"),
         created_at: r.get("created_at"),
         published_at: r.get("published_at"),

@@ -280,6 +280,7 @@ async fn measure(store: &Store, args: &Args) -> anyhow::Result<Vec<Measured>> {
         before,
         limit: 50,
         include_tasks: false,
+        backfill: None,
     };
     let mut results = Vec::new();
     results.push(

@@ -166,6 +166,7 @@ async fn trigger_pause_resume_and_inspect_runs_through_the_cli(pool: PgPool) {
             state: None,
             limit: 5,
             tasks: false,
+            backfill: None,
         }),
     )
     .await;

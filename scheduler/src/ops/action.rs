@@ -34,6 +34,16 @@ pub enum Action {
     JobsHistory,
     /// Put back an earlier definition of a job created at runtime.
     JobsRollback,
+    /// Start a backfill of a job's past range.
+    JobsBackfill,
+    /// What a backfill would do (nothing is saved).
+    BackfillsPreview,
+    /// List backfills.
+    BackfillsList,
+    /// Show one backfill with its progress.
+    BackfillsShow,
+    /// Cancel a backfill.
+    BackfillsCancel,
     /// Preview a schedule's fire times (nothing is saved).
     SchedulesPreview,
     /// List runs.
@@ -85,7 +95,7 @@ pub enum Effect {
 
 impl Action {
     /// Every action, in the order they are declared.
-    pub const ALL: [Action; 30] = [
+    pub const ALL: [Action; 35] = [
         Action::JobsList,
         Action::JobsShow,
         Action::JobsReport,
@@ -97,6 +107,11 @@ impl Action {
         Action::JobsTrigger,
         Action::JobsHistory,
         Action::JobsRollback,
+        Action::JobsBackfill,
+        Action::BackfillsPreview,
+        Action::BackfillsList,
+        Action::BackfillsShow,
+        Action::BackfillsCancel,
         Action::SchedulesPreview,
         Action::RunsList,
         Action::RunsShow,
@@ -134,6 +149,11 @@ impl Action {
             Action::JobsTrigger => ("jobs.trigger", Operator, Changes),
             Action::JobsHistory => ("jobs.history", Viewer, Reads),
             Action::JobsRollback => ("jobs.rollback", Admin, Changes),
+            Action::JobsBackfill => ("jobs.backfill", Operator, Changes),
+            Action::BackfillsPreview => ("backfills.preview", Viewer, Reads),
+            Action::BackfillsList => ("backfills.list", Viewer, Reads),
+            Action::BackfillsShow => ("backfills.show", Viewer, Reads),
+            Action::BackfillsCancel => ("backfills.cancel", Operator, Changes),
             Action::SchedulesPreview => ("schedules.preview", Viewer, Reads),
             Action::RunsList => ("runs.list", Viewer, Reads),
             Action::RunsShow => ("runs.show", Viewer, Reads),
@@ -195,7 +215,7 @@ mod tests {
     fn every_action_keeps_its_name_role_and_effect() {
         use Effect::{Changes, Reads};
         use Role::{Admin, Operator, Viewer};
-        let expected: [(Action, &str, Role, Effect); 30] = [
+        let expected: [(Action, &str, Role, Effect); 35] = [
             (Action::JobsList, "jobs.list", Viewer, Reads),
             (Action::JobsShow, "jobs.show", Viewer, Reads),
             (Action::JobsReport, "jobs.report", Viewer, Reads),
@@ -207,6 +227,16 @@ mod tests {
             (Action::JobsTrigger, "jobs.trigger", Operator, Changes),
             (Action::JobsHistory, "jobs.history", Viewer, Reads),
             (Action::JobsRollback, "jobs.rollback", Admin, Changes),
+            (Action::JobsBackfill, "jobs.backfill", Operator, Changes),
+            (Action::BackfillsPreview, "backfills.preview", Viewer, Reads),
+            (Action::BackfillsList, "backfills.list", Viewer, Reads),
+            (Action::BackfillsShow, "backfills.show", Viewer, Reads),
+            (
+                Action::BackfillsCancel,
+                "backfills.cancel",
+                Operator,
+                Changes,
+            ),
             (Action::SchedulesPreview, "schedules.preview", Viewer, Reads),
             (Action::RunsList, "runs.list", Viewer, Reads),
             (Action::RunsShow, "runs.show", Viewer, Reads),

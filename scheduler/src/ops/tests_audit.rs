@@ -374,6 +374,68 @@ async fn each_changing_action_is_audited_once_per_outcome(pool: PgPool) {
         .once(a, "failed", None, None, ops.revoke_token(&admin, "grafana"))
         .await;
 
+    let a = Action::JobsBackfill;
+    let hourly = json!({"name": "bf-job", "group": "g", "schedule": "0 0 * * * *"});
+    ops.create_job(&admin, hourly).await.expect("created");
+    let range = super::BackfillRequest {
+        from: (Utc::now() - chrono::TimeDelta::hours(5)).to_rfc3339(),
+        to: Utc::now().to_rfc3339(),
+        ..super::BackfillRequest::default()
+    };
+    let bf = Some("bf-job");
+    audit
+        .once(
+            a,
+            "denied",
+            bf,
+            None,
+            ops.start_backfill(&viewer, "bf-job", &range),
+        )
+        .await;
+    let (started, _) = audit
+        .once(
+            a,
+            "ok",
+            bf,
+            None,
+            ops.start_backfill(&operator, "bf-job", &range),
+        )
+        .await;
+    let backfill = started.expect("started").backfill.id;
+    audit
+        .once(
+            a,
+            "failed",
+            nope,
+            None,
+            ops.start_backfill(&operator, "nope", &range),
+        )
+        .await;
+
+    let a = Action::BackfillsCancel;
+    audit
+        .once(
+            a,
+            "denied",
+            None,
+            None,
+            ops.cancel_backfill(&viewer, backfill),
+        )
+        .await;
+    audit
+        .once(a, "ok", bf, None, ops.cancel_backfill(&operator, backfill))
+        .await;
+    // Ended now: refused.
+    audit
+        .once(
+            a,
+            "failed",
+            None,
+            None,
+            ops.cancel_backfill(&operator, backfill),
+        )
+        .await;
+
     let a = Action::JobsDelete;
     audit
         .once(a, "denied", job, None, ops.delete_job(&operator, "api-job"))
@@ -451,6 +513,38 @@ async fn read_only_actions_are_audited_only_when_refused(pool: PgPool) {
         .none("dlq.list", ops.dead_letters(&admin, None, None, 10))
         .await;
     audit.none("tokens.list", ops.tokens(&admin)).await;
+    ops.create_job(
+        &admin,
+        json!({"name": "hourly", "group": "g", "schedule": "0 0 * * * *"}),
+    )
+    .await
+    .expect("job");
+    let range = super::BackfillRequest {
+        from: (now - chrono::TimeDelta::hours(5)).to_rfc3339(),
+        to: now.to_rfc3339(),
+        ..super::BackfillRequest::default()
+    };
+    audit
+        .none(
+            "backfills.preview",
+            ops.preview_backfill(&admin, "hourly", &range),
+        )
+        .await;
+    let backfill = ops
+        .start_backfill(&admin, "hourly", &range)
+        .await
+        .expect("started")
+        .backfill
+        .id;
+    audit
+        .none(
+            "backfills.list",
+            ops.backfills(&admin, super::BackfillListQuery::default()),
+        )
+        .await;
+    audit
+        .none("backfills.show", ops.backfill(&admin, backfill))
+        .await;
 
     // Refused: one `denied` entry, about what was asked for.
     let operator = Caller::token("ops", Role::Operator);

@@ -457,8 +457,9 @@ impl Store {
     }
 
     /// The `replace` policy, under the leader's fence: cancels every unfinished run of `job`
-    /// older than run `newer` (as [`Store::cancel_run`] does, requested by `by`). Returns the
-    /// runs that were `running` (their workers must be told), or `None` if the fence no longer
+    /// older than run `newer` (as [`Store::cancel_run`] does, requested by `by`), but a
+    /// backfill's (the backfill's own `parallel` governs them). Returns the runs that were
+    /// `running` (their workers must be told), or `None` if the fence no longer
     /// holds.
     pub async fn cancel_superseded(
         &self,
@@ -471,7 +472,7 @@ impl Store {
             "WITH {LEASE_CTE}, targets AS (
                  SELECT r.id, r.state FROM chime_runs r
                  WHERE r.job_name = $3 AND r.id < $4 AND EXISTS (SELECT 1 FROM lease)
-                   AND r.parent_id IS NULL
+                   AND r.parent_id IS NULL AND r.backfill_id IS NULL
                    AND r.state IN ('pending', 'queued', 'running', 'retrying')
                  ORDER BY r.id
                  FOR UPDATE OF r

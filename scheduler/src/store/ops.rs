@@ -115,6 +115,8 @@ pub struct RunQuery {
     /// Tasks too (the runs of broadcast, sharded and map/reduce fires); by default only
     /// top-level runs, one per fire, are listed.
     pub include_tasks: bool,
+    /// Only the runs of this backfill.
+    pub backfill: Option<i64>,
 }
 
 /// A worker as operators see it.
@@ -449,6 +451,7 @@ impl Store {
             "SELECT {LISTED_RUN_COLUMNS} FROM chime_runs
              WHERE ($1::text IS NULL OR job_name = $1) AND ($2::text IS NULL OR state = $2)
                AND ($3::text IS NULL OR group_name = $3) AND ($4::bigint IS NULL OR id < $4)
+               AND ($6::bigint IS NULL OR backfill_id = $6)
                {top}
              ORDER BY id DESC LIMIT $5"
         );
@@ -458,6 +461,7 @@ impl Store {
             .bind(&query.group)
             .bind(query.before)
             .bind(query.limit)
+            .bind(query.backfill)
             .fetch_all(&self.pool)
             .await
             .context("listing runs")?;

@@ -25,7 +25,8 @@ pub struct Overdue {
 
 impl Store {
     /// Scheduled first attempts still `pending` more than `older_than` after their instant,
-    /// oldest first, at most `limit`. Manual and replayed runs and retries are not included, nor
+    /// oldest first, at most `limit`. Manual, backfilled and replayed runs and retries are not
+    /// included (a backfill's fires are past on purpose), nor
     /// runs a `queue` job holds back on purpose, nor tasks (a reduce task waits on purpose; a
     /// mapped one is made when its caller runs).
     pub async fn overdue_runs(
@@ -36,7 +37,7 @@ impl Store {
         let rows = sqlx::query(
             "SELECT r.id, r.job_name, r.scheduled_at, j.spec
              FROM chime_runs r JOIN chime_jobs j ON j.name = r.job_name
-             WHERE r.state = 'pending' AND r.attempt = 0 AND r.trigger <> 'manual'
+             WHERE r.state = 'pending' AND r.attempt = 0 AND r.trigger IN ('schedule', 'catchup')
                AND r.replayed_at IS NULL AND r.parent_id IS NULL
                AND chime_job_concurrency(j.spec) <> 'queue'
                AND r.scheduled_at < now() - make_interval(secs => $1)

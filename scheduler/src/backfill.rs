@@ -1,0 +1,380 @@
+//! Backfills, a leader duty: the fires a job's schedule has in a past range, made into runs as
+//! one batch (docs/operations.md, "Backfilling a range").
+//!
+//! A backfill's fires are the job's fires as the planner makes them: its schedule with its
+//! jitter, `start_at`/`end_at` window and calendar (a fire its calendar moves is backfilled
+//! where it moves to; one it skips is left out, counted nowhere, as it is not a run). Each pass
+//! of the duty takes every running backfill in turn and makes its next fires into runs,
+//! at most as many as its `parallel` leaves room for (its runs unfinished count against it) and
+//! its `rate` allows (a token bucket per backfill, one second of burst), in one fenced statement
+//! per step that also moves the backfill's cursor ([`Store::backfill_step`]). A fire that has a
+//! run already (scheduled, caught up, another backfill's) keeps it: the fire key makes a second
+//! one impossible, so repeated and overlapping backfills create no duplicate. A backfill whose
+//! every fire has been handled and whose runs have all ended is `done`.
+//!
+//! The duty wakes every second, and at once on `NOTIFY chime_backfills` (a backfill requested,
+//! a run of one ended), at most every [`MIN_PASS_GAP`]. A new leader goes on from each
+//! backfill's cursor.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::schedule::Timing;
+use crate::store::{BACKFILLS_CHANNEL, BackfillWork, Fence, Stepped, Store};
+
+/// How often the duty looks at the running backfills when nothing wakes it.
+const INTERVAL: Duration = Duration::from_secs(1);
+/// The shortest time between two passes, however often it is woken.
+pub const MIN_PASS_GAP: Duration = Duration::from_millis(50);
+/// Most runs one step makes.
+pub const STEP_RUNS: usize = 500;
+/// Most fires one step looks at (fires the calendar skips included): a step over a sparse
+/// calendar stays short and moves the cursor as far as it looked.
+const STEP_SCAN: usize = 10_000;
+/// Running backfills one pass reads.
+const PASS_LIMIT: i64 = 1_000;
+
+/// The fires of one step of a backfill ([`step_fires`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepFires {
+    /// The fires to make into runs, in order.
+    pub fires: Vec<DateTime<Utc>>,
+    /// Every fire up to this instant has been looked at: the backfill's next cursor.
+    pub cursor: DateTime<Utc>,
+    /// Whether every fire of the range has been (the cursor is then `to`).
+    pub ended: bool,
+}
+
+/// The next fires of a backfill of `from..to` after `cursor` (`None`: from `from` on), at most
+/// `max` of them, looking at no more than `scan` fires: those `timing`'s calendar skips are
+/// left out.
+pub fn step_fires(
+    timing: &Timing,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+    cursor: Option<DateTime<Utc>>,
+    max: usize,
+    scan: usize,
+) -> StepFires {
+    let mut at = match cursor {
+        Some(at) => at,
+        // A fire at `from` itself is in the range: look from just before it.
+        None => from
+            .checked_sub_signed(TimeDelta::nanoseconds(1))
+            .unwrap_or(from),
+    };
+    let mut fires = Vec::new();
+    for _ in 0..scan {
+        if fires.len() >= max {
+            break;
+        }
+        match timing.next_after(at) {
+            Some(next) if next < to => {
+                if !timing.excluded(next) {
+                    fires.push(next);
+                }
+                at = next;
+            }
+            _ => {
+                return StepFires {
+                    fires,
+                    cursor: to,
+                    ended: true,
+                };
+            }
+        }
+    }
+    StepFires {
+        fires,
+        cursor: at,
+        ended: false,
+    }
+}
+
+/// Every fire of `from..to` that runs, as [`step_fires`] finds them, or `None` when there are
+/// more than `limit`.
+pub fn fires_in(
+    timing: &Timing,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+    limit: usize,
+) -> Option<Vec<DateTime<Utc>>> {
+    let mut fires = Vec::new();
+    let mut cursor = None;
+    loop {
+        let step = step_fires(timing, from, to, cursor, STEP_RUNS, STEP_SCAN);
+        fires.extend(step.fires);
+        if fires.len() > limit {
+            return None;
+        }
+        if step.ended {
+            return Some(fires);
+        }
+        cursor = Some(step.cursor);
+    }
+}
+
+/// A backfill's rate limit: runs it may make now, refilled at `rate` per second up to one
+/// second's worth.
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    fn full(rate: i32, now: Instant) -> Bucket {
+        Bucket {
+            tokens: f64::from(rate.max(1)),
+            at: now,
+        }
+    }
+
+    /// Refills to `now`; the whole runs it allows.
+    fn refill(&mut self, rate: i32, now: Instant) -> usize {
+        let rate = f64::from(rate.max(1));
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * rate).min(rate);
+        self.at = now;
+        // In 0..=1000 (the rate's bound): the cast cannot truncate.
+        self.tokens.floor() as usize
+    }
+
+    fn spend(&mut self, runs: usize) {
+        self.tokens = (self.tokens - runs as f64).max(0.0);
+    }
+}
+
+/// Runs the duty for `fence`'s term until `stop`; cancels `stop` if the lease is lost.
+pub async fn run(store: Store, fence: Fence, stop: CancellationToken) {
+    let mut wake = store.listen(BACKFILLS_CHANNEL).await;
+    let mut tick = tokio::time::interval(INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut buckets: HashMap<i64, Bucket> = HashMap::new();
+    let mut last_pass: Option<Instant> = None;
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = tick.tick() => {}
+            Some(_) = wake.recv() => {}
+        }
+        if let Some(last) = last_pass {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep_until(last + MIN_PASS_GAP) => {}
+            }
+        }
+        // Notifications that came meanwhile are served by this pass.
+        while wake.try_recv().is_ok() {}
+        last_pass = Some(Instant::now());
+        match pass(&store, &fence, &mut buckets).await {
+            Ok(true) => {}
+            Ok(false) => {
+                warn!(
+                    term = fence.term,
+                    "lease lost while backfilling; leader duties stop"
+                );
+                stop.cancel();
+                return;
+            }
+            Err(e) => {
+                warn!(error = %format!("{e:#}"), "a backfill pass failed; the next pass retries")
+            }
+        }
+    }
+}
+
+/// One pass over the running backfills. Returns false when the fence no longer holds.
+async fn pass(
+    store: &Store,
+    fence: &Fence,
+    buckets: &mut HashMap<i64, Bucket>,
+) -> anyhow::Result<bool> {
+    let running = store.running_backfills(PASS_LIMIT).await?;
+    buckets.retain(|id, _| running.iter().any(|b| b.id == *id));
+    for work in &running {
+        let now = Instant::now();
+        let bucket = buckets
+            .entry(work.id)
+            .or_insert_with(|| Bucket::full(work.rate, now));
+        match advance(store, fence, work, bucket, now).await {
+            Ok(true) => {}
+            Ok(false) => return Ok(false),
+            // One backfill's trouble does not stop the others'.
+            Err(e) => warn!(
+                backfill = work.id,
+                job = %work.job,
+                error = %format!("{e:#}"),
+                "a backfill step failed; the next pass retries"
+            ),
+        }
+    }
+    Ok(true)
+}
+
+/// One step of backfill `work`. Returns false when the fence no longer holds.
+async fn advance(
+    store: &Store,
+    fence: &Fence,
+    work: &BackfillWork,
+    bucket: &mut Bucket,
+    now: Instant,
+) -> anyhow::Result<bool> {
+    if work.every_fire_handled() {
+        if work.active == 0 {
+            return match store.end_backfill(fence, work.id, None).await? {
+                None => Ok(false),
+                Some(ended) => {
+                    if ended {
+                        info!(backfill = work.id, job = %work.job, "backfill done");
+                    }
+                    Ok(true)
+                }
+            };
+        }
+        return Ok(true);
+    }
+    let Some(job) = store.job(&work.job).await? else {
+        let reason = format!("its job {:?} was deleted", work.job);
+        info!(backfill = work.id, job = %work.job, "backfill cancelled: {reason}");
+        return Ok(store
+            .end_backfill(fence, work.id, Some(&reason))
+            .await?
+            .is_some());
+    };
+    let room = usize::try_from(i64::from(work.parallel) - work.active).unwrap_or(0);
+    let allowed = bucket.refill(work.rate, now).min(room).min(STEP_RUNS);
+    if allowed == 0 {
+        return Ok(true);
+    }
+    let timing = job.spec.timing()?;
+    let step = step_fires(
+        &timing,
+        work.from,
+        work.to,
+        work.cursor_at,
+        allowed,
+        STEP_SCAN,
+    );
+    match store
+        .backfill_step(
+            fence,
+            work,
+            &job.spec.group,
+            &job.spec.params,
+            &step.fires,
+            step.cursor,
+        )
+        .await?
+    {
+        Stepped::LeaseLost => Ok(false),
+        Stepped::Stale => Ok(true),
+        Stepped::Wrote { made, existing } => {
+            bucket.spend(usize::try_from(made).unwrap_or(0));
+            if made > 0 || existing > 0 {
+                info!(
+                    backfill = work.id,
+                    job = %work.job,
+                    made,
+                    existing,
+                    cursor = %step.cursor,
+                    "backfill step"
+                );
+            }
+            Ok(true)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests_db;
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::schedule::Schedule;
+
+    fn at(text: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(text)
+            .expect("instant")
+            .to_utc()
+    }
+
+    fn hourly() -> Timing {
+        Timing::plain(Arc::new(
+            Schedule::cron("0 0 * * * *", chrono_tz::UTC).expect("cron"),
+        ))
+    }
+
+    #[test]
+    fn a_range_holds_the_fires_from_its_start_up_to_before_its_end() {
+        let (from, to) = (at("2026-11-01T00:00:00Z"), at("2026-11-01T03:00:00Z"));
+        let step = step_fires(&hourly(), from, to, None, 100, 100);
+        assert_eq!(
+            step.fires,
+            [
+                at("2026-11-01T00:00:00Z"),
+                at("2026-11-01T01:00:00Z"),
+                at("2026-11-01T02:00:00Z"),
+            ]
+        );
+        assert_eq!((step.cursor, step.ended), (to, true));
+    }
+
+    #[test]
+    fn steps_go_on_from_the_cursor_and_together_make_every_fire_once() {
+        let (from, to) = (at("2026-11-01T00:30:00Z"), at("2026-11-02T00:00:00Z"));
+        let mut cursor = None;
+        let mut all = Vec::new();
+        for _ in 0..100 {
+            let step = step_fires(&hourly(), from, to, cursor, 5, 100);
+            assert!(step.fires.len() <= 5, "{step:?}");
+            all.extend(step.fires);
+            if step.ended {
+                break;
+            }
+            cursor = Some(step.cursor);
+        }
+        let expected: Vec<_> = (1..24)
+            .map(|h| at("2026-11-01T00:00:00Z") + TimeDelta::hours(h))
+            .collect();
+        assert_eq!(all, expected);
+    }
+
+    #[test]
+    fn a_step_looks_at_no_more_than_its_scan_and_keeps_its_place() {
+        let (from, to) = (at("2026-11-01T00:00:00Z"), at("2026-11-03T00:00:00Z"));
+        let step = step_fires(&hourly(), from, to, None, 100, 3);
+        assert_eq!(step.fires.len(), 3);
+        assert_eq!(step.cursor, at("2026-11-01T02:00:00Z"));
+        assert!(!step.ended);
+    }
+
+    #[test]
+    fn a_range_with_more_fires_than_the_limit_has_none_listed() {
+        let (from, to) = (at("2026-01-01T00:00:00Z"), at("2027-01-01T00:00:00Z"));
+        assert_eq!(fires_in(&hourly(), from, to, 100), None);
+        let fires = fires_in(&hourly(), from, to, 365 * 24).expect("within the limit");
+        assert_eq!(fires.len(), 365 * 24);
+        assert_eq!(fires[0], from);
+        assert_eq!(fires[fires.len() - 1], at("2026-12-31T23:00:00Z"));
+    }
+
+    #[test]
+    fn the_rate_refills_over_time_up_to_one_seconds_worth() {
+        let start = Instant::now();
+        let mut bucket = Bucket::full(10, start);
+        assert_eq!(bucket.refill(10, start), 10);
+        bucket.spend(10);
+        assert_eq!(bucket.refill(10, start), 0);
+        assert_eq!(bucket.refill(10, start + Duration::from_millis(500)), 5);
+        assert_eq!(bucket.refill(10, start + Duration::from_secs(60)), 10);
+    }
+}
