@@ -3,6 +3,7 @@
 //! prefix, so they run in parallel.
 
 mod api;
+mod backfill;
 mod bench_smoke;
 mod chaos;
 mod common;
