@@ -663,31 +663,72 @@ async fn backfill_job(
     Path(name): Path<String>,
     body: Bytes,
 ) -> ApiResult<Response> {
-    const SHAPE: &str = "the body is {\"from\": \"<RFC 3339 or YYYY-MM-DD>\", \"to\": \"…\", \
-         \"parallel\": N, \"rate\": N, \"dry_run\": true} (parallel, rate and dry_run optional)";
-    let body = body_json(&body)?;
-    let request: BackfillRequest = serde_json::from_value(body.clone()).map_err(|e| {
-        // Name the field serde stopped at, when it says (`unknown field `x``, `missing field`).
-        let field = body.as_object().and_then(|map| {
-            map.keys()
-                .find(|k| !["from", "to", "parallel", "rate", "dry_run"].contains(&k.as_str()))
-                .cloned()
-        });
-        ApiError::invalid(vec![FieldProblem {
-            value: field
-                .as_ref()
-                .and_then(|f| body.get(f))
-                .map(Value::to_string)
-                .or_else(|| Some(body.to_string())),
-            field,
-            message: format!("{e}; {SHAPE}"),
-        }])
-    })?;
+    let request = backfill_request(&body_json(&body)?)?;
     if request.dry_run {
         return Ok(axum::Json(s.ops.preview_backfill(&c, &name, &request).await?).into_response());
     }
     let started = s.ops.start_backfill(&c, &name, &request).await?;
     Ok((StatusCode::CREATED, axum::Json(started)).into_response())
+}
+
+/// A backfill's body, each mistake naming its field (the bounds are checked by the operation).
+fn backfill_request(body: &Value) -> ApiResult<BackfillRequest> {
+    const SHAPE: &str = "the body is {\"from\": \"<RFC 3339 or YYYY-MM-DD>\", \"to\": \"…\", \
+         \"parallel\": N, \"rate\": N, \"dry_run\": true} (parallel, rate and dry_run optional)";
+    let problem = |field: Option<&str>, value: &Value, message: &str| FieldProblem {
+        field: field.map(str::to_owned),
+        value: Some(value.to_string()),
+        message: message.to_owned(),
+    };
+    let Value::Object(map) = body else {
+        return Err(ApiError::invalid(vec![problem(None, body, SHAPE)]));
+    };
+    let mut request = BackfillRequest::default();
+    let mut problems = Vec::new();
+    for (key, value) in map {
+        match (key.as_str(), value) {
+            ("from", Value::String(text)) => request.from.clone_from(text),
+            ("to", Value::String(text)) => request.to.clone_from(text),
+            ("from" | "to", _) => problems.push(problem(
+                Some(key),
+                value,
+                "must be a string: an RFC 3339 instant such as \"2026-11-01T00:00:00Z\", or a \
+                 date such as \"2026-11-01\"",
+            )),
+            ("parallel" | "rate", Value::Null) => {}
+            ("parallel" | "rate", _) => match value.as_u64().and_then(|n| u32::try_from(n).ok()) {
+                Some(n) if key == "parallel" => request.parallel = Some(n),
+                Some(n) => request.rate = Some(n),
+                None => problems.push(problem(
+                    Some(key),
+                    value,
+                    "must be a whole number: runs at once from 1 to 100 (parallel), runs per \
+                     second from 1 to 1000 (rate)",
+                )),
+            },
+            ("dry_run", Value::Bool(dry)) => request.dry_run = *dry,
+            ("dry_run", _) => problems.push(problem(Some(key), value, "must be true or false")),
+            _ => problems.push(problem(
+                Some(key),
+                value,
+                &format!("unknown field; {SHAPE}"),
+            )),
+        }
+    }
+    for field in ["from", "to"] {
+        if !map.contains_key(field) {
+            problems.push(FieldProblem {
+                field: Some(field.into()),
+                value: None,
+                message: format!("missing; {SHAPE}"),
+            });
+        }
+    }
+    if problems.is_empty() {
+        Ok(request)
+    } else {
+        Err(ApiError::invalid(problems))
+    }
 }
 
 async fn list_backfills(

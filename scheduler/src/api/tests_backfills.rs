@@ -150,6 +150,16 @@ async fn a_malformed_backfill_request_names_its_field(pool: PgPool) {
             json!({"from": "2026-11-01", "to": "2026-11-02", "rate": 0}),
             "rate",
         ),
+        (
+            json!({"from": "2026-11-01", "to": "2026-11-02", "rate": -4}),
+            "rate",
+        ),
+        (json!({"from": 20261101, "to": "2026-11-02"}), "from"),
+        (json!({"to": "2026-11-02"}), "from"),
+        (
+            json!({"from": "2026-11-01", "to": "2026-11-02", "dry_run": "yes"}),
+            "dry_run",
+        ),
     ];
     for (body, field) in cases {
         let (status, answer) = app

@@ -32,8 +32,7 @@ pub const PREVIEW_FIRES: usize = 100;
 pub const BACKFILL_STATES: &[&str] = &["running", "done", "cancelled"];
 
 /// A backfill request, as the API's body and the CLI's flags give it.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Default)]
 pub struct BackfillRequest {
     /// Fires at or after this: RFC 3339, or a date (`2026-11-01`, midnight in the job's zone).
     pub from: String,
@@ -41,13 +40,10 @@ pub struct BackfillRequest {
     pub to: String,
     /// Runs unfinished at once, 1 to [`MAX_BACKFILL_PARALLEL`] ([`DEFAULT_PARALLEL`]); 1 is
     /// one after the other.
-    #[serde(default)]
     pub parallel: Option<u32>,
     /// Runs made per second, 1 to [`MAX_BACKFILL_RATE`] ([`DEFAULT_RATE`]).
-    #[serde(default)]
     pub rate: Option<u32>,
     /// Only say what it would do.
-    #[serde(default)]
     pub dry_run: bool,
 }
 
@@ -157,11 +153,7 @@ impl Operations {
         self.authorize(caller, Action::BackfillsPreview, Entry::job(name))
             .await?;
         let planned = self.plan_backfill(name, request).await?;
-        let limit = i64::try_from(planned.fires.len()).unwrap_or(i64::MAX);
-        let runs = self
-            .store
-            .fire_runs(name, planned.from, planned.to, limit)
-            .await?;
+        let runs = self.store.fire_runs(name, &planned.fires).await?;
         let zone = planned.job.spec.timezone;
         // A skipped run never ran: the backfill runs it.
         let existing = planned

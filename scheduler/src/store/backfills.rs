@@ -444,28 +444,24 @@ impl Store {
         })
     }
 
-    /// The top-level runs job `job` has at fire instants in `from..to` (manual runs are not
-    /// fires), at most `limit`, by instant: what a backfill of the range would find there.
+    /// The runs job `job` has at the fire instants `fires` (found by the fire key: manual runs
+    /// and tasks are not fires), by instant: what a backfill of them would find there.
     pub async fn fire_runs(
         &self,
         job: &str,
-        from: DateTime<Utc>,
-        to: DateTime<Utc>,
-        limit: i64,
+        fires: &[DateTime<Utc>],
     ) -> anyhow::Result<BTreeMap<DateTime<Utc>, FireRun>> {
         let rows = sqlx::query(
             "SELECT id, scheduled_at, state, trigger FROM chime_runs
-             WHERE job_name = $1 AND scheduled_at >= $2 AND scheduled_at < $3
-               AND trigger <> 'manual' AND parent_id IS NULL
-             ORDER BY scheduled_at LIMIT $4",
+             WHERE job_name = $1 AND scheduled_at = ANY ($2::timestamptz[])
+               AND trigger <> 'manual' AND parent_id IS NULL",
         )
         .bind(job)
-        .bind(from)
-        .bind(to)
-        .bind(limit)
+        .bind(fires)
+        .persistent(false)
         .fetch_all(&self.pool)
         .await
-        .with_context(|| format!("reading the runs of job {job:?} in a range"))?;
+        .with_context(|| format!("reading the runs of job {job:?} at its fires"))?;
         Ok(rows
             .into_iter()
             .map(|r| {
