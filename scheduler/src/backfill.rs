@@ -367,6 +367,68 @@ mod tests {
         assert_eq!(fires[fires.len() - 1], at("2026-12-31T23:00:00Z"));
     }
 
+    /// A job of a 10-minute cron in Berlin, with `jitter` and a nightly calendar when asked.
+    fn shaped(jitter: bool, calendar: Option<&str>) -> Timing {
+        let mut spec = serde_json::json!({
+            "name": "shaped", "group": "g", "schedule": "0 */10 * * * *",
+            "timezone": "Europe/Berlin",
+        });
+        if jitter {
+            spec["jitter"] = "4m".into();
+        }
+        if let Some(on_excluded) = calendar {
+            spec["calendar"] = serde_json::json!({"name": "night", "times": ["22:00-06:00"]});
+            spec["calendar_mode"] = "except".into();
+            spec["on_excluded"] = on_excluded.into();
+        }
+        let spec: crate::job::JobSpec = serde_json::from_value(spec).expect("a valid job");
+        spec.timing().expect("a valid timing")
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: 128, ..proptest::prelude::ProptestConfig::default()
+        })]
+
+        /// However small its steps, a backfill makes the fires of its range that run, each
+        /// once and in order, as the job's timing lists them (jitter and calendar included;
+        /// across the Berlin clock changes of 2026).
+        #[test]
+        fn steps_of_any_size_make_the_fires_the_timing_lists(
+            start in 0i64..(365 * 24 * 6),
+            span in 1i64..(3 * 24 * 6),
+            max in 1usize..40,
+            scan in 1usize..60,
+            jitter in proptest::bool::ANY,
+            calendar in proptest::option::of(proptest::sample::select(vec!["skip", "next_allowed"])),
+        ) {
+            let timing = shaped(jitter, calendar);
+            let from = at("2026-01-01T00:00:00Z") + TimeDelta::minutes(10 * start) + TimeDelta::seconds(7);
+            let to = from + TimeDelta::minutes(10 * span);
+            let mut want = Vec::new();
+            let mut after = from - TimeDelta::nanoseconds(1);
+            while let Some(next) = timing.next_after(after).filter(|n| *n < to) {
+                if !timing.excluded(next) {
+                    want.push(next);
+                }
+                after = next;
+            }
+            let mut got = Vec::new();
+            let mut cursor = None;
+            for _ in 0..100_000 {
+                let step = step_fires(&timing, from, to, cursor, max, scan);
+                proptest::prop_assert!(step.fires.len() <= max);
+                got.extend(step.fires);
+                if step.ended {
+                    break;
+                }
+                cursor = Some(step.cursor);
+            }
+            proptest::prop_assert_eq!(&got, &want);
+            proptest::prop_assert_eq!(fires_in(&timing, from, to, usize::MAX), Some(want));
+        }
+    }
+
     #[test]
     fn the_rate_refills_over_time_up_to_one_seconds_worth() {
         let start = Instant::now();
