@@ -7,8 +7,9 @@
 //! every dead letter of a group and an admin purges them (an operator cannot); no page logs a
 //! console error; user-supplied strings show as text, never as markup; an admin creates, edits
 //! and deletes an Asia/Shanghai job through the form, triggers it through the params dialog, and
-//! reads its times in its zone, its job page, its report and a readable workers page. Screenshots of every
-//! page go to `target/dashboard-screenshots/` for a person to look at.
+//! reads its times in its zone, its job page, its report and a readable workers page; an operator
+//! previews, starts and cancels a backfill from a job's page (a viewer only previews).
+//! Screenshots of every page go to `target/dashboard-screenshots/` for a person to look at.
 //!
 //! chromedriver and chromium come from the Debian packages of those names
 //! (`deploy/local/test.sh` installs them when missing). The WebDriver protocol is plain JSON
@@ -1791,4 +1792,312 @@ async fn a_run_with_tasks_shows_a_live_task_grid_and_reruns_its_failed_tasks(poo
     drop(browser);
     instance.stop().await;
     t.finish().await;
+}
+
+/// Backfills on the job page: a mistake in the range is named next to its field; the preview
+/// counts the range's fires and lists each as one to make; an operator starts the backfill
+/// (after a second button naming the runs it makes) and sees it in the job's list, which
+/// follows its progress without a reload; its runs link lists its run, whose page names the
+/// backfill; Cancel cancels it and the run it made, which a second preview then shows as the
+/// fire's run. A viewer may preview but not start.
+#[sqlx::test(migrations = "../migrations")]
+async fn an_operator_previews_starts_and_cancels_a_backfill_on_the_job_page(pool: PgPool) {
+    // No worker serves the group: the backfill's first run waits queued, so the backfill (one
+    // run at once) stays running until it is cancelled.
+    let group = "dashbackfill";
+    let t = Setup::new(&pool).with_groups(&[group]);
+    let instance = ServingInstance::start(&pool, &t.prefix, group).await;
+    let (base, operator, viewer) = (
+        instance.base.clone(),
+        instance.operator.clone(),
+        instance.viewer.clone(),
+    );
+    let admin = Operations::new(Store::from_pool(pool.clone()), None)
+        .create_token(&Caller::cli(), "root", Role::Admin)
+        .await
+        .expect("token")
+        .secret;
+    let http = reqwest::Client::new();
+    let created = http
+        .post(format!("{base}/api/jobs"))
+        .bearer_auth(&admin)
+        .json(&json!({"name": "hourly", "group": group, "schedule": "0 0 * * * *"}))
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(created.status(), 201);
+    let backfills = || async {
+        sqlx::query_as::<_, (i64, String)>("SELECT id, status FROM chime_backfills ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .expect("backfills")
+    };
+    // Six hourly fires: the range is from..to with `to` left out.
+    let now = chrono::Utc::now();
+    let from = (now - chrono::Duration::hours(6)).to_rfc3339();
+    let to = now.to_rfc3339();
+
+    let browser = Browser::start().await;
+    login(&browser, &base, &operator, "token:alice (operator)").await;
+    browser.open(&base, "#/jobs/hourly").await;
+    browser
+        .wait_text("#backfills", |t| t.contains("No backfills"))
+        .await;
+    browser
+        .eval("window.notReloaded = true; return true;", json!([]))
+        .await;
+
+    // A mistake comes back from the API next to its field.
+    set_value(&browser, "backfill-from", &from).await;
+    set_value(&browser, "backfill-to", "next week").await;
+    browser.click("#backfill-preview-button").await;
+    browser
+        .wait_text(".field-error[data-field=\"to\"]", |t| !t.trim().is_empty())
+        .await;
+    browser
+        .wait_text("#backfill-error", |t| t.contains("field \"to\""))
+        .await;
+    // That 400 is in the console by design; from here on, nothing may be.
+    browser.console_errors().await;
+
+    // The preview: six fires, all to make, nothing saved.
+    set_value(&browser, "backfill-to", &to).await;
+    set_value(&browser, "backfill-parallel", "1").await;
+    browser.click("#backfill-preview-button").await;
+    let totals = browser
+        .wait_text("#backfill-totals", |t| t.starts_with("6 fires"))
+        .await;
+    assert!(
+        totals.contains("6 to make, 0 with a run already"),
+        "{totals}"
+    );
+    let fires = "return [...document.querySelectorAll('#backfill-fires tbody tr')]\
+                 .map(r => [r.dataset.toMake, r.textContent.includes('to make')]);";
+    assert_eq!(
+        browser.eval(fires, json!([])).await,
+        Value::Array(vec![json!(["true", true]); 6]),
+        "six fires, each to make"
+    );
+    assert_eq!(
+        browser
+            .eval(
+                "return document.querySelector('.field-error[data-field=\"to\"]').textContent;",
+                json!([]),
+            )
+            .await,
+        "",
+        "the mistake's note is gone"
+    );
+    scroll_to(&browser, "backfill-section").await;
+    browser.screenshot("backfill-preview").await;
+    assert_eq!(backfills().await, vec![], "a preview saves nothing");
+
+    // Start asks first, naming what it makes; then the backfill is in the list, running.
+    browser.click("#backfill-start:not([disabled])").await;
+    browser
+        .wait_text("#backfill-confirm-start", |t| {
+            t == "Confirm backfill of 6 fires: make 6 runs"
+        })
+        .await;
+    assert_eq!(backfills().await, vec![], "nothing before the confirmation");
+    browser.click("#backfill-confirm-start").await;
+    let notice = browser
+        .wait_text("#notice", |t| t.starts_with("Started backfill "))
+        .await;
+    let id: i64 = notice
+        .trim_start_matches("Started backfill ")
+        .split(' ')
+        .next()
+        .and_then(|id| id.parse().ok())
+        .unwrap_or_else(|| panic!("a backfill id in {notice:?}"));
+    assert!(notice.contains("of hourly: 6 fires"), "{notice}");
+    assert_eq!(backfills().await, vec![(id, "running".to_owned())]);
+    let row = format!("#backfills tr[data-backfill-id=\"{id}\"]");
+    browser
+        .wait_text(&format!("{row}[data-state=\"running\"]"), |t| {
+            t.contains("token:alice") && t.contains("1 at once") && t.contains("10 a second")
+        })
+        .await;
+    // The list follows the leader making the first run (and no more: it waits, queued)...
+    browser
+        .wait_text(&row, |t| {
+            t.contains("1/6 fires handled (1 made, 0 existing)")
+        })
+        .await;
+    // ...and goes on following it while the page stays as it is: the first run, cancelled
+    // through the API, ends, and the leader makes the next.
+    let made = || async {
+        sqlx::query_scalar::<_, i64>("SELECT id FROM chime_runs WHERE backfill_id = $1 ORDER BY id")
+            .bind(id)
+            .fetch_all(&pool)
+            .await
+            .expect("runs")
+    };
+    browser
+        .eval(
+            "document.getElementById('backfill-form').kept = true; return true;",
+            json!([]),
+        )
+        .await;
+    let first = made().await;
+    assert_eq!(first.len(), 1, "one run at once: {first:?}");
+    let first = first[0];
+    let cancelled = http
+        .post(format!("{base}/api/runs/{first}/cancel"))
+        .bearer_auth(&operator)
+        .send()
+        .await
+        .expect("cancel");
+    assert!(cancelled.status().is_success(), "{}", cancelled.status());
+    browser
+        .wait_text(&row, |t| {
+            t.contains("2/6 fires handled (2 made, 0 existing)")
+        })
+        .await;
+    let kept = browser
+        .eval(
+            "return [window.notReloaded === true, \
+             document.getElementById('backfill-form').kept === true, \
+             document.getElementById('backfill-parallel').value];",
+            json!([]),
+        )
+        .await;
+    assert_eq!(
+        kept,
+        json!([true, true, "1"]),
+        "the list redrew in place, the form as it was"
+    );
+    scroll_to(&browser, "backfills-title").await;
+    browser.screenshot("backfill-running").await;
+    let second = made().await[1];
+
+    // Its runs: the two it made, with the backfill as their trigger; a run's page names it.
+    browser.click(&format!("{row} a.backfill-runs")).await;
+    browser
+        .wait_text(
+            "#page[data-page=\"runs\"][data-loaded] #backfill-summary",
+            |t| t.contains("hourly") && t.contains("running"),
+        )
+        .await;
+    let runs = "return [...document.querySelectorAll('#page tbody tr')]\
+                .map(r => [Number(r.dataset.runId), r.dataset.job, r.children[3].textContent]);";
+    let trigger = format!("backfill {id}");
+    browser
+        .wait_eval("the backfill's runs", runs, |v| {
+            *v == json!([[second, "hourly", trigger], [first, "hourly", trigger]])
+        })
+        .await;
+    browser.open(&base, &format!("#/runs/{second}")).await;
+    let named = browser
+        .eval(
+            "return [...document.querySelectorAll('table.fields tr')]\
+             .find(r => r.firstChild.textContent === 'backfill').lastChild.textContent;",
+            json!([]),
+        )
+        .await;
+    assert_eq!(named, trigger);
+
+    // Cancel: the backfill and its waiting run are cancelled, and the list says so.
+    browser.open(&base, "#/jobs/hourly").await;
+    browser
+        .click(&format!("{row} button.cancel-backfill:not([disabled])"))
+        .await;
+    browser
+        .wait_text("#notice", |t| {
+            t == format!("Cancelled backfill {id} of hourly: 1 waiting run cancelled")
+        })
+        .await;
+    browser
+        .wait_text(&format!("{row}[data-state=\"cancelled\"]"), |t| {
+            t.contains("cancelled by token:alice")
+        })
+        .await;
+    let cancel_left = browser
+        .eval(
+            &format!("return document.querySelector('{row} button.cancel-backfill') === null;"),
+            json!([]),
+        )
+        .await;
+    assert_eq!(cancel_left, true, "an ended backfill has no Cancel");
+    // The job's recent runs were redrawn with it: its run, cancelled, names the backfill.
+    browser
+        .wait_text(
+            &format!("#recent-runs tr[data-run-id=\"{second}\"][data-state=\"cancelled\"]"),
+            |t| t.contains(&trigger),
+        )
+        .await;
+    assert_eq!(backfills().await, vec![(id, "cancelled".to_owned())]);
+    let states: Vec<String> =
+        sqlx::query_scalar("SELECT state FROM chime_runs WHERE backfill_id = $1 ORDER BY id")
+            .bind(id)
+            .fetch_all(&pool)
+            .await
+            .expect("states");
+    assert_eq!(states, ["cancelled", "cancelled"]);
+    assert_eq!(
+        made().await,
+        [first, second],
+        "no run made after the cancel"
+    );
+    scroll_to(&browser, "backfills-title").await;
+    browser.screenshot("backfill-cancelled").await;
+
+    // A second preview shows the fires' runs, links to them, and four fires still to make.
+    set_value(&browser, "backfill-from", &from).await;
+    set_value(&browser, "backfill-to", &to).await;
+    browser.click("#backfill-preview-button").await;
+    browser
+        .wait_text("#backfill-totals", |t| {
+            t.contains("4 to make, 2 with a run already")
+        })
+        .await;
+    let links = browser
+        .eval(
+            "return [...document.querySelectorAll('#backfill-fires tr[data-run-id]')]\
+             .map(r => [r.querySelector('a').getAttribute('href'), r.dataset.toMake]);",
+            json!([]),
+        )
+        .await;
+    assert_eq!(
+        links,
+        json!([
+            [format!("#/runs/{first}"), "false"],
+            [format!("#/runs/{second}"), "false"]
+        ])
+    );
+
+    // A viewer previews too, but cannot start.
+    browser.click("#logout").await;
+    login(&browser, &base, &viewer, "token:grafana (viewer)").await;
+    browser.open(&base, "#/jobs/hourly").await;
+    let start = browser
+        .eval(
+            "const b = document.getElementById('backfill-start'); return [b.disabled, b.title];",
+            json!([]),
+        )
+        .await;
+    assert_eq!(start, json!([true, "needs the operator role"]));
+    set_value(&browser, "backfill-from", &from).await;
+    set_value(&browser, "backfill-to", &to).await;
+    browser.click("#backfill-preview-button").await;
+    browser
+        .wait_text("#backfill-totals", |t| t.starts_with("6 fires"))
+        .await;
+
+    let errors = browser.console_errors().await;
+    assert!(errors.is_empty(), "console errors: {errors:?}");
+    browser.quit().await;
+    drop(browser);
+    instance.stop().await;
+    t.finish().await;
+}
+
+/// Scrolls the element `id` to the top of the window, for a screenshot of what follows it.
+async fn scroll_to(browser: &Browser, id: &str) {
+    browser
+        .eval(
+            "document.getElementById(arguments[0]).scrollIntoView(); return true;",
+            json!([id]),
+        )
+        .await;
 }

@@ -71,7 +71,9 @@ function mayOperate() {
   return me && (me.role === "operator" || me.role === "admin");
 }
 
-function actionButton(label, cls, action) {
+// An operator's button: does `action`, shows what it answers, then renders the page again (or,
+// with `after`, only the part of it the action changed).
+function actionButton(label, cls, action, after) {
   const allowed = mayOperate();
   return el("button", {
     type: "button",
@@ -85,7 +87,7 @@ function actionButton(label, cls, action) {
       } catch (e) {
         notice(e.message, true);
       }
-      route();
+      (after || route)();
     },
   }, label);
 }
@@ -217,7 +219,7 @@ async function overview(page) {
     queueTable(queues.queues));
   // The overview keeps itself current; it has no state to lose, and it stops when another
   // page opens (refreshIn checks the hash, and route() clears the timer).
-  refreshIn(5000);
+  page.refresh = [5000];
 }
 
 // ---- the runs-over-time chart: SVG built here, no library ------------------------------------
@@ -389,19 +391,23 @@ const MISFIRE = { skip: "skip missed fires", fire_once: "run the latest missed f
   fire_all: "run every missed fire" };
 
 // One job, readably: its definition, next fire times in its zone, its recent runs with their
-// success rate and a duration chart, its definition versions with what each changed; trigger,
-// pause, and (admins, jobs created through the API) edit, delete and roll back to a version.
-// Jobs from job files are read-only here.
+// success rate and a duration chart, its backfills (followed live while one runs) and, for a
+// job with a schedule, the form that backfills a past range; its definition versions with what
+// each changed; trigger, pause, and (admins, jobs created through the API) edit, delete and
+// roll back to a version. Jobs from job files are read-only here (a backfill changes no
+// definition, so they are backfilled here too).
 async function job(page, name) {
   const enc = encodeURIComponent(name);
-  const [j, recent, report, versions] = await Promise.all([
+  const [j, recent, report, versions, backfills] = await Promise.all([
     api("GET", "/api/jobs/" + enc),
     api("GET", "/api/runs?limit=50&job=" + enc),
     api("GET", "/api/jobs/" + enc + "/report?days=14"),
     api("GET", "/api/jobs/" + enc + "/versions"),
+    api("GET", backfillsPath(name)),
   ]);
   const spec = j.spec;
   const zone = j.timezone;
+  const scheduled = Boolean(spec.schedule || spec.every || spec.at); // a manual-only job has no fires
   const editable = me.role === "admin" && j.source === "api";
   const confirm = el("span", { id: "delete-confirm" });
   const del = editable ? el("button", { type: "button", id: "delete-job", class: "danger", onclick: () => {
@@ -456,10 +462,17 @@ async function job(page, name) {
     el("h2", {}, "Duration of recent runs"),
     durationChart(recent.runs),
     el("h2", {}, "Recent runs"),
-    runTable(recent.runs.slice(0, 20), () => zone, false),
+    el("div", { id: "recent-runs" }, runTable(recent.runs.slice(0, 20), () => zone, false)),
+    el("h2", { id: "backfills-title" }, "Backfills"),
+    backfillList(name, backfills, zone),
+    scheduled ? backfillForm(j) : el("p", { id: "backfill-manual", class: "muted" },
+      "A manual-only job has no fires to backfill; trigger it instead."),
     el("h2", {}, "Versions"),
     versionTable(versions.slice().reverse(), editable ? name : null, zone),
   ].filter((node) => node !== null));
+  if (backfills.backfills.some((b) => b.state === "running")) {
+    page.refresh = [2000, null, () => redrawBackfills(name, zone)];
+  }
 }
 
 // A job's definition versions, newest first: who applied each, when, and the fields it
@@ -491,12 +504,225 @@ function versionTable(versions, rollbackJob, zone) {
   ], versions, (v) => ({ "data-version": v.version })));
 }
 
+// ---- backfills ------------------------------------------------------------------------------
+
+// Backfills the job page lists, newest first; `chime backfills list` shows older ones.
+const BACKFILLS_SHOWN = 20;
+
+function backfillsPath(name) {
+  return "/api/backfills?limit=" + BACKFILLS_SHOWN + "&job=" + encodeURIComponent(name);
+}
+
+const BACKFILL_BADGE = { running: "info", done: "good", cancelled: "muted" };
+
+// A job's backfills: state, range and times in the job's zone, pace, progress in words and as a
+// bar of the fires handled, who asked, a link to its runs; Cancel (operators) on a running one,
+// which redraws only this list.
+function backfillList(name, page, zone) {
+  if (!page.backfills.length) return el("p", { id: "backfills", class: "muted" }, "No backfills of this job.");
+  const ended = (b) => {
+    if (!b.finished_at) return "—";
+    // The reason says who cancelled it (`cancelled by token:alice`) or why (its job was deleted).
+    const why = b.state === "cancelled" ? b.reason || "cancelled by " + (b.cancelled_by || "—") : null;
+    return el("span", { class: "stack" }, zoned(b.finished_at, zone), why ? clipped(why) : null);
+  };
+  const cancel = (b) => {
+    const button = actionButton("Cancel", "cancel-backfill", async () => {
+      const c = await api("POST", "/api/backfills/" + b.id + "/cancel");
+      const asked = c.cancel_requested.length;
+      return "Cancelled backfill " + c.backfill_id + " of " + c.job + ": " + c.runs_cancelled +
+        " waiting run" + (c.runs_cancelled === 1 ? "" : "s") + " cancelled" +
+        (asked ? ", " + asked + " running asked to stop (" + c.cancel_requested.map((id) => "#" + id).join(", ") + ")" : "");
+    }, () => redrawBackfills(name, zone));
+    button.setAttribute("aria-label", "Cancel backfill " + b.id);
+    return button;
+  };
+  const progress = (b) => {
+    const handled = b.fires_made + b.fires_existing;
+    return el("span", { class: "stack" },
+      el("progress", { class: "backfill", max: Math.max(b.fires_total, 1), value: handled,
+        "aria-label": handled + " of " + b.fires_total + " fires handled" }),
+      el("span", { class: "progress-text" }, b.progress));
+  };
+  return el("div", { id: "backfills" }, table([
+    ["backfill", (b) => b.id],
+    ["state", (b) => badge(b.state, BACKFILL_BADGE[b.state] || "muted")],
+    ["range", (b) => el("span", { class: "stack" }, zoned(b.from, zone),
+      el("span", { title: "left out" }, "to ", zoned(b.to, zone)))],
+    ["pace", (b) => el("span", { class: "stack" }, el("span", { class: "nowrap" }, b.parallel + " at once"),
+      el("span", { class: "nowrap" }, b.rate + " a second"))],
+    ["progress", progress],
+    ["runs", (b) => el("a", { class: "backfill-runs", href: "#/runs?backfill=" + b.id }, "runs")],
+    ["requested", (b) => el("span", { class: "stack" }, clipped(b.requested_by), zoned(b.created_at, zone))],
+    ["ended", ended],
+    ["", (b) => (b.state === "running" ? cancel(b) : "")],
+  ], page.backfills, (b) => ({ "data-backfill-id": b.id, "data-state": b.state })),
+  page.next_before ? el("p", { class: "muted" }, "The newest " + page.backfills.length +
+    " are shown; all of them: chime backfills list --job " + name + " --limit 1000") : null);
+}
+
+// Reads the job's backfills and recent runs again and redraws both in place (the form beside
+// them keeps what the operator typed and previewed); goes on every 2 s while a backfill runs.
+// A page rendered meanwhile (`rendering` moved on) has its own lists: these are dropped.
+async function redrawBackfills(name, zone) {
+  const mine = rendering;
+  let page, recent;
+  try {
+    [page, recent] = await Promise.all([api("GET", backfillsPath(name)),
+      api("GET", "/api/runs?limit=20&job=" + encodeURIComponent(name))]);
+  } catch (e) {
+    if (e.message === "unauthenticated" || mine !== rendering) return;
+    notice(e.message, true);
+    followBackfills(name, zone);
+    return;
+  }
+  const [oldList, oldRuns] = [document.getElementById("backfills"), document.getElementById("recent-runs")];
+  if (mine !== rendering || !oldList) return;
+  oldList.replaceWith(backfillList(name, page, zone));
+  if (oldRuns) oldRuns.replaceChildren(runTable(recent.runs, () => zone, false));
+  if (page.backfills.some((b) => b.state === "running")) followBackfills(name, zone);
+}
+
+function followBackfills(name, zone) {
+  refreshIn(2000, null, () => redrawBackfills(name, zone));
+}
+
+// The form that backfills a past range of a job with a schedule (POST
+// /api/jobs/{name}/backfills): from and to as the API takes them (RFC 3339, or a date: its
+// midnight in the job's zone), parallel and rate (empty: the API's defaults). Preview (any
+// role; a dry run, nothing saved) lists the range's fires, each to make or with its run. Start
+// (operators) previews too, then asks with a second button naming how many runs it will make;
+// editing a field withdraws that question. The API's problems show next to their fields.
+function backfillForm(j) {
+  const path = "/api/jobs/" + encodeURIComponent(j.name) + "/backfills";
+  const errors = new Map(); // field → its error element
+  const row = (label, field, input, hint) => {
+    const problem = el("span", { class: "field-error error", "data-field": field, id: input.id + "-error" });
+    errors.set(field, problem);
+    input.setAttribute("aria-describedby", problem.id);
+    return el("tr", {}, el("th", {}, el("label", { for: input.id }, label)),
+      el("td", {}, input, hint ? el("span", { class: "muted" }, " " + hint) : null, problem));
+  };
+  const instant = (id, name) => el("input", { id, name, size: 32, required: true, autocomplete: "off",
+    spellcheck: "false", placeholder: "2026-11-01 or 2026-11-01T06:00:00Z" });
+  const number = (id, name, max, value) => el("input", { id, name, type: "number", min: 1, max, value });
+  const from = instant("backfill-from", "from");
+  const to = instant("backfill-to", "to");
+  const parallel = number("backfill-parallel", "parallel", 100, 4);
+  const rate = number("backfill-rate", "rate", 1000, 10);
+  const error = el("p", { id: "backfill-error", class: "error", role: "alert" });
+  const preview = el("div", { id: "backfill-preview", "aria-live": "polite" });
+  const confirm = el("span", { id: "backfill-confirm" });
+  const allowed = mayOperate();
+  const previewButton = el("button", { type: "submit", id: "backfill-preview-button" }, "Preview");
+  const start = el("button", { type: "button", id: "backfill-start", class: "primary", disabled: !allowed,
+    title: allowed ? null : "needs the operator role" }, "Start backfill");
+  const body = () => {
+    const b = { from: from.value.trim(), to: to.value.trim() };
+    if (parallel.value.trim()) b.parallel = Number(parallel.value);
+    if (rate.value.trim()) b.rate = Number(rate.value);
+    return b;
+  };
+  const showProblems = (message, problems) => {
+    error.textContent = message;
+    for (const e of errors.values()) e.textContent = "";
+    for (const p of problems || []) {
+      const target = errors.get(p.field || "");
+      if (target) target.textContent = " " + p.message;
+    }
+  };
+  // Asks for the dry run of `b` and shows it; resolves to it, or to null after a mistake.
+  const dryRun = async (b) => {
+    showProblems("", []);
+    confirm.replaceChildren();
+    previewButton.disabled = true;
+    try {
+      const p = await api("POST", path, Object.assign({}, b, { dry_run: true }));
+      preview.replaceChildren(...backfillPreview(p, j.timezone));
+      return p;
+    } catch (e) {
+      if (e.message !== "unauthenticated") showProblems(e.message, e.problems);
+      preview.replaceChildren();
+      return null;
+    } finally {
+      previewButton.disabled = false;
+    }
+  };
+  // Starts what was previewed (`b`, not the fields as they may be now).
+  const begin = async (event, b) => {
+    event.target.disabled = true;
+    try {
+      const started = await api("POST", path, b);
+      const warned = (started.warnings || []).length ? " (warning: " + started.warnings.join("; ") + ")" : "";
+      notice("Started backfill " + started.id + " of " + started.job + ": " + started.fires_total +
+        " fire" + (started.fires_total === 1 ? "" : "s") + warned, false);
+      confirm.replaceChildren();
+      preview.replaceChildren();
+      redrawBackfills(j.name, j.timezone);
+    } catch (e) {
+      if (e.message === "unauthenticated") return;
+      showProblems(e.message, e.problems);
+      confirm.replaceChildren();
+    }
+  };
+  start.addEventListener("click", async () => {
+    if (!form.reportValidity()) return;
+    const b = body();
+    const p = await dryRun(b);
+    if (!p) return;
+    const runs = p.fires_to_make === 1 ? "1 run" : p.fires_to_make + " runs";
+    confirm.replaceChildren(
+      el("button", { type: "button", id: "backfill-confirm-start", class: "primary",
+        onclick: (event) => begin(event, b) },
+      "Confirm backfill of " + (p.fires_total === 1 ? "1 fire" : p.fires_total + " fires") + ": make " + runs),
+      el("button", { type: "button", id: "backfill-confirm-cancel", onclick: () => confirm.replaceChildren() }, "Cancel"));
+  });
+  const form = el("form", { id: "backfill-form", "aria-labelledby": "backfill-title",
+    oninput: () => confirm.replaceChildren(),
+    onsubmit: (event) => { event.preventDefault(); dryRun(body()); } },
+  el("table", { class: "fields form" },
+    row("from", "from", from, "fires at or after this: a date (its midnight in " + j.timezone + ") or an RFC 3339 instant"),
+    row("to", "to", to, "and before this (a fire at it is left out); not after now"),
+    row("parallel", "parallel", parallel, "runs of the backfill unfinished at once (1–100)"),
+    row("rate", "rate", rate, "runs made per second, at most (1–1000)")),
+  el("p", { class: "toolbar" }, previewButton, start, confirm), error);
+  return el("div", { id: "backfill-section" },
+    el("h2", { id: "backfill-title" }, "Backfill a past range"),
+    el("p", { class: "muted" }, "Makes the fires of " + j.name + "'s schedule in the range into runs; " +
+      "a fire that has a run already keeps it."),
+    form, preview);
+}
+
+// A dry run's answer: the totals, and the first fires, each to make or with the run it has
+// (a skipped run is run by the backfill).
+function backfillPreview(p, zone) {
+  const plural = (n, word) => n + " " + word + (n === 1 ? "" : "s");
+  const rest = p.fires_total - p.fires.length;
+  const run = (f) => {
+    if (!f.run) return badge("to make", "info");
+    return el("span", { class: "nowrap" }, runLink(f.run.id), " ", stateCell(f.run.state),
+      el("span", { class: "muted" }, " " + f.run.trigger + (f.run.state === "skipped" ? "; to run" : "")));
+  };
+  return [
+    el("p", { id: "backfill-totals", "data-total": p.fires_total, "data-to-make": p.fires_to_make,
+      "data-existing": p.fires_existing },
+    plural(p.fires_total, "fire") + " of " + p.schedule + " from ", zoned(p.from, zone), " to ",
+    zoned(p.to, zone), ": " + p.fires_to_make + " to make, " + p.fires_existing +
+    " with a run already; at most " + p.parallel + " at once, " + p.rate + " a second."),
+    p.fires.length ? el("div", { id: "backfill-fires" }, table([
+      ["fire", (f) => zoned(f.at, zone)], ["run", run],
+    ], p.fires, (f) => ({ "data-at": f.at, "data-run-id": f.run ? f.run.id : null,
+      "data-to-make": String(!f.run || f.run.state === "skipped") }))) : null,
+    rest > 0 ? el("p", { class: "muted" }, "The first " + p.fires.length + " of " + p.fires_total + " fires are listed.") : null,
+  ].filter((node) => node !== null);
+}
+
 // Runs as a table; `zoneOf(run)` names the zone its times are shown in.
 function runTable(rows, zoneOf, withJob) {
   return table([
     ["id", (r) => runLink(r.id)],
     withJob ? ["job", (r) => el("a", { class: "clip", title: r.job, href: jobHref(r.job) }, r.job)] : null,
-    ["state", (r) => stateCell(r.state)], ["trigger", (r) => r.trigger], ["attempt", (r) => r.attempt],
+    ["state", (r) => stateCell(r.state)], ["trigger", runTrigger], ["attempt", (r) => r.attempt],
     ["scheduled", (r) => zoned(r.scheduled_at, zoneOf(r))], ["started", (r) => zoned(r.started_at, zoneOf(r))],
     ["finished", (r) => zoned(r.finished_at, zoneOf(r))],
     ["duration", (r) => el("span", { class: "nowrap" }, duration(runMs(r)))],
@@ -505,6 +731,15 @@ function runTable(rows, zoneOf, withJob) {
     withJob ? ["group", (r) => clipped(r.group)] : null,
     ["error", (r) => (r.error ? el("span", { class: "clip wide", title: r.error }, r.error) : "—")],
   ].filter((c) => c !== null), rows, (r) => ({ "data-run-id": r.id, "data-state": r.state, "data-job": r.job }));
+}
+
+// How a run came to be; a backfill's run names its backfill, a link to the backfill's runs.
+function runTrigger(r) {
+  return r.backfill_id === null || r.backfill_id === undefined ? r.trigger : backfillLink(r.backfill_id);
+}
+
+function backfillLink(id) {
+  return el("a", { class: "nowrap", href: "#/runs?backfill=" + id, title: "the runs of this backfill" }, "backfill " + id);
 }
 
 // The durations of the finished runs among `runs` (newest first), oldest left: a bar per
@@ -815,15 +1050,18 @@ const RUN_STATES = ["pending", "queued", "running", "retrying", "succeeded", "fa
 
 // Runs, newest first, filtered by job, state and group, paged by keyset: "Older" passes the
 // page's `next_before` as `before`. The `trail` parameter remembers the `before` of every page
-// on the way (`top` for the first), so "Newer" goes back exactly one page.
+// on the way (`top` for the first), so "Newer" goes back exactly one page. `backfill=ID` (the
+// job page's links) lists one backfill's runs, under its job, state and progress.
 async function runs(page, query) {
   const params = new URLSearchParams(query);
   const api_params = new URLSearchParams();
-  for (const key of ["job", "state", "group", "before", "limit"]) {
+  for (const key of ["job", "state", "group", "backfill", "before", "limit"]) {
     if (params.get(key)) api_params.set(key, params.get(key));
   }
   if (!api_params.get("limit")) api_params.set("limit", "50");
-  const [data, zones] = await Promise.all([api("GET", "/api/runs?" + api_params), jobZones()]);
+  const backfillId = params.get("backfill");
+  const [data, zones, backfill] = await Promise.all([api("GET", "/api/runs?" + api_params), jobZones(),
+    backfillId ? api("GET", "/api/backfills/" + encodeURIComponent(backfillId)) : null]);
   const input = (name) => el("input", { name, placeholder: name, value: params.get(name) || "" });
   let edited = false;
   const state = el("select", { name: "state" }, el("option", { value: "" }, "any state"),
@@ -835,6 +1073,7 @@ async function runs(page, query) {
     location.hash = "#/runs?" + next;
   }, oninput: () => { edited = true; } }, input("job"), state, input("group"),
   params.get("limit") ? el("input", { type: "hidden", name: "limit", value: params.get("limit") }) : null,
+  backfillId ? el("input", { type: "hidden", name: "backfill", value: backfillId }) : null,
   el("button", { type: "submit" }, "Filter"));
   const trail = params.get("trail") ? params.get("trail").split(",") : [];
   const older = new URLSearchParams(params);
@@ -849,11 +1088,18 @@ async function runs(page, query) {
     if (trail.length) newer.set("trail", trail.join(","));
     else newer.delete("trail");
   }
-  page.append(el("h1", {}, "Runs"), form, runTable(data.runs, (r) => zones.get(r.job) || "UTC", true),
-  el("p", { class: "pager" },
-    newer ? el("a", { id: "newer", href: "#/runs?" + newer }, "← Newer") : null, " ",
-    data.next_before ? el("a", { id: "older", href: "#/runs?" + older }, "Older →") : null));
-  refreshIn(3000, () => edited || form.contains(document.activeElement));
+  page.append(...[el("h1", {}, backfill ? "Runs of backfill " + backfill.id : "Runs"),
+    backfill ? el("p", { id: "backfill-summary", class: "toolbar", "data-state": backfill.state },
+      "job ", el("a", { href: jobHref(backfill.job) }, backfill.job),
+      badge(backfill.state, BACKFILL_BADGE[backfill.state] || "muted"),
+      el("span", { class: "progress-text" }, backfill.progress),
+      el("a", { class: "button", href: "#/runs" }, "All runs")) : null,
+    form, runTable(data.runs, (r) => zones.get(r.job) || "UTC", true),
+    el("p", { class: "pager" },
+      newer ? el("a", { id: "newer", href: "#/runs?" + newer }, "← Newer") : null, " ",
+      data.next_before ? el("a", { id: "older", href: "#/runs?" + older }, "Older →") : null),
+  ].filter((node) => node !== null));
+  page.refresh = [3000, () => edited || form.contains(document.activeElement)];
 }
 
 // A job's time zone, read once per job while the page lives (UTC for a job that is gone).
@@ -879,6 +1125,7 @@ async function run(page, id) {
   const parent = r.parent;
   const fields = [
     ["job", r.job], ["group", r.group], ["trigger", r.trigger], ["requested by", r.requested_by],
+    r.backfill_id !== null && r.backfill_id !== undefined ? ["backfill", backfillLink(r.backfill_id)] : null,
     r.job_version !== null && r.job_version !== undefined
       ? ["job version", el("a", { href: jobHref(r.job), title: "the job page lists its versions" }, "version " + r.job_version)] : null,
     parent ? ["task of", el("span", {}, runLink(parent.id), " ", stateCell(parent.state),
@@ -918,7 +1165,7 @@ async function run(page, id) {
     logs.box,
   ].filter((node) => node !== null));
   page.shown = logs.shown;
-  if (live) refreshIn(1000);
+  if (live) page.refresh = [1000];
 }
 
 // Most tasks the run page draws in its grid (one API page); a larger run says how many more.
@@ -1149,15 +1396,20 @@ function generic(rows) {
 
 // ---- routing --------------------------------------------------------------------------------
 
-// Renders the page again after `ms`, unless another page was opened; while `busy()` says so
-// (the operator is editing a form on it), it waits another `ms`.
-function refreshIn(ms, busy) {
+// Renders the page again after `ms` (or, with `render`, the part of it that `render` redraws),
+// unless another page was opened or rendered since; while `busy()` says so (the operator is
+// editing a form on the page), it waits another `ms`. A page function does not call it but
+// sets `page.refresh` to its arguments, and route() calls it once that page is shown: a page
+// that finished loading after a newer route() began (the overview, still loading when a link
+// was followed) is never shown, so its timer would re-render the newer page.
+function refreshIn(ms, busy, render) {
   clearTimeout(timer);
   const hash = location.hash;
+  const mine = rendering;
   timer = setTimeout(() => {
-    if (location.hash !== hash) return;
-    if (busy && busy()) refreshIn(ms, busy);
-    else route();
+    if (location.hash !== hash || mine !== rendering) return;
+    if (busy && busy()) refreshIn(ms, busy, render);
+    else (render || route)();
   }, ms);
 }
 
@@ -1190,6 +1442,7 @@ async function route() {
   page.setAttribute("data-loaded", "true");
   document.getElementById("page").replaceWith(page);
   if (page.shown) page.shown();
+  if (page.refresh) refreshIn(...page.refresh);
 }
 
 async function login(token) {
