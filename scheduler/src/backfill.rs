@@ -9,7 +9,9 @@
 //! its `rate` allows (a token bucket per backfill, one second of burst), in one fenced statement
 //! per step that also moves the backfill's cursor ([`Store::backfill_step`]). A fire that has a
 //! run already (scheduled, caught up, another backfill's) keeps it: the fire key makes a second
-//! one impossible, so repeated and overlapping backfills create no duplicate. A backfill whose
+//! one impossible, so repeated and overlapping backfills create no duplicate. Such fires cost
+//! neither room nor rate: a step looks up which of its next fires have runs and goes past them,
+//! and a pass makes several steps while there are some. A backfill whose
 //! every fire has been handled and whose runs have all ended is `done`.
 //!
 //! The duty wakes every second, and at once on `NOTIFY chime_backfills` (a backfill requested,
@@ -248,47 +250,85 @@ async fn advance(
             .is_some());
     };
     let room = usize::try_from(i64::from(work.parallel) - work.active).unwrap_or(0);
-    let allowed = bucket.refill(work.rate, now).min(room).min(STEP_RUNS);
-    if allowed == 0 {
-        return Ok(true);
-    }
+    let mut allowed = bucket.refill(work.rate, now).min(room).min(STEP_RUNS);
     let timing = job.spec.timing()?;
-    let step = step_fires(
-        &timing,
-        work.from,
-        work.to,
-        work.cursor_at,
-        allowed,
-        STEP_SCAN,
-    );
-    match store
-        .backfill_step(
-            fence,
-            work,
-            &job.spec.group,
-            &job.spec.params,
-            &step.fires,
-            step.cursor,
-        )
-        .await?
-    {
-        Stepped::LeaseLost => Ok(false),
-        Stepped::Stale => Ok(true),
-        Stepped::Wrote { made, existing } => {
-            bucket.spend(usize::try_from(made).unwrap_or(0));
-            if made > 0 || existing > 0 {
-                info!(
-                    backfill = work.id,
-                    job = %work.job,
-                    made,
-                    existing,
-                    cursor = %step.cursor,
-                    "backfill step"
-                );
+    let mut cursor = work.cursor_at;
+    // Fires that have a run already cost neither room nor rate: a pass goes on past them, up
+    // to STEPS_PER_PASS steps, so a repeated backfill of a long range ends in a few passes.
+    for _ in 0..STEPS_PER_PASS {
+        if allowed == 0 {
+            break;
+        }
+        let candidates = step_fires(&timing, work.from, work.to, cursor, STEP_RUNS, STEP_SCAN);
+        let runs = store.fire_runs(&work.job, &candidates.fires).await?;
+        let step = up_to_free(candidates, allowed, |at| {
+            runs.get(at).is_some_and(|run| run.state != "skipped")
+        });
+        let at = BackfillWork {
+            cursor_at: cursor,
+            ..work.clone()
+        };
+        let written = store
+            .backfill_step(
+                fence,
+                &at,
+                &job.spec.group,
+                &job.spec.params,
+                &step.fires,
+                step.cursor,
+            )
+            .await?;
+        let Stepped::Wrote { made, existing } = written else {
+            return Ok(written != Stepped::LeaseLost);
+        };
+        let made = usize::try_from(made).unwrap_or(0);
+        bucket.spend(made);
+        allowed = allowed.saturating_sub(made);
+        if made > 0 || existing > 0 {
+            info!(
+                backfill = work.id,
+                job = %work.job,
+                made,
+                existing,
+                cursor = %step.cursor,
+                "backfill step"
+            );
+        }
+        if step.ended || step.fires.is_empty() {
+            break;
+        }
+        cursor = Some(step.cursor);
+    }
+    Ok(true)
+}
+
+/// Steps one pass makes of one backfill, at most.
+const STEPS_PER_PASS: usize = 50;
+
+/// The first of `step`'s fires up to the `allowed`-th that `has_run` says has no run (those
+/// with a run are handled without making one): the fires to write, and the cursor after the
+/// last of them; all of `step` when it has no more than `allowed` such fires.
+fn up_to_free(
+    step: StepFires,
+    allowed: usize,
+    has_run: impl Fn(&DateTime<Utc>) -> bool,
+) -> StepFires {
+    let mut free = 0;
+    for (i, at) in step.fires.iter().enumerate() {
+        if !has_run(at) {
+            free += 1;
+            if free == allowed && i + 1 < step.fires.len() {
+                let mut fires = step.fires;
+                fires.truncate(i + 1);
+                return StepFires {
+                    cursor: fires[i],
+                    fires,
+                    ended: false,
+                };
             }
-            Ok(true)
         }
     }
+    step
 }
 
 #[cfg(test)]
@@ -427,6 +467,26 @@ mod tests {
             proptest::prop_assert_eq!(&got, &want);
             proptest::prop_assert_eq!(fires_in(&timing, from, to, usize::MAX), Some(want));
         }
+    }
+
+    #[test]
+    fn a_step_takes_fires_up_to_the_allowed_one_without_a_run() {
+        let (from, to) = (at("2026-11-01T00:00:00Z"), at("2026-11-01T06:00:00Z"));
+        let all = step_fires(&hourly(), from, to, None, 100, 100);
+        let taken = [at("2026-11-01T00:00:00Z"), at("2026-11-01T02:00:00Z")];
+        let has_run = |at: &DateTime<Utc>| taken.contains(at);
+        // Two allowed: hours 1 and 3 are the free ones, hours 0 and 2 go along.
+        let step = up_to_free(all.clone(), 2, has_run);
+        assert_eq!(step.fires.len(), 4, "{step:?}");
+        assert_eq!(
+            (step.cursor, step.ended),
+            (at("2026-11-01T03:00:00Z"), false)
+        );
+        // More allowed than there are free fires: the whole step, ended.
+        assert_eq!(up_to_free(all.clone(), 10, has_run), all);
+        // Exactly as many as the free ones: the whole step too, so it ends.
+        let step = up_to_free(all.clone(), 4, has_run);
+        assert_eq!((step.fires.len(), step.ended), (6, true));
     }
 
     #[test]

@@ -496,3 +496,31 @@ async fn a_backfills_runs_neither_hold_nor_are_held_by_the_jobs_policy(pool: PgP
     );
     assert_eq!(s.state(id).await.2, 6);
 }
+
+/// Fires with runs cost a serial backfill nothing: one pass goes through all 48 of them.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_serial_backfill_goes_past_fires_with_runs_in_one_pass(pool: PgPool) {
+    let mut s = Setup::new(pool, HOURLY).await;
+    let filled = s.start(hours_ago(50), hours_ago(2), 100).await;
+    s.pass().await;
+    assert_eq!(s.state(filled).await.2, 48);
+    s.finish_all().await;
+    // One free fire among them: the serial backfill makes it, and then none more at once.
+    sqlx::query("DELETE FROM chime_runs WHERE scheduled_at = $1")
+        .bind(hours_ago(20))
+        .execute(s.store.pool())
+        .await
+        .unwrap();
+    let again = s.start(hours_ago(50), hours_ago(2), 1).await;
+    s.pass().await;
+    let b = s.store.backfill(again).await.unwrap().unwrap();
+    assert_eq!((b.fires_made, b.fires_existing), (1, 30), "{b:?}");
+    assert_eq!(b.cursor_at, Some(hours_ago(20)), "stopped at its one run");
+    s.finish_all().await;
+    s.pass().await;
+    let b = s.store.backfill(again).await.unwrap().unwrap();
+    assert_eq!((b.fires_made, b.fires_existing), (1, 47), "{b:?}");
+    assert!(b.cursor_at.is_some_and(|at| at >= hours_ago(2)), "{b:?}");
+    s.pass().await;
+    assert_eq!(s.state(again).await.0, "done");
+}
