@@ -251,14 +251,15 @@ async fn advance(
     };
     let room = usize::try_from(i64::from(work.parallel) - work.active).unwrap_or(0);
     let mut allowed = bucket.refill(work.rate, now).min(room).min(STEP_RUNS);
+    if allowed == 0 {
+        // No room or no rate: nothing to build the timing (its calendar compiled) for.
+        return Ok(true);
+    }
     let timing = job.spec.timing()?;
     let mut cursor = work.cursor_at;
     // Fires that have a run already cost neither room nor rate: a pass goes on past them, up
     // to STEPS_PER_PASS steps, so a repeated backfill of a long range ends in a few passes.
     for _ in 0..STEPS_PER_PASS {
-        if allowed == 0 {
-            break;
-        }
         let candidates = step_fires(&timing, work.from, work.to, cursor, STEP_RUNS, STEP_SCAN);
         let runs = store.fire_runs(&work.job, &candidates.fires).await?;
         let step = up_to_free(candidates, allowed, |at| {
@@ -294,7 +295,7 @@ async fn advance(
                 "backfill step"
             );
         }
-        if step.ended || step.fires.is_empty() {
+        if step.ended || step.fires.is_empty() || allowed == 0 {
             break;
         }
         cursor = Some(step.cursor);
