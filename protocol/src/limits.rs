@@ -129,6 +129,10 @@ pub const MAX_BATCH_SIZE: u32 = 100_000;
 /// one task per shard is created at each fire.
 pub const MAX_SHARDS: u32 = 10_000;
 
+/// Most jobs one job's child lists (`on_success`, `on_failure`, `on_complete`) name in all: a
+/// run's end makes at most this many runs.
+pub const MAX_CHILD_JOBS: usize = 20;
+
 /// Most workers a broadcast job may require online at a fire (`min_workers`), and so the most
 /// workers of one group a fire counts on.
 pub const MAX_WORKERS_PER_GROUP: u32 = 10_000;

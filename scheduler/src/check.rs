@@ -61,6 +61,11 @@ fn write_job(out: &mut dyn Write, job: &LoadedJob, now: DateTime<Utc>) -> std::i
             "  paused:     yes; fires start once the job is resumed"
         )?;
     }
+    for (field, jobs) in spec.children.lists() {
+        if !jobs.is_empty() {
+            writeln!(out, "  {:<11} {}", format!("{field}:"), jobs.join(", "))?;
+        }
+    }
     let timing = match spec.timing() {
         Ok(timing) => timing,
         // Loading validated the schedule; keep going rather than panic if that ever changes.
@@ -193,6 +198,27 @@ OK: 5 jobs in 1 file
         assert!(
             out.contains("  group:      examples\n  kind:       broadcast"),
             "the kind follows the group: {out}"
+        );
+    }
+
+    #[test]
+    fn child_lists_are_printed_after_the_group() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("jobs.toml");
+        std::fs::write(
+            &path,
+            "[[jobs]]\nname = \"a\"\ngroup = \"g\"\non_success = [\"b\", \"c\"]\n\
+             on_complete = [\"c\"]\n\n[[jobs]]\nname = \"b\"\ngroup = \"g\"\n\n\
+             [[jobs]]\nname = \"c\"\ngroup = \"g\"\n",
+        )
+        .expect("written");
+        let (ok, out) = run(&[path], "2026-12-01T00:00:00Z");
+        assert!(ok, "{out}");
+        assert!(
+            out.contains(
+                "  group:      g\n  on_success: b, c\n  on_complete: c\n  schedule:   manual"
+            ),
+            "{out}"
         );
     }
 

@@ -1032,7 +1032,13 @@ fn show_run(detail: &RunDetail, zone: &str, out: &mut dyn Write) -> std::io::Res
         ("job", r.job.clone()),
         ("group", r.group.clone()),
         ("state", r.state.clone()),
-        ("trigger", r.trigger.clone()),
+        (
+            "trigger",
+            match r.upstream_run_id {
+                Some(upstream) => format!("{} (after run {upstream})", r.trigger),
+                None => r.trigger.clone(),
+            },
+        ),
         (
             "job version",
             r.job_version.map(|v| v.to_string()).unwrap_or_default(),
@@ -1516,6 +1522,7 @@ mod tests {
             term: None,
             job_version: None,
             backfill_id: None,
+            upstream_run_id: None,
             requested_by: None,
             created_at: at,
             published_at: None,

@@ -9,6 +9,7 @@
 //! change of wording as a change of interface.
 
 mod calendars;
+mod children;
 #[cfg(test)]
 mod corpus;
 #[cfg(test)]
@@ -21,6 +22,7 @@ mod suggest;
 
 use std::fmt;
 
+pub(crate) use children::api_link_problems;
 pub use jobs::{
     JOB_FIELDS, SourceFormat, expand_job_patterns, load_job_files, parse_job_file, validate_job,
     validate_params,

@@ -97,6 +97,10 @@ pub struct JobSpec {
     pub concurrency: ConcurrencyPolicy,
     /// Retries with exponential backoff after a failed attempt.
     pub retry: RetrySpec,
+    /// The jobs that run after a run of this one ends (flat keys `on_success`, `on_failure`,
+    /// `on_complete`).
+    #[serde(flatten)]
+    pub children: ChildJobs,
     /// Where this job's alerts go, overriding the settings' `alerts` (docs/failures.md).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub alerts: Option<AlertSpec>,
@@ -179,6 +183,12 @@ struct StoredSpec {
     #[serde(default)]
     retry: RetrySpec,
     #[serde(default)]
+    on_success: Vec<String>,
+    #[serde(default)]
+    on_failure: Vec<String>,
+    #[serde(default)]
+    on_complete: Vec<String>,
+    #[serde(default)]
     alerts: Option<AlertSpec>,
     #[serde(default, deserialize_with = "opt_duration::deserialize")]
     retention: Option<Duration>,
@@ -229,11 +239,82 @@ impl TryFrom<StoredSpec> for JobSpec {
             max_catchup: stored.max_catchup,
             concurrency: stored.concurrency,
             retry: stored.retry,
+            children: ChildJobs {
+                on_success: stored.on_success,
+                on_failure: stored.on_failure,
+                on_complete: stored.on_complete,
+            },
             alerts: stored.alerts,
             retention: stored.retention,
             paused: stored.paused,
             description: stored.description,
         })
+    }
+}
+
+/// The jobs that run after a run of a job ends (docs/runs.md, "Child runs"): each list names
+/// jobs, each at most once, at most [`MAX_CHILD_JOBS`](chime_protocol::limits::MAX_CHILD_JOBS)
+/// in all. The database applies the same rule when a run ends (`chime_job_children`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ChildJobs {
+    /// After the run succeeded.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub on_success: Vec<String>,
+    /// After it failed or went dead (retries exhausted).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub on_failure: Vec<String>,
+    /// After either (not after a cancelled or skipped run).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub on_complete: Vec<String>,
+}
+
+impl ChildJobs {
+    /// The job-file keys, in the order messages and docs list them.
+    pub const FIELDS: [&'static str; 3] = ["on_success", "on_failure", "on_complete"];
+
+    /// Whether no list names a job.
+    pub fn is_empty(&self) -> bool {
+        self.on_success.is_empty() && self.on_failure.is_empty() && self.on_complete.is_empty()
+    }
+
+    /// Each list with its key, in [`ChildJobs::FIELDS`] order.
+    pub fn lists(&self) -> [(&'static str, &[String]); 3] {
+        [
+            ("on_success", &self.on_success),
+            ("on_failure", &self.on_failure),
+            ("on_complete", &self.on_complete),
+        ]
+    }
+
+    /// Every job named, with the key of the first list naming it, each once.
+    pub fn named(&self) -> Vec<(&'static str, &str)> {
+        let mut named: Vec<(&'static str, &str)> = Vec::new();
+        for (field, jobs) in self.lists() {
+            for job in jobs {
+                if !named.iter().any(|(_, seen)| seen == job) {
+                    named.push((field, job));
+                }
+            }
+        }
+        named
+    }
+
+    /// The jobs a run ending in `state` starts: `on_success` then `on_complete` after
+    /// `succeeded`; `on_failure` then `on_complete` after `failed`, `dead` or `lost`; none
+    /// otherwise. Each once, as `chime_job_children` computes it.
+    pub fn after(&self, state: &str) -> Vec<&str> {
+        let first: &[String] = match state {
+            "succeeded" => &self.on_success,
+            "failed" | "dead" | "lost" => &self.on_failure,
+            _ => return Vec::new(),
+        };
+        let mut jobs: Vec<&str> = Vec::new();
+        for job in first.iter().chain(&self.on_complete) {
+            if !jobs.contains(&job.as_str()) {
+                jobs.push(job);
+            }
+        }
+        jobs
     }
 }
 

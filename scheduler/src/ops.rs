@@ -19,7 +19,7 @@ use chime_protocol::wire::ControlMessage;
 
 use crate::auth::{self, Caller, Role};
 use crate::broker::ControlDelivery;
-use crate::config::{validate_job, validate_params};
+use crate::config::{FieldError, api_link_problems, validate_job, validate_params};
 use crate::diff::FieldChange;
 use crate::job::JobSpec;
 use crate::parking::ParkingLot;
@@ -595,6 +595,27 @@ impl Operations {
         }
     }
 
+    /// Whether the jobs `spec`'s child lists name exist among the stored jobs, and no link
+    /// leads back to it (docs/configuration.md, "Child jobs").
+    async fn child_links_hold(&self, spec: &JobSpec) -> OpsResult<()> {
+        if spec.children.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<String> = spec
+            .children
+            .named()
+            .into_iter()
+            .map(|(_, job)| job.to_owned())
+            .collect();
+        let stored = self.store.child_links(&names).await?;
+        let problems = api_link_problems(&spec.name, &spec.children, &stored);
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(invalid(problems))
+        }
+    }
+
     /// Creates a job at runtime from its definition (the job-file form, as JSON).
     pub async fn create_job(
         &self,
@@ -609,6 +630,7 @@ impl Operations {
             Entry::job_named(name.as_deref()).detail(serde_json::json!({"definition": definition}));
         self.audited(caller, Action::JobsCreate, entry, async |_| {
             let spec = validated(&definition)?;
+            self.child_links_hold(&spec).await?;
             if !self.store.create_api_job(&spec, &caller.actor).await? {
                 return Err(OpsError::Conflict(format!(
                     "a job named {:?} already exists; choose another name, or change it with \
@@ -675,6 +697,7 @@ impl Operations {
                 definition.insert(key.clone(), value.clone());
             }
             let spec = validated(&serde_json::Value::Object(definition))?;
+            self.child_links_hold(&spec).await?;
             if !self.store.update_api_job(&spec, &caller.actor).await? {
                 return Err(no_such_job(name));
             }
@@ -751,6 +774,7 @@ impl Operations {
             // Validated again: limits may have tightened since that version was stored.
             let spec =
                 validated(&serde_json::to_value(&version.spec).map_err(anyhow::Error::from)?)?;
+            self.child_links_hold(&spec).await?;
             if !self.store.update_api_job(&spec, &caller.actor).await? {
                 return Err(no_such_job(name));
             }
@@ -1522,18 +1546,21 @@ fn validated(definition: &serde_json::Value) -> OpsResult<JobSpec> {
                 .into(),
         }]));
     };
-    validate_job(table).map_err(|errors| {
-        OpsError::Invalid(
-            errors
-                .into_iter()
-                .map(|e| FieldProblem {
-                    field: e.field,
-                    value: e.value,
-                    message: e.message,
-                })
-                .collect(),
-        )
-    })
+    validate_job(table).map_err(invalid)
+}
+
+/// A definition's mistakes as the API says them.
+fn invalid(errors: Vec<FieldError>) -> OpsError {
+    OpsError::Invalid(
+        errors
+            .into_iter()
+            .map(|e| FieldProblem {
+                field: e.field,
+                value: e.value,
+                message: e.message,
+            })
+            .collect(),
+    )
 }
 
 fn no_such_job(name: &str) -> OpsError {

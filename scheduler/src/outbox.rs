@@ -5,7 +5,9 @@
 //! version), at least every [`MARK_INTERVAL`]; the **sweep** reads the pending runs due by the horizon
 //! every `sweep_interval` (1 s), and at once on `NOTIFY chime_outbox` — manual triggers, runs a
 //! previous leader persisted but did not publish, runs whose publish failed, runs a `queue`
-//! policy released.
+//! policy released. Before its read, a sweep woken by `advance …` (a run with child jobs ended)
+//! or by its tick first makes the child runs of ended runs under the fence ([`Store::advance`],
+//! docs/runs.md, "Child runs"), so the same sweep publishes them.
 //!
 //! **Invariants** (enforced here, by [`Outbox`]):
 //! * A run is marked only after its confirm: the dispatcher hands a run to the marker only
@@ -33,7 +35,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
 use crate::pace::{Pace, plus};
-use crate::store::{Confirmed, Fence, OUTBOX_CHANNEL, OutboxRun, Store};
+use crate::store::{ADVANCE_BATCH, Confirmed, Fence, OUTBOX_CHANNEL, OutboxRun, Store};
+
+/// The `NOTIFY chime_outbox` payloads that ask for an advance start with this: a run with child
+/// jobs ended (`advance <run id>`), or a full advance batch left more (`advance more`).
+const ADVANCE_WAKE: &str = "advance";
 
 /// Marks of published runs are flushed at least this often.
 pub const MARK_INTERVAL: Duration = Duration::from_millis(20);
@@ -101,7 +107,7 @@ impl Outbox {
         let (swept_tx, swept_rx) = mpsc::channel::<Swept>(1);
         let marker = tokio::spawn(mark_loop(
             store.clone(),
-            fence,
+            fence.clone(),
             stop.clone(),
             marks_done.clone(),
             published_rx,
@@ -109,6 +115,7 @@ impl Outbox {
         ));
         let sweep = tokio::spawn(sweep_loop(
             store,
+            fence,
             sweep_interval,
             lookahead,
             stop,
@@ -295,6 +302,7 @@ async fn mark(store: &Store, fence: &Fence, stop: &CancellationToken, runs: &[Co
 /// horizon with the marker's count of committed batches taken before the query.
 async fn sweep_loop(
     store: Store,
+    fence: Fence,
     sweep_interval: Duration,
     lookahead: Duration,
     stop: CancellationToken,
@@ -305,12 +313,20 @@ async fn sweep_loop(
     let mut sweep = tokio::time::interval(sweep_interval);
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::select! {
+        let advance_due = tokio::select! {
             () = stop.cancelled() => return,
-            _ = sweep.tick() => {}
-            Some(_) = outbox_wake.recv() => {
-                while outbox_wake.try_recv().is_ok() {}
+            _ = sweep.tick() => true,
+            Some(first) = outbox_wake.recv() => {
+                let mut due = first.starts_with(ADVANCE_WAKE);
+                while let Ok(more) = outbox_wake.try_recv() {
+                    due |= more.starts_with(ADVANCE_WAKE);
+                }
+                due
             }
+        };
+        // Child runs first, so this sweep publishes them.
+        if advance_due && !advance(&store, &fence, &stop).await {
+            return;
         }
         let marks_before = marks_done.load(Ordering::SeqCst);
         // As far ahead as the planner writes the largest burst: a new leader takes over runs
@@ -331,6 +347,47 @@ async fn sweep_loop(
                 }
             }
             Err(e) => warn!(error = %format!("{e:#}"), "outbox sweep failed"),
+        }
+    }
+}
+
+/// Makes the child runs of ended runs (`Store::advance`), batch after batch while batches come
+/// full. Returns false when the fence no longer holds (the leadership stops); a database
+/// failure is logged and left to the next sweep (the queue keeps the runs).
+async fn advance(store: &Store, fence: &Fence, stop: &CancellationToken) -> bool {
+    loop {
+        let made = tokio::select! {
+            () = stop.cancelled() => return false,
+            made = store.advance(fence, ADVANCE_BATCH) => made,
+        };
+        match made {
+            Ok(Some(children)) => {
+                let upstream: HashSet<i64> = children.iter().map(|c| c.upstream_id).collect();
+                for child in &children {
+                    if !child.known {
+                        warn!(
+                            upstream_run = child.upstream_id,
+                            job = %child.job,
+                            "child job does not exist (deleted since); not run"
+                        );
+                    } else if let Some(id) = child.run_id {
+                        debug!(upstream_run = child.upstream_id, run = id, job = %child.job,
+                               state = child.state.as_deref().unwrap_or(""), "child run made");
+                    }
+                }
+                if upstream.len() < usize::try_from(ADVANCE_BATCH).unwrap_or(usize::MAX) {
+                    return true;
+                }
+            }
+            Ok(None) => {
+                warn!(term = fence.term, "lease lost while making child runs");
+                stop.cancel();
+                return false;
+            }
+            Err(e) => {
+                warn!(error = %format!("{e:#}"), "making child runs failed; the next sweep retries");
+                return true;
+            }
         }
     }
 }

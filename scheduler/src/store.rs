@@ -31,6 +31,7 @@ macro_rules! lease_cte {
 /// [`lease_cte!`] for statements built with `format!`.
 const LEASE_CTE: &str = lease_cte!();
 
+mod advances;
 mod backfills;
 mod dead_letters;
 mod failures;
@@ -39,6 +40,8 @@ mod ops;
 mod overdue;
 mod report;
 
+#[cfg(test)]
+mod tests_children;
 #[cfg(test)]
 mod tests_job_fields;
 #[cfg(test)]
@@ -55,6 +58,7 @@ mod tests_protocol_calls;
 pub(crate) mod tests_tasks;
 mod timeline;
 
+pub use advances::{ADVANCE_BATCH, ChildRun};
 pub use backfills::{
     BACKFILLS_CHANNEL, BackfillCancel, BackfillQuery, BackfillRecord, BackfillWork, FireRun,
     NewBackfill, Stepped,
@@ -370,7 +374,7 @@ pub struct RunRecord {
     pub group: String,
     /// Scheduled instant.
     pub scheduled_at: DateTime<Utc>,
-    /// `schedule`, `catchup`, `manual` or `backfill`.
+    /// `schedule`, `catchup`, `manual`, `backfill` or `child`.
     pub trigger: String,
     /// State (see docs/runs.md).
     pub state: String,
@@ -391,6 +395,8 @@ pub struct RunRecord {
     pub job_version: Option<i32>,
     /// The backfill that made it (`chime jobs backfill`; its trigger is `backfill`).
     pub backfill_id: Option<i64>,
+    /// The run whose end made it, for a child job's run (its trigger is `child`).
+    pub upstream_run_id: Option<i64>,
     /// Who triggered it (manual runs).
     pub requested_by: Option<String>,
     /// When the row was written.
@@ -561,8 +567,8 @@ pub struct TaskQuery {
 }
 
 const RUN_COLUMNS: &str = "id, job_name, group_name, scheduled_at, trigger, state, reason, attempt, \
-     worker_id, error, params, term, job_version, backfill_id, requested_by, created_at, published_at, \
-     started_at, \
+     worker_id, error, params, term, job_version, backfill_id, upstream_run_id, requested_by, created_at, \
+     published_at, started_at, \
      finished_at, next_attempt_at, cancel_requested_at, cancel_requested_by, replayed_by, replayed_at, \
      parent_id, task_key, task_kind, shard_index, shard_total, shard_param, target_worker, \
      map_step, map_depth, output, tasks_total, tasks_ended, tasks_failed";
@@ -570,7 +576,8 @@ const RUN_COLUMNS: &str = "id, job_name, group_name, scheduled_at, trigger, stat
 /// [`RUN_COLUMNS`] with the output cut to a little more than [`MAX_LISTED_OUTPUT_BYTES`] by
 /// the database (so a page of tasks does not read every task's 64 KiB), for lists.
 const LISTED_RUN_COLUMNS: &str = "id, job_name, group_name, scheduled_at, trigger, state, reason, \
-     attempt, worker_id, error, params, term, job_version, backfill_id, requested_by, created_at, \
+     attempt, worker_id, error, params, term, job_version, backfill_id, upstream_run_id, requested_by, \
+     created_at, \
      published_at, started_at, \
      finished_at, next_attempt_at, cancel_requested_at, cancel_requested_by, replayed_by, \
      replayed_at, parent_id, task_key, task_kind, shard_index, shard_total, shard_param, \
@@ -1039,7 +1046,8 @@ impl Store {
                         d.reason, lease.term, chime_retry_snapshot(j.spec), j.version
                  FROM decided d CROSS JOIN lease CROSS JOIN counted
                  LEFT JOIN chime_jobs j ON j.name = d.job_name
-                 ON CONFLICT (job_name, scheduled_at) WHERE trigger <> 'manual' AND parent_id IS NULL
+                 ON CONFLICT (job_name, scheduled_at)
+                 WHERE trigger IN ('schedule', 'catchup', 'backfill') AND parent_id IS NULL
                  DO NOTHING
                  RETURNING id, job_name, scheduled_at, state, trigger
              ), made AS (
@@ -1621,6 +1629,7 @@ fn run_record(r: sqlx::postgres::PgRow) -> RunRecord {
         term: r.get("term"),
         job_version: r.get("job_version"),
         backfill_id: r.get("backfill_id"),
+        upstream_run_id: r.get("upstream_run_id"),
         requested_by: r.get("requested_by"),
         created_at: r.get("created_at"),
         published_at: r.get("published_at"),

@@ -28,14 +28,19 @@ struct Seen {
     shard: Option<(u32, u32, Option<Value>)>,
 }
 
-/// A worker of the test's group under a fixed id, with what `configure` registers.
-struct KindWorker {
+/// A worker of the test's group under a fixed id, with what `configure` registers (also the
+/// worker of `children.rs`).
+pub(crate) struct KindWorker {
     stop: CancellationToken,
     task: tokio::task::JoinHandle<Result<(), chime_worker::WorkerError>>,
 }
 
 impl KindWorker {
-    fn start(t: &Setup, id: &str, configure: impl FnOnce(WorkerBuilder) -> WorkerBuilder) -> Self {
+    pub(crate) fn start(
+        t: &Setup,
+        id: &str,
+        configure: impl FnOnce(WorkerBuilder) -> WorkerBuilder,
+    ) -> Self {
         t.guard.add_worker_queue(&t.group, id);
         let builder = Worker::builder(&t.group)
             .database_url(&t.database_url)
@@ -67,7 +72,7 @@ impl KindWorker {
         })
     }
 
-    async fn stop(self) {
+    pub(crate) async fn stop(self) {
         self.stop.cancel();
         self.task
             .await

@@ -6,6 +6,7 @@ mod api;
 mod backfill;
 mod bench_smoke;
 mod chaos;
+mod children;
 mod common;
 mod conformance;
 mod control;

@@ -24,7 +24,7 @@ use serde_json::Value;
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::tasks::{TaskError, TaskResult, TaskScope};
+use crate::tasks::{TaskError, TaskResult, TaskScope, Upstream};
 
 /// Lines per batch handed to the store while the handler runs.
 pub(crate) const FLUSH_EVERY: usize = 100;
@@ -228,6 +228,15 @@ impl JobContext {
     /// Any run may store one, a task or a single run.
     pub async fn set_output<T: Serialize + ?Sized>(&self, output: &T) -> Result<(), TaskError> {
         self.tasks.set_output(output).await
+    }
+
+    /// The run that ended and started this one, when this is a run of a child job (a job
+    /// named in another's `on_success`, `on_failure` or `on_complete`): its id, job, state,
+    /// output and error. `None` for any other run. In a task of a child job's fire (a shard, a
+    /// broadcast copy, a mapped task), the run that started the fire. Not to be confused with
+    /// [`parent_run_id`](Self::parent_run_id), a task's own fire.
+    pub async fn parent(&self) -> Result<Option<Upstream>, TaskError> {
+        self.tasks.parent().await
     }
 
     /// In a reducer (a task of kind `reduce`): every other task of the run, in id order, with

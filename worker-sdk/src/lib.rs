@@ -157,7 +157,7 @@ pub use runtime::{
     WorkerError,
 };
 pub use tasks::{
-    MAX_MAP_ITEMS_PER_CALL, MAX_TASK_OUTPUT_BYTES, RESULTS_PAGE, TaskError, TaskResult,
+    MAX_MAP_ITEMS_PER_CALL, MAX_TASK_OUTPUT_BYTES, RESULTS_PAGE, TaskError, TaskResult, Upstream,
 };
 
 /// Re-exported so handlers can name the token type without adding `tokio-util` themselves.

@@ -23,7 +23,7 @@ use sqlx::{Connection, PgConnection, PgPool, Row};
 
 use crate::context::LogLine;
 use crate::outcome::{Outcome, RunEnd};
-use crate::tasks::{MapCall, TaskCalls, TaskError, TaskResult, kind_from_name};
+use crate::tasks::{MapCall, TaskCalls, TaskError, TaskResult, Upstream, kind_from_name};
 
 /// The claim of one delivery: a batch of one of `chime_claim` (`$1` run id, `$2` attempt, `$3`
 /// worker id, `$4` job, `$5` the handler's start for an attempt claimed ahead of it or NULL,
@@ -107,6 +107,12 @@ const TASK_RESULTS_SQL: &str = "SELECT id, task_key, task_kind, map_step, shard_
        output::text AS output, error, params::text AS params
   FROM chime_task_results($1, $2, $3)";
 
+/// A child job's run reads the run that ended and started it (`chime_upstream_runs`: `$1` the
+/// run id; no row for other runs); its output as text.
+const UPSTREAM_SQL: &str = "SELECT run_id, job_name, state, output::text AS output, error,
+       finished_at
+  FROM chime_upstream_runs($1) LIMIT 1";
+
 /// The worker registry (`chime_register_worker`, `chime_heartbeat`, `chime_worker_stopped`).
 const REGISTER_SQL: &str = "SELECT chime_register_worker($1, $2, $3, $4, $5, $6)";
 const HEARTBEAT_SQL: &str = "SELECT chime_heartbeat($1)";
@@ -129,6 +135,7 @@ const STATEMENTS: &[(&str, &str)] = &[
     ("map", MAP_SQL),
     ("set_output", SET_OUTPUT_SQL),
     ("task_results", TASK_RESULTS_SQL),
+    ("upstream", UPSTREAM_SQL),
     ("register", REGISTER_SQL),
     ("heartbeat", HEARTBEAT_SQL),
     ("stopped", STOPPED_SQL),
@@ -847,6 +854,36 @@ impl TaskCalls for Store {
             .map_err(|e| task_error("chime_task_results", e))
         })
     }
+
+    fn upstream(&self, run_id: i64) -> BoxFuture<'_, Result<Option<Upstream>, TaskError>> {
+        Box::pin(async move {
+            self.retrying("reading the run that started this one", |_| async move {
+                let row = sqlx::query(UPSTREAM_SQL)
+                    .bind(run_id)
+                    .fetch_optional(&self.pool)
+                    .await?;
+                row.as_ref().map(upstream).transpose()
+            })
+            .await
+            .map_err(|e| task_error("chime_upstream_runs", e))
+        })
+    }
+}
+
+/// A row of [`UPSTREAM_SQL`].
+fn upstream(row: &sqlx::postgres::PgRow) -> Result<Upstream, sqlx::Error> {
+    let output: Option<String> = row.try_get("output")?;
+    Ok(Upstream {
+        run_id: row.try_get("run_id")?,
+        job: row.try_get("job_name")?,
+        state: run_state(&row.try_get::<String, _>("state")?)?,
+        output: output
+            .map(|t| serde_json::from_str(&t))
+            .transpose()
+            .map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+        error: row.try_get("error")?,
+        finished_at: row.try_get("finished_at")?,
+    })
 }
 
 /// A row of [`TASK_RESULTS_SQL`].

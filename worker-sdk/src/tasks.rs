@@ -1,7 +1,8 @@
 //! The calls a handler makes for a job kind's tasks (docs/protocol.md, "Job kinds and tasks"):
 //! mapping sub-tasks (`chime_map`), storing its output (`chime_set_output`) and, in a reduce
-//! task, reading the other tasks' results (`chime_task_results`); with [`TaskResult`] and
-//! [`TaskError`], their public types.
+//! task, reading the other tasks' results (`chime_task_results`), and in a child job's run,
+//! reading the run that started it (`chime_upstream_runs`); with [`TaskResult`], [`Upstream`]
+//! and [`TaskError`], their public types.
 //!
 //! The calls go to the database through [`TaskCalls`], which the store implements (so this
 //! module names no SQL) and the `testing` helper replaces with an in-memory one. One attempt's
@@ -77,6 +78,43 @@ impl TaskResult {
     }
 }
 
+/// The run that ended and started this one: a child job's upstream run ([`crate::JobContext::parent`];
+/// docs/runs.md, "Child runs").
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Upstream {
+    /// Its run id.
+    pub run_id: i64,
+    /// Its job.
+    pub job: String,
+    /// How it ended: `succeeded` for an `on_success` child, `failed` or `dead` for an
+    /// `on_failure` one, any of them for `on_complete`.
+    pub state: RunState,
+    /// What its handler stored with `set_output`, if anything (a broadcast, sharded or
+    /// map/reduce fire has none of its own: its tasks have theirs).
+    pub output: Option<Value>,
+    /// Its last error, if it failed.
+    pub error: Option<String>,
+    /// When it ended.
+    pub finished_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl Upstream {
+    /// An upstream run `run_id` of job `job` that ended `state`, without output, error or end:
+    /// for a child handler's unit test ([`crate::testing::TestJob::parent`]); set the other
+    /// fields as the test needs.
+    pub fn new(run_id: i64, job: impl Into<String>, state: RunState) -> Self {
+        Upstream {
+            run_id,
+            job: job.into(),
+            state,
+            output: None,
+            error: None,
+            finished_at: None,
+        }
+    }
+}
+
 /// Why a task call did not do what was asked. Through `?` in a handler it is a retryable
 /// failure like any error; [`TaskError::into_job_error`] makes the ones another attempt would
 /// not fix final.
@@ -146,7 +184,7 @@ pub enum TaskError {
     /// Any other database error (the database unreachable: worth another attempt).
     #[error("task call `{call}` failed: {source}")]
     Database {
-        /// `chime_map`, `chime_set_output` or `chime_task_results`.
+        /// `chime_map`, `chime_set_output`, `chime_task_results` or `chime_upstream_runs`.
         call: &'static str,
         /// The error.
         #[source]
@@ -207,6 +245,8 @@ pub(crate) trait TaskCalls: Send + Sync {
         after_id: i64,
         page: u32,
     ) -> BoxFuture<'_, Result<Vec<TaskResult>, TaskError>>;
+    /// `chime_upstream_runs`: the run that ended and started run `run_id`'s fire, if any.
+    fn upstream(&self, run_id: i64) -> BoxFuture<'_, Result<Option<Upstream>, TaskError>>;
 }
 
 /// One attempt's task calls: what they act for, and the map call counter its context clones
@@ -329,6 +369,11 @@ impl TaskScope {
         self.calls
             .task_results(self.run_id, after_id, page.clamp(1, RESULTS_PAGE))
             .await
+    }
+
+    /// The run that ended and started this run's fire (a child job's), if any.
+    pub(crate) async fn parent(&self) -> Result<Option<Upstream>, TaskError> {
+        self.calls.upstream(self.run_id).await
     }
 
     /// Every other task of this reduce task's run, in id order, read page by page.

@@ -82,7 +82,7 @@ use tokio_util::sync::CancellationToken;
 use crate::context::{Attempt, JobContext, JobLogger, Level, LogSink};
 use crate::handler;
 use crate::outcome::JobError;
-use crate::tasks::{MapCall, TaskCalls, TaskError, TaskResult, TaskScope};
+use crate::tasks::{MapCall, TaskCalls, TaskError, TaskResult, TaskScope, Upstream};
 
 /// What a test run produced.
 #[derive(Debug)]
@@ -107,6 +107,7 @@ struct Recorder {
     mapped: Mutex<Vec<(String, Vec<Value>)>>,
     output: Mutex<Option<Value>>,
     results: Vec<TaskResult>,
+    parent: Option<Upstream>,
 }
 
 impl TaskCalls for Recorder {
@@ -144,6 +145,11 @@ impl TaskCalls for Recorder {
         results.truncate(page as usize);
         Box::pin(async move { Ok(results) })
     }
+
+    fn upstream(&self, _run_id: i64) -> BoxFuture<'_, Result<Option<Upstream>, TaskError>> {
+        let parent = self.parent.clone();
+        Box::pin(async move { Ok(parent) })
+    }
 }
 
 /// Runs `handler` once with `params` as run 1, attempt 1 of job `test-job`, scheduled now.
@@ -166,6 +172,7 @@ pub struct TestJob {
     cancellation: CancellationToken,
     task: Option<Task>,
     results: Vec<TaskResult>,
+    parent: Option<Upstream>,
 }
 
 impl TestJob {
@@ -179,7 +186,14 @@ impl TestJob {
             cancellation: CancellationToken::new(),
             task: None,
             results: Vec::new(),
+            parent: None,
         }
+    }
+
+    /// Runs the handler as a child job's run started by `upstream` ([`JobContext::parent`]).
+    pub fn parent(mut self, upstream: Upstream) -> Self {
+        self.parent = Some(upstream);
+        self
     }
 
     /// Runs the handler as task `task` of a run ([`JobContext::task`]).
@@ -231,6 +245,7 @@ impl TestJob {
         let sink = Arc::new(LogSink::new(self.run_id, job.clone(), self.attempt, None));
         let recorder = Arc::new(Recorder {
             results: self.results,
+            parent: self.parent,
             ..Recorder::default()
         });
         let tasks = Arc::new(TaskScope::new(

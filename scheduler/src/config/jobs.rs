@@ -12,9 +12,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use chime_protocol::limits::{
-    MAX_ATTEMPTS, MAX_CATCHUP, MAX_DESCRIPTION_BYTES, MAX_EVERY, MAX_JITTER, MAX_LOOKBACK,
-    MAX_MAP_DEPTH, MAX_MULTIPLIER, MAX_NAME_BYTES, MAX_NESTING, MAX_PARAMS_BYTES, MAX_RETENTION,
-    MAX_RETRY_DELAY, MAX_RUNS, MAX_SHARDS, MAX_TIMEOUT, MAX_WORKERS_PER_GROUP,
+    MAX_ATTEMPTS, MAX_CATCHUP, MAX_CHILD_JOBS, MAX_DESCRIPTION_BYTES, MAX_EVERY, MAX_JITTER,
+    MAX_LOOKBACK, MAX_MAP_DEPTH, MAX_MULTIPLIER, MAX_NAME_BYTES, MAX_NESTING, MAX_PARAMS_BYTES,
+    MAX_RETENTION, MAX_RETRY_DELAY, MAX_RUNS, MAX_SHARDS, MAX_TIMEOUT, MAX_WORKERS_PER_GROUP,
 };
 use chrono::{DateTime, Datelike as _, NaiveDate, NaiveDateTime, SecondsFormat, Utc};
 use chrono_tz::Tz;
@@ -23,7 +23,9 @@ use serde_json::{Map, Value};
 use super::calendars;
 use super::suggest::closest;
 use super::{ConfigError, ConfigErrors, FieldError, JobRef, render, render_config, to_json};
-use crate::job::{CalendarMode, JobSpec, Kind, KindName, Shards, TaskFailurePolicy, When};
+use crate::job::{
+    CalendarMode, ChildJobs, JobSpec, Kind, KindName, Shards, TaskFailurePolicy, When,
+};
 use crate::schedule::{OnExcluded, Schedule, ScheduleError};
 
 /// Every field a job table may have, in the order messages and docs list them. A test keeps
@@ -57,6 +59,9 @@ pub const JOB_FIELDS: &[&str] = &[
     "max_catchup",
     "concurrency",
     "retry",
+    "on_success",
+    "on_failure",
+    "on_complete",
     "alerts",
     "retention",
     "paused",
@@ -628,6 +633,9 @@ impl Reader {
             }
         }
         if self.errors.is_empty() {
+            self.errors = super::children::link_errors(&self.jobs);
+        }
+        if self.errors.is_empty() {
             Ok(self.jobs)
         } else {
             Err(ConfigErrors(self.errors))
@@ -733,6 +741,7 @@ fn validate(table: &Map<String, Value>, calendars: Calendars) -> Result<JobSpec,
     }
     check.one_of("concurrency", CONCURRENCY_VALUES);
     check.retry();
+    check.child_jobs();
     check.alerts();
     if let Some(retention) = check.duration_at_most("retention", MAX_RETENTION, "retention")
         && retention < Duration::from_secs(60)
@@ -1160,6 +1169,90 @@ impl<'a> Check<'a> {
             return;
         }
         self.keep("secret_params");
+    }
+
+    /// `on_success`, `on_failure`, `on_complete`: each a list of job names, none twice in one
+    /// list nor the job's own, at most [`MAX_CHILD_JOBS`] jobs in all (the links between jobs
+    /// are checked where every job is known: `super::children`).
+    fn child_jobs(&mut self) {
+        let own = self.get("name").and_then(Value::as_str);
+        let mut named: Vec<&str> = Vec::new();
+        for field in ChildJobs::FIELDS {
+            let Some(value) = self.get(field) else {
+                continue;
+            };
+            let Value::Array(names) = value else {
+                self.fail(
+                    field,
+                    format!(
+                        "expected a list of job names, found {}; write it such as \
+                         {field} = [\"send-report\"]",
+                        kind(value)
+                    ),
+                );
+                continue;
+            };
+            if names.len() > MAX_CHILD_JOBS {
+                self.fail(
+                    field,
+                    format!(
+                        "names {} jobs; at most {MAX_CHILD_JOBS} are allowed \
+                         (limits::MAX_CHILD_JOBS): start one job that starts the others",
+                        names.len()
+                    ),
+                );
+                continue;
+            }
+            let mut problem = None;
+            for (i, name) in names.iter().enumerate() {
+                let Some(text) = name.as_str() else {
+                    problem = Some(format!(
+                        "{} is not a job name; each entry is the name of a job, as a string",
+                        render(name)
+                    ));
+                    break;
+                };
+                if let Some(why) = identifier_problem(text) {
+                    problem = Some(format!(
+                        "{text:?} is not a job name: {why}; name a job as its `name` field does"
+                    ));
+                    break;
+                }
+                if names[..i]
+                    .iter()
+                    .any(|before| before.as_str() == Some(text))
+                {
+                    problem = Some(format!("names job {text:?} twice; name it once"));
+                    break;
+                }
+                if own == Some(text) {
+                    problem = Some(format!(
+                        "child jobs form a cycle: {text} → {text}, so each run would start \
+                         the next for ever; a job cannot be its own child, remove {text:?}"
+                    ));
+                    break;
+                }
+                if !named.contains(&text) {
+                    named.push(text);
+                }
+            }
+            match problem {
+                Some(problem) => self.fail(field, problem),
+                None => self.keep(field),
+            }
+        }
+        if named.len() > MAX_CHILD_JOBS {
+            self.errors.push(FieldError {
+                field: None,
+                value: None,
+                message: format!(
+                    "on_success, on_failure and on_complete name {} jobs; at most \
+                     {MAX_CHILD_JOBS} are allowed (limits::MAX_CHILD_JOBS): start one job \
+                     that starts the others",
+                    named.len()
+                ),
+            });
+        }
     }
 
     /// The `retry` table: each key checked like a job field, errors named `retry.<key>`.
@@ -2058,6 +2151,8 @@ pub(super) fn duration_problem(text: &str, error: &humantime::DurationError) -> 
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_children;
 #[cfg(test)]
 mod tests_kinds;
 #[cfg(test)]

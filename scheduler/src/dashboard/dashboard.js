@@ -733,9 +733,14 @@ function runTable(rows, zoneOf, withJob) {
   ].filter((c) => c !== null), rows, (r) => ({ "data-run-id": r.id, "data-state": r.state, "data-job": r.job }));
 }
 
-// How a run came to be; a backfill's run names its backfill, a link to the backfill's runs.
+// How a run came to be; a backfill's run names its backfill, a link to the backfill's runs,
+// and a child job's run the run whose end made it.
 function runTrigger(r) {
-  return r.backfill_id === null || r.backfill_id === undefined ? r.trigger : backfillLink(r.backfill_id);
+  if (r.backfill_id !== null && r.backfill_id !== undefined) return backfillLink(r.backfill_id);
+  if (r.upstream_run_id !== null && r.upstream_run_id !== undefined) {
+    return el("span", { class: "nowrap" }, "after ", runLink(r.upstream_run_id));
+  }
+  return r.trigger;
 }
 
 function backfillLink(id) {
@@ -1126,6 +1131,7 @@ async function run(page, id) {
   const fields = [
     ["job", r.job], ["group", r.group], ["trigger", r.trigger], ["requested by", r.requested_by],
     r.backfill_id !== null && r.backfill_id !== undefined ? ["backfill", backfillLink(r.backfill_id)] : null,
+    r.upstream_run_id !== null && r.upstream_run_id !== undefined ? ["after run", runLink(r.upstream_run_id)] : null,
     r.job_version !== null && r.job_version !== undefined
       ? ["job version", el("a", { href: jobHref(r.job), title: "the job page lists its versions" }, "version " + r.job_version)] : null,
     parent ? ["task of", el("span", {}, runLink(parent.id), " ", stateCell(parent.state),

@@ -67,6 +67,13 @@ const CONFIGURATION_MD_CALENDARS: &[&str] = &[
     r##"{"name":"night-batch","group":"etl","every":"10m","timezone":"UTC","calendar":{"name":"inline","times":["22:00-06:00"]},"calendar_mode":"except","on_excluded":"next_allowed","params":null,"misfire":"fire_once","misfire_grace":"5s","catchup_window":"1h","max_catchup":100,"concurrency":"allow","retry":{"max_attempts":3,"initial":"10s","multiplier":2.0,"max":"10m","jitter":true},"paused":false}"##,
 ];
 /// The job file of README.md.
+/// docs/configuration.md's child jobs example.
+const CONFIGURATION_MD_CHILDREN: &[&str] = &[
+    r##"{"name":"export-orders","group":"reports","schedule":"0 2 * * *","timezone":"UTC","params":null,"misfire":"fire_once","misfire_grace":"5s","catchup_window":"1h","max_catchup":100,"concurrency":"allow","retry":{"max_attempts":3,"initial":"10s","multiplier":2.0,"max":"10m","jitter":true},"on_success":["upload-export","notify-finance"],"on_failure":["page-oncall"],"paused":false}"##,
+    r##"{"name":"upload-export","group":"reports","timezone":"UTC","params":null,"misfire":"fire_once","misfire_grace":"5s","catchup_window":"1h","max_catchup":100,"concurrency":"allow","retry":{"max_attempts":3,"initial":"10s","multiplier":2.0,"max":"10m","jitter":true},"paused":false}"##,
+    r##"{"name":"notify-finance","group":"mail","timezone":"UTC","params":null,"misfire":"fire_once","misfire_grace":"5s","catchup_window":"1h","max_catchup":100,"concurrency":"allow","retry":{"max_attempts":3,"initial":"10s","multiplier":2.0,"max":"10m","jitter":true},"paused":false}"##,
+    r##"{"name":"page-oncall","group":"mail","timezone":"UTC","params":null,"misfire":"fire_once","misfire_grace":"5s","catchup_window":"1h","max_catchup":100,"concurrency":"allow","retry":{"max_attempts":3,"initial":"10s","multiplier":2.0,"max":"10m","jitter":true},"paused":false}"##,
+];
 const README_MD: &[&str] = &[
     r##"{"name":"close-unpaid-orders","group":"orders","schedule":"0 */2 * * * *","timezone":"Asia/Shanghai","params":{"batch":500},"timeout":"5m","misfire":"fire_once","misfire_grace":"5s","catchup_window":"1h","max_catchup":100,"concurrency":"forbid","retry":{"max_attempts":4,"initial":"10s","multiplier":2.0,"max":"10m","jitter":true},"alerts":{"webhook":"https://hooks.slack.com/services/…","format":"slack"},"paused":false}"##,
 ];
@@ -185,9 +192,9 @@ fn documented_job_files_store_the_json_they_stored_before() {
     let configuration = job_blocks("docs/configuration.md");
     assert_eq!(
         configuration.len(),
-        6,
+        7,
         "one job file in TOML, the same in YAML; then the job kinds' in TOML, the same in YAML; \
-         then the jitter and window example, and the calendars example"
+         then the jitter and window example, the calendars example and the child jobs example"
     );
     for jobs in &configuration[..2] {
         assert_stored_as("docs/configuration.md", jobs, CONFIGURATION_MD);
@@ -204,6 +211,11 @@ fn documented_job_files_store_the_json_they_stored_before() {
         "docs/configuration.md",
         &configuration[5],
         CONFIGURATION_MD_CALENDARS,
+    );
+    assert_stored_as(
+        "docs/configuration.md",
+        &configuration[6],
+        CONFIGURATION_MD_CHILDREN,
     );
     let readme = job_blocks("README.md");
     assert_eq!(readme.len(), 2, "README.md's job files");

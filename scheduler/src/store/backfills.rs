@@ -284,7 +284,8 @@ impl Store {
                  FROM unnest($8::timestamptz[]) AS f(at)
                  CROSS JOIN b CROSS JOIN lease
                  JOIN chime_jobs j ON j.name = $5
-                 ON CONFLICT (job_name, scheduled_at) WHERE trigger <> 'manual' AND parent_id IS NULL
+                 ON CONFLICT (job_name, scheduled_at)
+                 WHERE trigger IN ('schedule', 'catchup', 'backfill') AND parent_id IS NULL
                  DO NOTHING
                  RETURNING id
              ), revived AS (
@@ -454,7 +455,7 @@ impl Store {
         let rows = sqlx::query(
             "SELECT id, scheduled_at, state, trigger FROM chime_runs
              WHERE job_name = $1 AND scheduled_at = ANY ($2::timestamptz[])
-               AND trigger <> 'manual' AND parent_id IS NULL",
+               AND trigger IN ('schedule', 'catchup', 'backfill') AND parent_id IS NULL",
         )
         .bind(job)
         .bind(fires)

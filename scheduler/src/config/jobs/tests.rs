@@ -52,6 +52,7 @@ const ALL_FIELDS: &str = "name, group, kind, shards, shard_params, min_workers, 
                           on_task_failure, schedule, every, at, timezone, jitter, start_at, end_at, max_runs, calendar, calendar_mode, on_excluded, params, \
                           secret_params, timeout, misfire, \
                           misfire_grace, catchup_window, max_catchup, concurrency, retry, \
+                          on_success, on_failure, on_complete, \
                           alerts, retention, paused, description";
 
 #[test]
@@ -835,6 +836,11 @@ fn job_fields_match_the_spec_serde_form() {
         max_catchup: 1,
         concurrency: ConcurrencyPolicy::Allow,
         retry: crate::job::RetrySpec::default(),
+        children: crate::job::ChildJobs {
+            on_success: vec!["b".into()],
+            on_failure: vec!["c".into()],
+            on_complete: vec!["d".into()],
+        },
         alerts: Some(crate::job::AlertSpec::default()),
         retention: Some(Duration::from_secs(3600)),
         paused: false,

@@ -19,10 +19,10 @@ from .context import Context, JobLogger, LogLine
 from .errors import Cancel, ConfigError, Fail, JobError, Retry
 from .outcome import Outcome
 from .protocol import PROTOCOL_VERSION, Shard, Task
-from .tasks import TaskCallError, TaskResult
+from .tasks import TaskCallError, TaskResult, Upstream
 from .worker import Worker
 
 __all__ = ["Cancel", "Client", "ConfigError", "Context", "Fail", "JobError", "JobLogger",
            "LogLine", "Outcome", "PROTOCOL_VERSION", "Retry", "Shard", "Task", "TaskCallError",
-           "TaskResult", "Triggered", "Worker"]
+           "TaskResult", "Triggered", "Upstream", "Worker"]
 __version__ = "0.1.0"

@@ -1,6 +1,6 @@
 """What a handler gets: `Context` (run id, attempt, instant, params, cancellation, log, and
 for a task of a broadcast, sharded or map/reduce job its place in the run, map, output and the
-other tasks' results).
+other tasks' results; for a child job's run, the upstream run that started it).
 
 Log lines written through `ctx.log` reach `chime_run_logs` while the handler runs: the worker
 writes a batch when 100 lines wait or the oldest waiting line is 250 ms old, and the rest with
@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable
 
 from .protocol import MAX_LOG_LINES_PER_ATTEMPT, TASK_RESULTS_PAGE, Shard, Task, cap_bytes
-from .tasks import (TaskCallError, TaskCalls, TaskResult, check_map, check_output,
+from .tasks import (TaskCallError, TaskCalls, TaskResult, Upstream, check_map, check_output,
                     check_results, chunks)
 
 FLUSH_EVERY = 100
@@ -257,3 +257,17 @@ class Context:
             if len(page) < TASK_RESULTS_PAGE:
                 return
             after = page[-1].id
+
+    # ---- child jobs --------------------------------------------------------------------
+
+    async def parent(self) -> Upstream | None:
+        """The run that ended and started this one, when this is a run of a child job (a job
+        named in another's `on_success`, `on_failure` or `on_complete`): its `run_id`, `job`,
+        `state`, `output` (what its handler stored with `set_output`), `error` and
+        `finished_at`. None for any other run. In a task of a child job's fire (a shard, a
+        broadcast copy, a mapped task), the run that started the fire.
+
+        Not to be confused with `parent_run_id`, a task's own fire (the parent run its tasks
+        belong to): a child run is a run of its own, not a task of its upstream run. Each call
+        reads the database (`chime_upstream_runs`) once."""
+        return await self._backend("ctx.parent").upstream()

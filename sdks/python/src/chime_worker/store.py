@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import asyncpg
 
 from .context import LogLine
-from .tasks import TaskResult
+from .tasks import TaskResult, Upstream
 
 CLAIM_ALONE = """
 WITH claimed AS MATERIALIZED (
@@ -240,6 +240,17 @@ class Store:
         return [TaskResult(r["id"], r["task_key"], r["task_kind"], r["map_step"],
                            r["shard_index"], r["state"], r["output"], r["error"], r["params"])
                 for r in rows]
+
+    async def upstream(self, run_id: int) -> Upstream | None:
+        """`chime_upstream_runs`: the run that ended and started run `run_id`'s fire (a child
+        job's run, or a task of one); None for a run no other run made."""
+        r = await self.pool.fetchrow(
+            "SELECT run_id, job_name, state, output, error, finished_at "
+            "FROM chime_upstream_runs($1::bigint) LIMIT 1", run_id)
+        if r is None:
+            return None
+        return Upstream(r["run_id"], r["job_name"], r["state"], r["output"], r["error"],
+                        r["finished_at"])
 
     async def heartbeat(self, worker: str) -> None:
         await self.pool.execute("SELECT FROM chime_heartbeat($1)", worker)

@@ -1,11 +1,14 @@
-"""Job kinds from a handler's side: what `ctx.map`, `ctx.set_output` and `ctx.results` check.
+"""Job kinds from a handler's side: what `ctx.map`, `ctx.set_output` and `ctx.results` check,
+and `ctx.parent`'s answer (`Upstream`).
 
 A broadcast, sharded or map/reduce job's fire is a parent run with tasks; each task is a run
 of its own (claimed, retried, logged as any run) whose trigger carries a `task` object
-(`protocol.Task`). The calls a handler makes for its run go through a `TaskCalls` backend: the
-worker's (the database functions `chime_map`, `chime_set_output`, `chime_task_results`) or the
-testing helper's recorder. The checks here are the database's bounds, made before the round
-trip so a mistake is named where it was made; the database checks them again.
+(`protocol.Task`). A child job's run (trigger `child`) was made by the end of another run, its
+upstream run, which `ctx.parent()` reads. The calls a handler makes for its run go through a
+`TaskCalls` backend: the worker's (the database functions `chime_map`, `chime_set_output`,
+`chime_task_results`, `chime_upstream_runs`) or the testing helper's recorder. The checks here
+are the database's bounds, made before the round trip so a mistake is named where it was made;
+the database checks them again.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 
 from .errors import Fail
@@ -25,9 +29,9 @@ MAPPING_KINDS = ("root", "map")
 
 
 class TaskCallError(Fail):
-    """A map, output or results call the handler made wrongly (or the database refused): not
-    fixed by another attempt, so a handler that lets it propagate fails without retry. The
-    message names the field, the value and the fix."""
+    """A map, output, results or parent call the handler made wrongly (or the database
+    refused): not fixed by another attempt, so a handler that lets it propagate fails without
+    retry. The message names the field, the value and the fix."""
 
     kind = "task-call"
 
@@ -56,8 +60,31 @@ class TaskResult:
     params: Any
 
 
+@dataclass(frozen=True)
+class Upstream:
+    """The run that ended and started this one: a child job's upstream run, as `ctx.parent()`
+    reads it (`chime_upstream_runs`; docs/runs.md, "Child runs"). In a unit test,
+    `Upstream(run_id, job, state)` with the other fields as the test needs."""
+
+    #: Its run id.
+    run_id: int
+    #: Its job.
+    job: str
+    #: How it ended: `succeeded` for an `on_success` child, `failed`, `dead` or `lost` for an
+    #: `on_failure` one, any of them for `on_complete`.
+    state: str
+    #: What its handler stored with `ctx.set_output`, or None (a broadcast, sharded or
+    #: map/reduce fire has none of its own: its tasks have theirs).
+    output: Any = None
+    #: Its last error, if it failed.
+    error: str | None = None
+    #: When it ended.
+    finished_at: datetime | None = None
+
+
 class TaskCalls(Protocol):
-    """The calls behind `ctx.map`, `ctx.set_output` and `ctx.results`, for one attempt."""
+    """The calls behind `ctx.map`, `ctx.set_output`, `ctx.results` and `ctx.parent`, for one
+    attempt."""
 
     async def map(self, step: str, call_no: int, items: list[Any]) -> int:
         """Creates the sub-tasks of one `chime_map` call; returns how many were new."""
@@ -67,6 +94,9 @@ class TaskCalls(Protocol):
 
     async def results_page(self, after_id: int, page: int) -> list[TaskResult]:
         """The run's other tasks by id after `after_id`, at most `page` of them."""
+
+    async def upstream(self) -> Upstream | None:
+        """The run that ended and started this run's fire (a child job's), or None."""
 
 
 def json_bytes(value: Any, what: str) -> int:

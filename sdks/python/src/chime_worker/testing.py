@@ -15,6 +15,12 @@ for a sharded job's shard); `ctx.map` and `ctx.set_output` are recorded (`result
 
     result = await run_handler(split, {"day": "2026-12-01"}, task=root_task())
     assert result.maps == [MapCall("orders", 0, [{"id": 1}, {"id": 2}])]
+
+A child job's run: pass `parent=Upstream(...)`, the upstream run `ctx.parent()` returns (None
+without it, as for a run no other run made):
+
+    result = await run_handler(publish, parent=Upstream(41, "build", "succeeded",
+                                                        output={"artifact": "a.tar"}))
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from .context import Context, JobLogger
 from .errors import Fail
 from .outcome import Execution, Outcome, outcome
 from .protocol import Shard, Task
-from .tasks import TaskResult
+from .tasks import TaskResult, Upstream
 from .worker import Handler, decode_params
 
 
@@ -44,13 +50,16 @@ class MapCall:
 
 
 class RecordingTaskCalls:
-    """`ctx.map`, `ctx.set_output` and `ctx.results` without a database: records the calls,
-    yields the given results. `map` counts every item as new, as a first attempt's would."""
+    """`ctx.map`, `ctx.set_output`, `ctx.results` and `ctx.parent` without a database: records
+    the calls, yields the given results and returns the given upstream run. `map` counts every
+    item as new, as a first attempt's would."""
 
-    def __init__(self, results: Iterable[TaskResult] = ()) -> None:
+    def __init__(self, results: Iterable[TaskResult] = (),
+                 parent: Upstream | None = None) -> None:
         self.maps: list[MapCall] = []
         self.outputs: list[Any] = []
         self.results = sorted(results, key=lambda r: r.id)
+        self.parent = parent
 
     async def map(self, step: str, call_no: int, items: list[Any]) -> int:
         self.maps.append(MapCall(step, call_no, list(items)))
@@ -62,6 +71,9 @@ class RecordingTaskCalls:
 
     async def results_page(self, after_id: int, page: int) -> list[TaskResult]:
         return [r for r in self.results if r.id > after_id][:page]
+
+    async def upstream(self) -> Upstream | None:
+        return self.parent
 
 
 def root_task(parent_run_id: int = 100) -> Task:
@@ -116,15 +128,18 @@ async def run_handler(
     task: Task | None = None,
     shard: Shard | None = None,
     results: Iterable[TaskResult] = (),
+    parent: Upstream | None = None,
 ) -> TestRun:
     """Runs `handler` once and returns its outcome and log lines. `cancel`, if given, is
     called with the cancellation event (set it to test a handler's cancel path); `timeout`
     (seconds) fires it like the job's timeout would. `task` places the run in a parent run
     (`shard` alone: a sharded job's shard of parent run 100); `results` is what
-    `ctx.results()` yields (a reducer's test)."""
+    `ctx.results()` yields (a reducer's test); `parent` is what `ctx.parent()` returns (a
+    child job's test: the upstream run that started it; None, the default, for a run no other
+    run made)."""
     if task is None and shard is not None:
         task = Task(100, f"shard/{shard.index}", "shard", shard=shard)
-    calls = RecordingTaskCalls(results)
+    calls = RecordingTaskCalls(results, parent)
     logger = JobLogger(run_id, attempt)
     logger.keep_all = True
     cancelled = asyncio.Event()

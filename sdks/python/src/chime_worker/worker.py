@@ -43,7 +43,7 @@ from .protocol import (DEFAULT_DELIVERY_LIMIT, DEFAULT_PREFIX, HEADER_ATTEMPT,
                        quote, rfc3339, tier_for, unhandled_pause)
 from .secret_file import value_or_file
 from .store import Claim, ClaimRequest, OutcomeRow, Snapshot, Store, create_pool
-from .tasks import TaskCallError, TaskResult
+from .tasks import TaskCallError, TaskResult, Upstream
 
 log = logging.getLogger("chime_worker")
 
@@ -1187,7 +1187,8 @@ class Worker:
 
 
 class _StoreTaskCalls:
-    """`ctx.map`, `ctx.set_output` and `ctx.results` of one attempt, through the database
+    """`ctx.map`, `ctx.set_output`, `ctx.results` and `ctx.parent` of one attempt, through the
+    database
     (retried on connection errors: each call is idempotent). A refusal (22023, invalid
     parameter: the message names the field, the value and the fix) is a TaskCallError."""
 
@@ -1213,6 +1214,12 @@ class _StoreTaskCalls:
         rows: list[TaskResult] = await self._call("results", lambda: w.store.task_results(
             self._run_id, after_id, page))
         return rows
+
+    async def upstream(self) -> Upstream | None:
+        w = self._worker
+        found: Upstream | None = await self._call("parent", lambda: w.store.upstream(
+            self._run_id))
+        return found
 
     async def _call(self, what: str, call: Callable[[], Awaitable[Any]]) -> Any:
         import asyncpg
