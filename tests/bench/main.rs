@@ -9,6 +9,7 @@
 //! target/release/chime-bench all --json
 //! ```
 
+mod children;
 mod crash;
 mod failover;
 mod fanout;
@@ -62,6 +63,9 @@ enum Command {
     /// Fires of N tasks: a sharded job of N shards and a map/reduce job mapping N sub-tasks,
     /// 3 each: publishing, last start and the run's end, tasks/s against 3,000.
     Fanout(RunArgs),
+    /// Chains of child jobs (on_success) started at once: upstream ended → child started,
+    /// p50/p99 against 50 ms, and one child per upstream run.
+    Children(RunArgs),
     /// Every scenario in turn.
     All(RunArgs),
     /// A worker process for the crash scenario (internal).
@@ -78,7 +82,8 @@ struct RunArgs {
     /// precision: jobs every second (default 1000); burst: jobs every 10 s (10000); scale:
     /// registered jobs (100000); failover: jobs every second (100); crash: runs in flight on
     /// the killed worker (4); runner: chime-runner shell jobs every second (20); fanout: tasks
-    /// per fire, shards and mapped sub-tasks (10000).
+    /// per fire, shards and mapped sub-tasks (10000); children: chains of 10 jobs started at
+    /// once (50).
     #[arg(long)]
     jobs: Option<usize>,
     /// precision: seconds of firing (default 60); burst: seconds of firing (40); throughput:
@@ -103,7 +108,8 @@ struct RunArgs {
     /// scale: executor groups the jobs are spread over.
     #[arg(long, default_value_t = 10)]
     groups: usize,
-    /// In-process workers (precision, burst, throughput, failover, fanout); default 4 for burst,
+    /// In-process workers (precision, burst, throughput, failover, fanout, children); default 4
+    /// for burst,
     /// 2 for fanout, 1 for the others.
     #[arg(long)]
     workers: Option<usize>,
@@ -139,7 +145,7 @@ struct RunArgs {
 }
 
 /// The scenarios, in the order `all` runs them.
-const SCENARIOS: [&str; 8] = [
+const SCENARIOS: [&str; 9] = [
     "precision",
     "burst",
     "throughput",
@@ -148,6 +154,7 @@ const SCENARIOS: [&str; 8] = [
     "crash",
     "runner",
     "fanout",
+    "children",
 ];
 
 #[tokio::main]
@@ -192,6 +199,7 @@ async fn main() -> ExitCode {
         Command::Crash(args) => (vec!["crash"], args),
         Command::Runner(args) => (vec!["runner"], args),
         Command::Fanout(args) => (vec!["fanout"], args),
+        Command::Children(args) => (vec!["children"], args),
         Command::All(args) => (SCENARIOS.to_vec(), args),
     };
     let services = Services {
@@ -354,6 +362,15 @@ async fn run(scenario: &str, args: &RunArgs, services: &Services) -> anyhow::Res
                 hold: args.hold,
             };
             fanout::run(services, &params).await
+        }
+        "children" => {
+            let params = children::Params {
+                chains: args.jobs.unwrap_or(50),
+                length: 10,
+                workers: args.workers.unwrap_or(1),
+                capacity: args.capacity,
+            };
+            children::run(services, &params).await
         }
         other => anyhow::bail!("unknown scenario {other:?}"),
     }

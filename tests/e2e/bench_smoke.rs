@@ -260,3 +260,17 @@ async fn bench_smoke_crash_reruns_every_run_of_the_killed_worker_once() {
     }
     assert_eq!(report["correct"], true);
 }
+
+#[tokio::test]
+async fn bench_smoke_children_makes_one_child_per_upstream_run() {
+    let report = bench(&["children", "--jobs", "3"]).await;
+    assert_eq!(number(&report, "/runs"), 30, "3 chains of 10 jobs");
+    assert_eq!(number(&report, "/succeeded_once"), 30);
+    assert_eq!(number(&report, "/doubled"), 0);
+    assert_eq!(
+        report["results"]["edges"].as_array().map(Vec::len),
+        Some(27),
+        "9 links per chain"
+    );
+    assert_eq!(report["correct"], true);
+}
