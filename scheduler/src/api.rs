@@ -1109,6 +1109,8 @@ mod tests;
 #[cfg(test)]
 mod tests_backfills;
 #[cfg(test)]
+mod tests_children;
+#[cfg(test)]
 mod tests_hostile;
 #[cfg(test)]
 mod tests_params;

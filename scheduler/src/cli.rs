@@ -1027,6 +1027,14 @@ fn show_run(detail: &RunDetail, zone: &str, out: &mut dyn Write) -> std::io::Res
     if let Some(output) = &r.output {
         task_rows.push(("output", capped_json(output, MAX_SHOWN_JSON_BYTES)));
     }
+    if !detail.children.is_empty() {
+        let children: Vec<String> = detail
+            .children
+            .iter()
+            .map(|c| format!("{} {} ({})", c.id, c.job, c.state))
+            .collect();
+        task_rows.push(("children", children.join(", ")));
+    }
     for (k, v) in [
         ("run", r.id.to_string()),
         ("job", r.job.clone()),

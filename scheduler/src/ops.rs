@@ -793,6 +793,14 @@ impl Operations {
                      (SIGHUP)"
                 )));
             }
+            let upstream = self.store.jobs_naming_child(name).await?;
+            if !upstream.is_empty() {
+                return Err(OpsError::Conflict(format!(
+                    "job {name:?} is a child job of {}: their runs would start it; remove it \
+                     from their on_success, on_failure and on_complete lists first",
+                    upstream.join(", ")
+                )));
+            }
             if !self.store.delete_api_job(name, &caller.actor).await? {
                 return Err(no_such_job(name));
             }

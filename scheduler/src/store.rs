@@ -523,6 +523,24 @@ pub struct RunDetail {
     pub parent: Option<Box<RunRecord>>,
     /// A parent's tasks by state (states without tasks left out); empty without tasks.
     pub tasks_by_state: std::collections::BTreeMap<String, i64>,
+    /// The child runs its end made (its job's `on_success`, `on_failure`, `on_complete`),
+    /// oldest first, at most [`MAX_SHOWN_CHILDREN`]; empty for others.
+    pub children: Vec<ChildBrief>,
+}
+
+/// Child runs a run's detail lists at most (a job names at most
+/// `limits::MAX_CHILD_JOBS` at a time; a definition that changed may have named others).
+pub const MAX_SHOWN_CHILDREN: i64 = 100;
+
+/// A child run as its upstream run's detail lists it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct ChildBrief {
+    /// The child run.
+    pub id: i64,
+    /// Its job.
+    pub job: String,
+    /// Its state now.
+    pub state: String,
 }
 
 /// Filter for [`Store::list_runs`].
@@ -1471,12 +1489,29 @@ impl Store {
         } else {
             std::collections::BTreeMap::new()
         };
+        let children = sqlx::query(
+            "SELECT id, job_name, state FROM chime_runs WHERE upstream_run_id = $1
+              ORDER BY id LIMIT $2",
+        )
+        .bind(id)
+        .bind(MAX_SHOWN_CHILDREN)
+        .fetch_all(&self.pool)
+        .await
+        .with_context(|| format!("loading run {id}'s child runs"))?
+        .into_iter()
+        .map(|r| ChildBrief {
+            id: r.get("id"),
+            job: r.get("job_name"),
+            state: r.get("state"),
+        })
+        .collect();
         Ok(Some(RunDetail {
             run,
             attempts,
             logs,
             parent,
             tasks_by_state,
+            children,
         }))
     }
 

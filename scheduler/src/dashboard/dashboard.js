@@ -1132,6 +1132,8 @@ async function run(page, id) {
     ["job", r.job], ["group", r.group], ["trigger", r.trigger], ["requested by", r.requested_by],
     r.backfill_id !== null && r.backfill_id !== undefined ? ["backfill", backfillLink(r.backfill_id)] : null,
     r.upstream_run_id !== null && r.upstream_run_id !== undefined ? ["after run", runLink(r.upstream_run_id)] : null,
+    r.children && r.children.length > 0 ? ["child runs", el("span", { class: "stack", id: "run-children" },
+      ...r.children.map((c) => el("span", { class: "nowrap" }, runLink(c.id), " " + c.job + " ", stateCell(c.state))))] : null,
     r.job_version !== null && r.job_version !== undefined
       ? ["job version", el("a", { href: jobHref(r.job), title: "the job page lists its versions" }, "version " + r.job_version)] : null,
     parent ? ["task of", el("span", {}, runLink(parent.id), " ", stateCell(parent.state),

@@ -111,4 +111,20 @@ impl Store {
             })
             .collect())
     }
+
+    /// The other jobs whose child lists name job `name`, by name, at most 20 (what a delete
+    /// would leave dangling).
+    pub async fn jobs_naming_child(&self, name: &str) -> anyhow::Result<Vec<String>> {
+        sqlx::query_scalar(
+            "SELECT j.name FROM chime_jobs j
+              WHERE j.name <> $1
+                AND $1 = ANY (chime_job_children(j.spec, 'succeeded')
+                              || chime_job_children(j.spec, 'failed'))
+              ORDER BY j.name LIMIT 20",
+        )
+        .bind(name)
+        .fetch_all(&self.pool)
+        .await
+        .with_context(|| format!("finding the jobs that name {name:?} as a child"))
+    }
 }
