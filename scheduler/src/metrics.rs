@@ -58,6 +58,7 @@ pub const SETTLE_AFTER: Duration = Duration::from_secs(600);
 pub const METRIC_NAMES: &[&str] = &[
     "chime_fire_lateness_seconds",
     "chime_fire_publish_offset_seconds",
+    "chime_child_advance_seconds",
     "chime_runs_finished_total",
     "chime_runs_active",
     "chime_tasks_finished_total",
@@ -89,6 +90,7 @@ pub struct Metrics {
     registry: Registry,
     lateness: HistogramVec,
     publish_offset: HistogramVec,
+    advance: HistogramVec,
     finished: IntCounterVec,
     attempts: IntCounterVec,
     retries: IntCounterVec,
@@ -151,6 +153,18 @@ impl Metrics {
                  published late.",
             )
             .buckets(PUBLISH_OFFSET_BUCKETS.to_vec()),
+            &[],
+        )?;
+        let advance = HistogramVec::new(
+            HistogramOpts::new(
+                "chime_child_advance_seconds",
+                "Child runs (trigger child): their upstream run's end to the child's handler \
+                 start as the worker recorded it with the outcome, database clock \
+                 (docs/runs.md, \"Child runs\").",
+            )
+            .buckets(vec![
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+            ]),
             &[],
         )?;
         let finished = IntCounterVec::new(
@@ -242,6 +256,7 @@ impl Metrics {
         )?;
         registry.register(Box::new(lateness.clone()))?;
         registry.register(Box::new(publish_offset.clone()))?;
+        registry.register(Box::new(advance.clone()))?;
         registry.register(Box::new(finished.clone()))?;
         registry.register(Box::new(attempts.clone()))?;
         registry.register(Box::new(retries.clone()))?;
@@ -261,6 +276,7 @@ impl Metrics {
         // alerts find the name.
         lateness.with_label_values(&["started"]);
         publish_offset.with_label_values::<&str>(&[]);
+        advance.with_label_values::<&str>(&[]);
         for source in ["runs", "database", "broker"] {
             scrape_errors.with_label_values(&[source]);
         }
@@ -268,6 +284,7 @@ impl Metrics {
             registry,
             lateness,
             publish_offset,
+            advance,
             finished,
             attempts,
             retries,
@@ -290,9 +307,10 @@ impl Metrics {
 
     /// The names of every metric registered (whether or not it has samples yet).
     pub fn names(&self) -> Vec<String> {
-        let collectors: [&dyn Collector; 17] = [
+        let collectors: [&dyn Collector; 18] = [
             &self.lateness,
             &self.publish_offset,
+            &self.advance,
             &self.finished,
             &self.attempts,
             &self.retries,
@@ -388,6 +406,11 @@ impl Metrics {
                 self.lateness
                     .with_label_values(&["started"])
                     .observe(seconds(at - run.scheduled_at));
+                if let Some(ended) = run.upstream_finished_at {
+                    self.advance
+                        .with_label_values::<&str>(&[])
+                        .observe(seconds(at - ended));
+                }
             }
             if run.is_final && !seen.counted {
                 seen.counted = true;
@@ -603,5 +626,48 @@ mod tests {
             "the fire, once: {text}"
         );
         assert!(!has_sample(&text, "chime_tasks_active"), "{text}");
+    }
+
+    /// A child run's start is observed against its upstream run's end, once; other runs add
+    /// no sample.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn a_child_runs_advance_is_observed_from_its_upstreams_end(pool: PgPool) {
+        let store = Store::from_pool(pool.clone());
+        let metrics = Metrics::new(None, None).expect("metrics");
+        metrics.render(&store).await.expect("render");
+        let upstream: i64 = sqlx::query_scalar(
+            "INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, state, attempt,
+                                     started_at, finished_at)
+             VALUES ('a', 'g', now(), 'manual', 'succeeded', 1, now() - interval '2 s',
+                     now() - interval '1 s') RETURNING id",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("upstream");
+        sqlx::query(
+            "INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, state, attempt,
+                                     started_at, finished_at, upstream_run_id)
+             VALUES ('b', 'g', now(), 'child', 'succeeded', 1, now() - interval '970 ms', now(),
+                     $1)",
+        )
+        .bind(upstream)
+        .execute(&pool)
+        .await
+        .expect("child");
+        let text = metrics.render(&store).await.expect("render");
+        assert!(
+            text.contains("chime_child_advance_seconds_count 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("chime_child_advance_seconds_bucket{le=\"0.025\"} 0")
+                && text.contains("chime_child_advance_seconds_bucket{le=\"0.05\"} 1"),
+            "30 ms: {text}"
+        );
+        let again = metrics.render(&store).await.expect("render");
+        assert!(
+            again.contains("chime_child_advance_seconds_count 1"),
+            "once: {again}"
+        );
     }
 }

@@ -169,6 +169,8 @@ pub struct ObservedRun {
     pub is_task: bool,
     /// A parent run (with tasks): never published nor run by a handler itself.
     pub has_tasks: bool,
+    /// For a child job's run, when its upstream run ended.
+    pub upstream_finished_at: Option<DateTime<Utc>>,
 }
 
 impl Store {
@@ -693,7 +695,9 @@ impl Store {
             "SELECT id, job_name, state, attempt, scheduled_at, published_at,
                     CASE WHEN state <> 'running' OR settled THEN started_at END AS started_at,
                     chime_run_ended(state) AS is_final, settled,
-                    parent_id IS NOT NULL AS is_task, tasks_total > 0 AS has_tasks
+                    parent_id IS NOT NULL AS is_task, tasks_total > 0 AS has_tasks,
+                    (SELECT u.finished_at FROM chime_runs u WHERE u.id = r.upstream_run_id)
+                        AS upstream_finished_at
              FROM (SELECT *, created_at < now() - make_interval(secs => $3) AS settled
                      FROM chime_runs WHERE id > $1 ORDER BY id LIMIT $2) r
              ORDER BY id",
@@ -718,6 +722,7 @@ impl Store {
                 settled: r.get("settled"),
                 is_task: r.get("is_task"),
                 has_tasks: r.get("has_tasks"),
+                upstream_finished_at: r.get("upstream_finished_at"),
             })
             .collect())
     }
