@@ -100,6 +100,26 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Child jobs
+//!
+//! A job named in another's `on_success`, `on_failure` or `on_complete` runs once after each
+//! run of that job ends that way; its handler reads the run that started it with
+//! [`JobContext::parent`]: its id, job, state, the output its handler stored, its error
+//! (docs/runs.md, "Child runs"; docs/protocol.md, section 14).
+//!
+//! ```no_run
+//! use chime_worker::{JobContext, JobError};
+//!
+//! async fn upload(ctx: JobContext, _: ()) -> Result<(), JobError> {
+//!     let Some(export) = ctx.parent().await? else {
+//!         return Err(JobError::fail("upload runs after export (on_success)"));
+//!     };
+//!     let file = export.output.as_ref().and_then(|o| o["file"].as_str()).unwrap_or("?");
+//!     ctx.log().info(format!("uploading {file} from run {}", export.run_id));
+//!     Ok(())
+//! }
+//! ```
+//!
 //! Handlers are unit-tested without a broker or database through [`testing`]. The wire contract
 //! (for workers in other languages) is the `chime-protocol` crate, described in
 //! `docs/protocol.md`; runnable examples are
@@ -123,7 +143,7 @@
 //!    module that speaks SQL); `verify` (pure checks of a
 //!    trigger); [`testing`] and `handler` over `context` and `outcome` (`JobError` and the
 //!    decision after an attempt); `context` and `store` over `tasks` (the job kinds' calls:
-//!    map, output, results, through a trait the store implements).
+//!    map, output, results, parent, through a trait the store implements).
 
 mod claims;
 mod client;

@@ -364,4 +364,40 @@ mod tests {
             .await;
         assert_eq!(run.result, Err(JobError::cancel("stopped")));
     }
+
+    /// The README's child job handler: it reads the upstream run's output, and fails without
+    /// one.
+    async fn upload(ctx: JobContext, _: ()) -> Result<(), JobError> {
+        let Some(export) = ctx.parent().await? else {
+            return Err(JobError::fail("upload runs after export (on_success)"));
+        };
+        let file = export
+            .output
+            .as_ref()
+            .and_then(|o| o["file"].as_str())
+            .unwrap_or("?");
+        ctx.log()
+            .info(format!("uploading {file} from run {}", export.run_id));
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_child_handler_reads_the_upstream_run_it_is_given() {
+        let mut export = Upstream::new(41, "export", chime_protocol::RunState::Succeeded);
+        export.output = Some(json!({"file": "orders.csv"}));
+        let run = TestJob::new("upload")
+            .parent(export)
+            .run(upload, Value::Null)
+            .await;
+        assert_eq!(run.result, Ok(()));
+        assert_eq!(
+            run.logs,
+            [(Level::Info, "uploading orders.csv from run 41".to_owned())]
+        );
+        let alone = TestJob::new("upload").run(upload, Value::Null).await;
+        assert_eq!(
+            alone.result,
+            Err(JobError::fail("upload runs after export (on_success)"))
+        );
+    }
 }
