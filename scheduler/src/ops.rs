@@ -793,12 +793,13 @@ impl Operations {
                      (SIGHUP)"
                 )));
             }
-            let upstream = self.store.jobs_naming_child(name).await?;
+            let upstream = self.store.jobs_naming(&[name.to_owned()]).await?;
             if !upstream.is_empty() {
+                let names: Vec<&str> = upstream.iter().map(|(job, _)| job.as_str()).collect();
                 return Err(OpsError::Conflict(format!(
                     "job {name:?} is a child job of {}: their runs would start it; remove it \
                      from their on_success, on_failure and on_complete lists first",
-                    upstream.join(", ")
+                    names.join(", ")
                 )));
             }
             if !self.store.delete_api_job(name, &caller.actor).await? {

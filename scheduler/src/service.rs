@@ -354,6 +354,20 @@ async fn apply(store: &Store, jobs: &[JobSpec]) -> anyhow::Result<JobDiff> {
             "job definitions applied"
         );
     }
+    // Job files name only their own jobs as children; an API job may name one the files no
+    // longer declare, and its runs would then skip that child.
+    match store.jobs_naming(&diff.removed).await {
+        Ok(dangling) => {
+            for (job, child) in dangling {
+                warn!(
+                    job,
+                    child,
+                    "a removed job is still named as a child job; the runs of the job skip it"
+                );
+            }
+        }
+        Err(e) => warn!(error = %format!("{e:#}"), "could not check the removed jobs' links"),
+    }
     Ok(diff)
 }
 

@@ -112,19 +112,23 @@ impl Store {
             .collect())
     }
 
-    /// The other jobs whose child lists name job `name`, by name, at most 20 (what a delete
-    /// would leave dangling).
-    pub async fn jobs_naming_child(&self, name: &str) -> anyhow::Result<Vec<String>> {
-        sqlx::query_scalar(
-            "SELECT j.name FROM chime_jobs j
-              WHERE j.name <> $1
-                AND $1 = ANY (chime_job_children(j.spec, 'succeeded')
-                              || chime_job_children(j.spec, 'failed'))
-              ORDER BY j.name LIMIT 20",
+    /// The jobs whose child lists name one of `children` (other than itself), as (job, child)
+    /// pairs by job, at most 100: what a delete or a reload's removal leaves dangling.
+    pub async fn jobs_naming(&self, children: &[String]) -> anyhow::Result<Vec<(String, String)>> {
+        if children.is_empty() {
+            return Ok(Vec::new());
+        }
+        sqlx::query_as(
+            "SELECT DISTINCT j.name, c.name AS child
+               FROM chime_jobs j
+              CROSS JOIN LATERAL unnest(chime_job_children(j.spec, 'succeeded')
+                                        || chime_job_children(j.spec, 'failed')) AS c(name)
+              WHERE c.name = ANY ($1) AND c.name <> j.name
+              ORDER BY j.name, child LIMIT 100",
         )
-        .bind(name)
+        .bind(children)
         .fetch_all(&self.pool)
         .await
-        .with_context(|| format!("finding the jobs that name {name:?} as a child"))
+        .context("finding the jobs that name these as child jobs")
     }
 }

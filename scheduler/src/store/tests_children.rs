@@ -303,4 +303,14 @@ async fn child_links_reads_every_reachable_job(pool: PgPool) {
     names.sort();
     assert_eq!(names, ["b", "c", "d"]);
     assert_eq!(links["c"].on_complete, ["d"]);
+    let naming = store
+        .jobs_naming(&["d".to_owned(), "b".to_owned()])
+        .await
+        .expect("the jobs naming d or b");
+    let pairs: Vec<(&str, &str)> = naming
+        .iter()
+        .map(|(job, child)| (job.as_str(), child.as_str()))
+        .collect();
+    assert_eq!(pairs, [("c", "b"), ("c", "d"), ("other", "d")]);
+    assert!(store.jobs_naming(&[]).await.expect("none").is_empty());
 }
