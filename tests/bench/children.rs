@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use sqlx::Row as _;
 
 use crate::report::{Report, Row, summary};
-use crate::sandbox::{Sandbox, Services, bounded, poll, within};
+use crate::sandbox::{Sandbox, Services, WorkerTask, poll, stop_in_process, within};
 use crate::stats::Summary;
 
 /// The advance latency's 99th percentile must stay within this (issue 18), ms.
@@ -128,27 +128,9 @@ async fn measure(sandbox: &Sandbox, params: &Params) -> anyhow::Result<Report> {
         eprintln!("[children] {e:#}");
     }
     let outcome = read_outcome(sandbox, started).await?;
-    stop.cancel();
-    for worker in workers {
-        bounded("stopping a worker", Duration::from_secs(60), async {
-            worker
-                .await
-                .context("a worker task panicked")?
-                .map_err(anyhow::Error::from)
-        })
-        .await?;
-    }
-    bounded(
-        "stopping the scheduler",
-        Duration::from_secs(60),
-        scheduler.stop(),
-    )
-    .await?;
+    stop_in_process(&stop, workers, scheduler).await?;
     Ok(report(params, &outcome))
 }
-
-/// A worker running in this process until its stop token fires.
-type WorkerTask = tokio::task::JoinHandle<Result<(), chime_worker::WorkerError>>;
 
 /// The scenario's workers: each chain job's handler reads its parent (`ctx.parent()`, as a
 /// child job's handler would) and stores a small output for the next.

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use sqlx::Row as _;
 
 use crate::report::{Report, Row, summary};
-use crate::sandbox::{Sandbox, Services, bounded, poll, within};
+use crate::sandbox::{Sandbox, Services, WorkerTask, poll, stop_in_process, within};
 use crate::stats::Summary;
 
 /// End-to-end tasks per second a fire must reach (issue 15).
@@ -156,27 +156,9 @@ async fn measure(sandbox: &Sandbox, params: &Params) -> anyhow::Result<Report> {
             fires.push(fire);
         }
     }
-    stop.cancel();
-    for worker in workers {
-        bounded("stopping a worker", Duration::from_secs(60), async {
-            worker
-                .await
-                .context("a worker task panicked")?
-                .map_err(anyhow::Error::from)
-        })
-        .await?;
-    }
-    bounded(
-        "stopping the scheduler",
-        Duration::from_secs(60),
-        scheduler.stop(),
-    )
-    .await?;
+    stop_in_process(&stop, workers, scheduler).await?;
     Ok(report(params, &fires))
 }
-
-/// A worker running in this process until its stop token fires.
-type WorkerTask = tokio::task::JoinHandle<Result<(), chime_worker::WorkerError>>;
 
 /// The scenario's workers: a no-op shard handler; a map/reduce handler whose root maps
 /// `params.items` sub-tasks (numbers) in one call and whose sub-tasks do nothing; a reducer

@@ -298,6 +298,34 @@ pub async fn bounded<T>(
         .map_err(|_| anyhow!("{what} did not finish within {limit:?}"))?
 }
 
+/// A worker running in this process until its stop token fires.
+pub type WorkerTask = tokio::task::JoinHandle<Result<(), chime_worker::WorkerError>>;
+
+/// Stops the in-process `workers` (cancelling `stop`) and then `scheduler`, each within a
+/// minute; a worker that panicked or failed fails the run.
+pub async fn stop_in_process(
+    stop: &tokio_util::sync::CancellationToken,
+    workers: Vec<WorkerTask>,
+    scheduler: chime_e2e::Scheduler,
+) -> anyhow::Result<()> {
+    stop.cancel();
+    for worker in workers {
+        bounded("stopping a worker", Duration::from_secs(60), async {
+            worker
+                .await
+                .context("a worker task panicked")?
+                .map_err(anyhow::Error::from)
+        })
+        .await?;
+    }
+    bounded(
+        "stopping the scheduler",
+        Duration::from_secs(60),
+        scheduler.stop(),
+    )
+    .await
+}
+
 /// The test kit's wait ([`chime_e2e::try_wait_for`]) for a probe that can fail: calls `check`
 /// until it returns `Some`, fails at once with its error, or after `timeout` naming `what`.
 pub async fn poll<T>(
