@@ -9,13 +9,15 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use chime_e2e::Scheduler;
-use chime_worker::{CancellationToken, JobContext, JobError, TaskError, Worker};
+use chime_worker::{CancellationToken, JobContext, JobError, TaskError};
 use serde::Serialize;
 use serde_json::{Value, json};
 use sqlx::Row as _;
 
 use crate::report::{Report, Row, summary};
-use crate::sandbox::{Sandbox, Services, WorkerTask, poll, stop_in_process, within};
+use crate::sandbox::{
+    Sandbox, Services, WorkerTask, poll, start_in_process, stop_in_process, within,
+};
 use crate::stats::Summary;
 
 /// The advance latency's 99th percentile must stay within this (issue 18), ms.
@@ -139,34 +141,30 @@ fn start_workers(
     group: &str,
     params: &Params,
 ) -> anyhow::Result<(CancellationToken, Vec<WorkerTask>)> {
-    let stop = CancellationToken::new();
-    let mut tasks = Vec::with_capacity(params.workers);
-    for n in 0..params.workers {
-        let mut builder = Worker::builder(group)
-            .database_url(&sandbox.database_url)
-            .amqp_url(&sandbox.amqp_url)
-            .prefix(&sandbox.prefix)
-            .worker_id(format!("bench-children-{n}"))
-            .capacity(params.capacity)
-            .drain_timeout(Duration::from_secs(10));
-        for i in 0..params.length {
-            builder = builder.handle(link(i), |ctx: JobContext, _: Value| async move {
-                let depth = match ctx.parent().await.map_err(TaskError::into_job_error)? {
-                    Some(parent) => {
-                        parent.output.and_then(|o| o["depth"].as_u64()).unwrap_or(0) + 1
-                    }
-                    None => 0,
-                };
-                ctx.set_output(&json!({"depth": depth}))
-                    .await
-                    .map_err(TaskError::into_job_error)?;
-                Ok::<(), JobError>(())
-            });
-        }
-        let worker = builder.build().context("building a children worker")?;
-        tasks.push(tokio::spawn(worker.run(stop.clone())));
-    }
-    Ok((stop, tasks))
+    start_in_process(
+        sandbox,
+        "children",
+        group,
+        params.workers,
+        params.capacity,
+        |mut builder| {
+            for i in 0..params.length {
+                builder = builder.handle(link(i), |ctx: JobContext, _: Value| async move {
+                    let depth = match ctx.parent().await.map_err(TaskError::into_job_error)? {
+                        Some(parent) => {
+                            parent.output.and_then(|o| o["depth"].as_u64()).unwrap_or(0) + 1
+                        }
+                        None => 0,
+                    };
+                    ctx.set_output(&json!({"depth": depth}))
+                        .await
+                        .map_err(TaskError::into_job_error)?;
+                    Ok::<(), JobError>(())
+                });
+            }
+            builder
+        },
+    )
 }
 
 async fn read_outcome(

@@ -12,13 +12,15 @@ use std::time::Duration;
 use anyhow::Context as _;
 use chime_e2e::Scheduler;
 use chime_protocol::wire::TaskKind;
-use chime_worker::{CancellationToken, JobContext, JobError, TaskError, Worker};
+use chime_worker::{CancellationToken, JobContext, JobError, TaskError};
 use serde::Serialize;
 use serde_json::{Value, json};
 use sqlx::Row as _;
 
 use crate::report::{Report, Row, summary};
-use crate::sandbox::{Sandbox, Services, WorkerTask, poll, stop_in_process, within};
+use crate::sandbox::{
+    Sandbox, Services, WorkerTask, poll, start_in_process, stop_in_process, within,
+};
 use crate::stats::Summary;
 
 /// End-to-end tasks per second a fire must reach (issue 15).
@@ -168,41 +170,36 @@ fn start_workers(
     group: &str,
     params: &Params,
 ) -> anyhow::Result<(CancellationToken, Vec<WorkerTask>)> {
-    let stop = CancellationToken::new();
-    let mut tasks = Vec::with_capacity(params.workers);
-    for n in 0..params.workers {
-        let worker = Worker::builder(group)
-            .database_url(&sandbox.database_url)
-            .amqp_url(&sandbox.amqp_url)
-            .prefix(&sandbox.prefix)
-            .worker_id(format!("bench-fanout-{n}"))
-            .capacity(params.capacity)
-            .hold(params.hold)
-            .drain_timeout(Duration::from_secs(10))
-            .handle("fanout", |_: JobContext, _: Value| async {
-                Ok::<(), JobError>(())
-            })
-            .handle("fanout-mr", |ctx: JobContext, params: Value| async move {
-                if ctx.task().map(|t| t.kind) == Some(TaskKind::Root) {
-                    let items = params["items"].as_u64().unwrap_or(0);
-                    ctx.map("items", 0..items)
+    start_in_process(
+        sandbox,
+        "fanout",
+        group,
+        params.workers,
+        params.capacity,
+        |builder| {
+            builder
+                .hold(params.hold)
+                .handle("fanout", |_: JobContext, _: Value| async {
+                    Ok::<(), JobError>(())
+                })
+                .handle("fanout-mr", |ctx: JobContext, params: Value| async move {
+                    if ctx.task().map(|t| t.kind) == Some(TaskKind::Root) {
+                        let items = params["items"].as_u64().unwrap_or(0);
+                        ctx.map("items", 0..items)
+                            .await
+                            .map_err(TaskError::into_job_error)?;
+                    }
+                    Ok::<(), JobError>(())
+                })
+                .reducer("fanout-mr", |ctx: JobContext, _: Value| async move {
+                    let results = ctx.results().await.map_err(TaskError::into_job_error)?;
+                    ctx.set_output(&json!({"results": results.len()}))
                         .await
                         .map_err(TaskError::into_job_error)?;
-                }
-                Ok::<(), JobError>(())
-            })
-            .reducer("fanout-mr", |ctx: JobContext, _: Value| async move {
-                let results = ctx.results().await.map_err(TaskError::into_job_error)?;
-                ctx.set_output(&json!({"results": results.len()}))
-                    .await
-                    .map_err(TaskError::into_job_error)?;
-                Ok::<(), JobError>(())
-            })
-            .build()
-            .context("building a fanout worker")?;
-        tasks.push(tokio::spawn(worker.run(stop.clone())));
-    }
-    Ok((stop, tasks))
+                    Ok::<(), JobError>(())
+                })
+        },
+    )
 }
 
 async fn read_fire(sandbox: &Sandbox, kind: &'static str, id: i64) -> anyhow::Result<Fire> {

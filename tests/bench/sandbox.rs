@@ -301,6 +301,35 @@ pub async fn bounded<T>(
 /// A worker running in this process until its stop token fires.
 pub type WorkerTask = tokio::task::JoinHandle<Result<(), chime_worker::WorkerError>>;
 
+/// Starts `count` in-process workers of `group` on the sandbox (`bench-<scenario>-<n>`, each
+/// with `capacity` handlers and what `configure` registers), running until the returned token
+/// is cancelled ([`stop_in_process`]).
+pub fn start_in_process(
+    sandbox: &Sandbox,
+    scenario: &str,
+    group: &str,
+    count: usize,
+    capacity: u16,
+    configure: impl Fn(chime_worker::WorkerBuilder) -> chime_worker::WorkerBuilder,
+) -> anyhow::Result<(tokio_util::sync::CancellationToken, Vec<WorkerTask>)> {
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut tasks = Vec::with_capacity(count);
+    for n in 0..count {
+        let builder = chime_worker::Worker::builder(group)
+            .database_url(&sandbox.database_url)
+            .amqp_url(&sandbox.amqp_url)
+            .prefix(&sandbox.prefix)
+            .worker_id(format!("bench-{scenario}-{n}"))
+            .capacity(capacity)
+            .drain_timeout(Duration::from_secs(10));
+        let worker = configure(builder)
+            .build()
+            .with_context(|| format!("building a {scenario} worker"))?;
+        tasks.push(tokio::spawn(worker.run(stop.clone())));
+    }
+    Ok((stop, tasks))
+}
+
 /// Stops the in-process `workers` (cancelling `stop`) and then `scheduler`, each within a
 /// minute; a worker that panicked or failed fails the run.
 pub async fn stop_in_process(
