@@ -351,43 +351,39 @@ async fn sweep_loop(
     }
 }
 
-/// Makes the child runs of ended runs (`Store::advance`), batch after batch while batches come
-/// full. Returns false when the fence no longer holds (the leadership stops); a database
-/// failure is logged and left to the next sweep (the queue keeps the runs).
+/// Makes the child runs of one batch of ended runs (`Store::advance`); a full batch notifies
+/// `advance more`, which wakes the next sweep for the rest. Returns false when the fence no
+/// longer holds (the leadership stops); a database failure is logged and left to the next
+/// sweep (the queue keeps the runs).
 async fn advance(store: &Store, fence: &Fence, stop: &CancellationToken) -> bool {
-    loop {
-        let made = tokio::select! {
-            () = stop.cancelled() => return false,
-            made = store.advance(fence, ADVANCE_BATCH) => made,
-        };
-        match made {
-            Ok(Some(children)) => {
-                let upstream: HashSet<i64> = children.iter().map(|c| c.upstream_id).collect();
-                for child in &children {
-                    if !child.known {
-                        warn!(
-                            upstream_run = child.upstream_id,
-                            job = %child.job,
-                            "child job does not exist (deleted since); not run"
-                        );
-                    } else if let Some(id) = child.run_id {
-                        debug!(upstream_run = child.upstream_id, run = id, job = %child.job,
-                               state = child.state.as_deref().unwrap_or(""), "child run made");
-                    }
-                }
-                if upstream.len() < usize::try_from(ADVANCE_BATCH).unwrap_or(usize::MAX) {
-                    return true;
+    let made = tokio::select! {
+        () = stop.cancelled() => return false,
+        made = store.advance(fence, ADVANCE_BATCH) => made,
+    };
+    match made {
+        Ok(Some(children)) => {
+            for child in &children {
+                if !child.known {
+                    warn!(
+                        upstream_run = child.upstream_id,
+                        job = %child.job,
+                        "child job does not exist (deleted since); not run"
+                    );
+                } else if let Some(id) = child.run_id {
+                    debug!(upstream_run = child.upstream_id, run = id, job = %child.job,
+                           state = child.state.as_deref().unwrap_or(""), "child run made");
                 }
             }
-            Ok(None) => {
-                warn!(term = fence.term, "lease lost while making child runs");
-                stop.cancel();
-                return false;
-            }
-            Err(e) => {
-                warn!(error = %format!("{e:#}"), "making child runs failed; the next sweep retries");
-                return true;
-            }
+            true
+        }
+        Ok(None) => {
+            warn!(term = fence.term, "lease lost while making child runs");
+            stop.cancel();
+            false
+        }
+        Err(e) => {
+            warn!(error = %format!("{e:#}"), "making child runs failed; the next sweep retries");
+            true
         }
     }
 }

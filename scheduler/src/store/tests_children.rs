@@ -314,3 +314,42 @@ async fn child_links_reads_every_reachable_job(pool: PgPool) {
     assert_eq!(pairs, [("c", "b"), ("c", "d"), ("other", "d")]);
     assert!(store.jobs_naming(&[]).await.expect("none").is_empty());
 }
+
+/// A full batch leaves the rest queued and wakes the sweep for it (`advance more`), the one
+/// way the rest is taken at once.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_full_batch_wakes_the_sweep_for_the_rest(pool: PgPool) {
+    let store = Store::from_pool(pool.clone());
+    job(&pool, "a", json!({"on_success": ["b"]})).await;
+    job(&pool, "b", json!({})).await;
+    let fence = store.lead_for_test("t").await;
+    let runs = [running(&pool, "a").await, running(&pool, "a").await];
+    for id in runs {
+        end(&pool, id, "succeeded").await;
+    }
+    let mut listener = sqlx::postgres::PgListener::connect_with(&pool)
+        .await
+        .expect("listener");
+    listener
+        .listen(super::OUTBOX_CHANNEL)
+        .await
+        .expect("listen");
+    let first = store
+        .advance(&fence, 1)
+        .await
+        .expect("advance")
+        .expect("fence");
+    assert_eq!(made(&first), [(runs[0], "b")]);
+    assert_eq!(queued(&pool).await, [runs[1]], "the rest stays queued");
+    let woken = tokio::time::timeout(std::time::Duration::from_secs(10), listener.recv())
+        .await
+        .expect("a notification arrives")
+        .expect("notification");
+    assert_eq!(woken.payload(), "advance more");
+    let rest = store
+        .advance(&fence, 1)
+        .await
+        .expect("advance")
+        .expect("fence");
+    assert_eq!(made(&rest), [(runs[1], "b")]);
+}
