@@ -133,6 +133,13 @@ pub const MAX_SHARDS: u32 = 10_000;
 /// run's end makes at most this many runs.
 pub const MAX_CHILD_JOBS: usize = 20;
 
+/// Most nodes one workflow has (`nodes`): a workflow run makes at most this many node runs per
+/// round.
+pub const MAX_WORKFLOW_NODES: usize = 1_000;
+
+/// Most nodes one workflow node comes after (`after`).
+pub const MAX_NODE_EDGES: usize = 100;
+
 /// Most workers a broadcast job may require online at a fire (`min_workers`), and so the most
 /// workers of one group a fire counts on.
 pub const MAX_WORKERS_PER_GROUP: u32 = 10_000;

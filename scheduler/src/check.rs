@@ -1,5 +1,6 @@
 //! `chime check`: validates job files and shows what each job will do (its group, its kind
-//! unless `single`, schedule and next fire times in its own time zone), or every mistake found. Pure except for reading the
+//! unless `single`, a workflow's nodes layer by layer, schedule and next fire times in its own
+//! time zone), or every mistake found. Pure except for reading the
 //! files: the current instant is passed in, so the output is reproducible.
 
 use std::io::Write;
@@ -8,7 +9,7 @@ use std::path::PathBuf;
 use chrono::{DateTime, SecondsFormat, Utc};
 
 use crate::config::{ConfigErrors, LoadedJob, expand_job_patterns, load_located_jobs};
-use crate::job::TaskFailurePolicy;
+use crate::job::{Kind, TaskFailurePolicy};
 
 /// How many upcoming fires are listed per job.
 pub const UPCOMING_FIRES: usize = 5;
@@ -46,9 +47,18 @@ pub fn check(paths: &[PathBuf], now: DateTime<Utc>, out: &mut dyn Write) -> anyh
 
 fn write_job(out: &mut dyn Write, job: &LoadedJob, now: DateTime<Utc>) -> std::io::Result<()> {
     let spec = &job.spec;
-    writeln!(out, "job {:?} ({})", spec.name, job.origin)?;
-    writeln!(out, "  group:      {}", spec.group)?;
-    if !spec.kind.is_single() {
+    if let Kind::Workflow { nodes } = &spec.kind {
+        writeln!(out, "workflow {:?} ({})", spec.name, job.origin)?;
+        writeln!(out, "  kind:       {}", spec.kind.describe())?;
+        for (i, line) in crate::workflow::describe_dag(nodes).iter().enumerate() {
+            let label = if i == 0 { "nodes:" } else { "" };
+            writeln!(out, "  {label:<11} {line}")?;
+        }
+    } else {
+        writeln!(out, "job {:?} ({})", spec.name, job.origin)?;
+        writeln!(out, "  group:      {}", spec.group)?;
+    }
+    if !spec.kind.is_single() && !matches!(spec.kind, Kind::Workflow { .. }) {
         let failure = match spec.on_task_failure {
             TaskFailurePolicy::Fail => "a failed task fails the run",
             TaskFailurePolicy::Ignore => "a failed task is ignored (on_task_failure = \"ignore\")",
@@ -122,6 +132,28 @@ mod tests {
         let mut out = Vec::new();
         let ok = check(paths, now, &mut out).unwrap();
         (ok, String::from_utf8(out).unwrap())
+    }
+
+    #[test]
+    fn a_workflow_is_printed_with_its_nodes_layer_by_layer() {
+        let path = fixture("workflow.toml");
+        let (ok, out) = run(std::slice::from_ref(&path), "2026-03-26T12:00:00Z");
+        assert!(ok, "{out}");
+        let header = format!("workflow \"nightly-etl\" ({})", path.display());
+        let workflow: Vec<&str> = out.lines().take(7).collect();
+        assert_eq!(
+            workflow,
+            [
+                header.as_str(),
+                "  kind:       workflow: 3 nodes in 3 layers",
+                "  nodes:      layer 0  extract  job extract-orders",
+                "              layer 1  clean    job clean-orders    after extract  on_failure = \"continue\"",
+                "              layer 2  load     job load-warehouse  after clean, extract (always)",
+                "  schedule:   cron \"0 2 * * *\" (UTC)",
+                "  next fires: 2026-03-27T02:00:00+00:00 UTC",
+            ]
+        );
+        assert!(out.ends_with("OK: 4 jobs in 1 file\n"), "{out}");
     }
 
     #[test]

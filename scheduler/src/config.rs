@@ -19,6 +19,7 @@ mod extremes;
 mod jobs;
 mod settings;
 mod suggest;
+mod workflows;
 
 use std::fmt;
 
@@ -34,6 +35,7 @@ pub use settings::{
     RescuerSettings, RetentionSettings, SETTINGS_KEYS, Settings, default_instance_id, host_name,
     webhook_target,
 };
+pub(crate) use workflows::api_node_problems;
 
 /// Which job a [`ConfigError`] is about.
 #[derive(Debug, Clone, PartialEq, Eq)]

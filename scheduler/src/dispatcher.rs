@@ -91,10 +91,33 @@ impl Publish for Triggers {
         if run.concurrency == ConcurrencyPolicy::Replace && run.attempt == 1 {
             self.replace(run).await?;
         }
+        if run.workflow {
+            return self.start_workflow(run).await;
+        }
         if run.fan_out {
             return self.fan_out(run, term).await;
         }
         self.publisher.publish(run, term).await?;
+        Ok(())
+    }
+}
+
+impl Triggers {
+    /// Publishing a workflow run is starting it under the fence: it is `running`, and its first
+    /// nodes' runs are made `pending` at its instant, which the outbox sweep (woken by the
+    /// start) publishes like any run (docs/workflows.md).
+    async fn start_workflow(&self, run: &OutboxRun) -> anyhow::Result<()> {
+        let Some(steps) = self
+            .store
+            .advance_workflows(&self.fence, &[run.id], 0)
+            .await?
+        else {
+            anyhow::bail!("lease lost (term {} no longer current)", self.fence.term);
+        };
+        for step in steps {
+            info!(run_id = step.run_id, workflow = %run.job, nodes = step.started.len(),
+                  ended = step.ended.as_deref().unwrap_or(""), "workflow run started");
+        }
         Ok(())
     }
 }
@@ -514,6 +537,7 @@ mod tests {
                 concurrency: ConcurrencyPolicy::Allow,
                 task: None,
                 fan_out: false,
+                workflow: false,
             }
         }
 

@@ -13,6 +13,7 @@ use std::time::Duration;
 use crate::schedule::{
     CalendarClock, CalendarDef, CalendarUse, OnExcluded, Schedule, ScheduleError, Timing,
 };
+use crate::workflow::Node;
 
 /// A validated job definition.
 ///
@@ -26,7 +27,8 @@ use crate::schedule::{
 pub struct JobSpec {
     /// Unique job name; also the handler name workers register.
     pub name: String,
-    /// Executor group: the RabbitMQ queue its triggers go to.
+    /// Executor group: the RabbitMQ queue its triggers go to. Empty for a workflow, whose
+    /// nodes' jobs have their groups.
     pub group: String,
     /// What one fire runs, with its kind's fields (flat keys: `kind`, `shards`, ...).
     #[serde(flatten)]
@@ -123,6 +125,7 @@ pub struct JobSpec {
 #[serde(deny_unknown_fields)]
 struct StoredSpec {
     name: String,
+    #[serde(default)]
     group: String,
     #[serde(default)]
     kind: Option<KindName>,
@@ -134,6 +137,8 @@ struct StoredSpec {
     min_workers: Option<u32>,
     #[serde(default)]
     map_depth: Option<u32>,
+    #[serde(default)]
+    nodes: Option<Vec<Node>>,
     #[serde(default)]
     on_task_failure: Option<TaskFailurePolicy>,
     #[serde(default)]
@@ -218,6 +223,7 @@ impl TryFrom<StoredSpec> for JobSpec {
                 shard_params: stored.shard_params,
                 min_workers: stored.min_workers,
                 map_depth: stored.map_depth,
+                nodes: stored.nodes,
                 on_task_failure: stored.on_task_failure.is_some(),
             })?,
             on_task_failure: stored.on_task_failure.unwrap_or_default(),
@@ -426,6 +432,11 @@ pub enum Kind {
         /// maps depth 1, and so on; 1 to `MAX_MAP_DEPTH`.
         map_depth: u32,
     },
+    /// A DAG of other jobs' runs (docs/workflows.md): declared under `[[workflows]]`.
+    Workflow {
+        /// Its nodes (`nodes`), 1 to `MAX_WORKFLOW_NODES`, acyclic.
+        nodes: Vec<Node>,
+    },
 }
 
 /// How many shards a sharded job's fire makes.
@@ -506,6 +517,8 @@ pub struct KindFields {
     pub min_workers: Option<u32>,
     /// `map_depth`.
     pub map_depth: Option<u32>,
+    /// `nodes`.
+    pub nodes: Option<Vec<Node>>,
     /// Whether `on_task_failure` was given.
     pub on_task_failure: bool,
 }
@@ -522,6 +535,8 @@ pub enum KindName {
     Sharded,
     /// `map_reduce`
     MapReduce,
+    /// `workflow`
+    Workflow,
 }
 
 impl KindName {
@@ -532,6 +547,7 @@ impl KindName {
             KindName::Broadcast => "broadcast",
             KindName::Sharded => "sharded",
             KindName::MapReduce => "map_reduce",
+            KindName::Workflow => "workflow",
         }
     }
 
@@ -542,6 +558,7 @@ impl KindName {
             KindName::Broadcast,
             KindName::Sharded,
             KindName::MapReduce,
+            KindName::Workflow,
         ]
         .into_iter()
         .find(|kind| kind.as_str() == word)
@@ -550,7 +567,8 @@ impl KindName {
 
 impl Kind {
     /// Every kind, as job files spell them.
-    pub const NAMES: &'static [&'static str] = &["single", "broadcast", "sharded", "map_reduce"];
+    pub const NAMES: &'static [&'static str] =
+        &["single", "broadcast", "sharded", "map_reduce", "workflow"];
 
     /// The kind-specific fields, each with the kinds it applies to, in the order messages and
     /// docs list them. Any other kind refuses them ([`Kind::misplaced`]).
@@ -559,6 +577,7 @@ impl Kind {
         ("shard_params", &[KindName::Sharded]),
         ("min_workers", &[KindName::Broadcast]),
         ("map_depth", &[KindName::MapReduce]),
+        ("nodes", &[KindName::Workflow]),
         (
             "on_task_failure",
             &[KindName::Broadcast, KindName::Sharded, KindName::MapReduce],
@@ -582,6 +601,7 @@ impl Kind {
             Kind::Broadcast { .. } => KindName::Broadcast,
             Kind::Sharded { .. } => KindName::Sharded,
             Kind::MapReduce { .. } => KindName::MapReduce,
+            Kind::Workflow { .. } => KindName::Workflow,
         }
     }
 
@@ -647,6 +667,7 @@ impl Kind {
             ("shard_params", fields.shard_params.is_some()),
             ("min_workers", fields.min_workers.is_some()),
             ("map_depth", fields.map_depth.is_some()),
+            ("nodes", fields.nodes.is_some()),
             ("on_task_failure", fields.on_task_failure),
         ];
         if let Some((field, _)) = given
@@ -668,6 +689,9 @@ impl Kind {
             },
             KindName::MapReduce => Kind::MapReduce {
                 map_depth: fields.map_depth.unwrap_or(Kind::DEFAULT_MAP_DEPTH),
+            },
+            KindName::Workflow => Kind::Workflow {
+                nodes: fields.nodes.unwrap_or_default(),
             },
         })
     }
@@ -697,6 +721,10 @@ impl Kind {
             }
             Kind::MapReduce { map_depth } => {
                 format!("map_reduce: ctx.map nests at most {map_depth} deep")
+            }
+            Kind::Workflow { nodes } => {
+                let layers = crate::workflow::layers(nodes).len();
+                format!("workflow: {} nodes in {layers} layers", nodes.len())
             }
         }
     }
@@ -730,6 +758,7 @@ impl Serialize for Kind {
                     map.serialize_entry("map_depth", map_depth)?;
                 }
             }
+            Kind::Workflow { nodes } => map.serialize_entry("nodes", nodes)?,
         }
         map.end()
     }

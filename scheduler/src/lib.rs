@@ -31,3 +31,4 @@ pub mod secrets;
 pub mod service;
 pub mod store;
 pub mod watch;
+pub mod workflow;

@@ -19,7 +19,9 @@ use chime_protocol::wire::ControlMessage;
 
 use crate::auth::{self, Caller, Role};
 use crate::broker::ControlDelivery;
-use crate::config::{FieldError, api_link_problems, validate_job, validate_params};
+use crate::config::{
+    FieldError, api_link_problems, api_node_problems, validate_job, validate_params,
+};
 use crate::diff::FieldChange;
 use crate::job::JobSpec;
 use crate::parking::ParkingLot;
@@ -597,7 +599,17 @@ impl Operations {
 
     /// Whether the jobs `spec`'s child lists name exist among the stored jobs, and no link
     /// leads back to it (docs/configuration.md, "Child jobs").
+    /// For a workflow, also whether each node's job exists and is not a workflow
+    /// (docs/workflows.md).
     async fn child_links_hold(&self, spec: &JobSpec) -> OpsResult<()> {
+        if let crate::job::Kind::Workflow { nodes } = &spec.kind {
+            let names: Vec<String> = nodes.iter().map(|n| n.job.clone()).collect();
+            let kinds = self.store.job_kinds(&names).await?;
+            let problems = api_node_problems(&spec.kind, &kinds);
+            if !problems.is_empty() {
+                return Err(invalid(problems));
+            }
+        }
         if spec.children.is_empty() {
             return Ok(());
         }

@@ -32,10 +32,12 @@ use chrono::{DateTime, Utc};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::pace::{Pace, plus};
-use crate::store::{ADVANCE_BATCH, Confirmed, Fence, OUTBOX_CHANNEL, OutboxRun, Store};
+use crate::store::{
+    ADVANCE_BATCH, Confirmed, Fence, OUTBOX_CHANNEL, OutboxRun, Store, WORKFLOW_BATCH,
+};
 
 /// The `NOTIFY chime_outbox` payloads that ask for an advance start with this: a run with child
 /// jobs ended (`advance <run id>`), or a full advance batch left more (`advance more`).
@@ -374,15 +376,52 @@ async fn advance(store: &Store, fence: &Fence, stop: &CancellationToken) -> bool
                            state = child.state.as_deref().unwrap_or(""), "child run made");
                 }
             }
-            true
         }
         Ok(None) => {
             warn!(term = fence.term, "lease lost while making child runs");
             stop.cancel();
-            false
+            return false;
         }
         Err(e) => {
             warn!(error = %format!("{e:#}"), "making child runs failed; the next sweep retries");
+        }
+    }
+    advance_workflows(store, fence, stop).await
+}
+
+/// Advances one batch of queued workflow runs (`Store::advance_workflows`): their next node
+/// runs are made `pending`, for this sweep to publish. As [`advance`] for the fence and errors.
+async fn advance_workflows(store: &Store, fence: &Fence, stop: &CancellationToken) -> bool {
+    let steps = tokio::select! {
+        () = stop.cancelled() => return false,
+        steps = store.advance_workflows(fence, &[], WORKFLOW_BATCH) => steps,
+    };
+    match steps {
+        Ok(Some(steps)) => {
+            for step in &steps {
+                debug!(
+                    workflow_run = step.run_id,
+                    started = step.started.len(),
+                    decided = step.decided,
+                    ended = step.ended.as_deref().unwrap_or(""),
+                    "workflow run advanced"
+                );
+                if let Some(state) = &step.ended {
+                    info!(workflow_run = step.run_id, %state, "workflow run ended");
+                }
+            }
+            true
+        }
+        Ok(None) => {
+            warn!(
+                term = fence.term,
+                "lease lost while advancing workflow runs"
+            );
+            stop.cancel();
+            false
+        }
+        Err(e) => {
+            warn!(error = %format!("{e:#}"), "advancing workflow runs failed; the next sweep retries");
             true
         }
     }
@@ -440,6 +479,7 @@ mod tests {
             concurrency: ConcurrencyPolicy::Allow,
             task: None,
             fan_out: false,
+            workflow: false,
         }
     }
 

@@ -200,6 +200,8 @@ struct Planned {
     retry: RetryPolicy,
     /// A fire makes tasks (broadcast, sharded, map/reduce): the dispatcher expands it.
     fan_out: bool,
+    /// A fire is a workflow run: the dispatcher starts it.
+    workflow: bool,
     generation: u64,
 }
 
@@ -215,6 +217,7 @@ impl Planned {
             && self.timeout == other.timeout
             && self.retry == other.retry
             && self.fan_out == other.fan_out
+            && self.workflow == other.workflow
     }
 
     /// Counts one fire against `max_runs`; false when none is left to make.
@@ -404,7 +407,8 @@ impl Planner {
             concurrency: spec.concurrency,
             timeout: spec.timeout,
             retry: spec.retry.to_wire(),
-            fan_out: !spec.kind.is_single(),
+            fan_out: !spec.kind.is_single() && spec.kind.name() != crate::job::KindName::Workflow,
+            workflow: spec.kind.name() == crate::job::KindName::Workflow,
             generation: self.generation,
         };
         Some(planned)
@@ -549,6 +553,7 @@ impl Planner {
                 concurrency: planned.concurrency,
                 task: None,
                 fan_out: planned.fan_out,
+                workflow: planned.workflow,
             };
             if self.dispatch.send(run).await.is_err() {
                 anyhow::bail!("dispatcher stopped");

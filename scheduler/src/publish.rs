@@ -450,6 +450,7 @@ mod tests {
             concurrency: ConcurrencyPolicy::Allow,
             task: None,
             fan_out: false,
+            workflow: false,
         }
     }
 

@@ -56,7 +56,10 @@ mod tests_privilege;
 mod tests_protocol_calls;
 #[cfg(test)]
 pub(crate) mod tests_tasks;
+#[cfg(test)]
+mod tests_workflows;
 mod timeline;
+mod workflows;
 
 pub use advances::{ADVANCE_BATCH, ChildRun};
 pub use backfills::{
@@ -74,6 +77,9 @@ pub use ops::{
 };
 pub use overdue::Overdue;
 pub use report::ReportRow;
+pub use workflows::{
+    EdgeView, NodeRunView, NodeView, Rerun, WORKFLOW_BATCH, WorkflowRunView, WorkflowStep,
+};
 
 /// Migrations embedded from `migrations/`; `run` takes an advisory lock, so several instances
 /// starting at once migrate safely.
@@ -304,6 +310,9 @@ pub struct OutboxRun {
     /// A parent run of a broadcast, sharded or map/reduce job: publishing it means expanding it
     /// into its tasks and publishing those ([`Store::expand_run`]); it has no trigger itself.
     pub fan_out: bool,
+    /// A workflow run: publishing it means starting it ([`Store::advance_workflows`]), which
+    /// makes its first node runs; it has no trigger itself.
+    pub workflow: bool,
 }
 
 /// The database holds fewer planner writes than the planner made: it lost writes it had
@@ -1170,20 +1179,24 @@ impl Store {
         let rows = sqlx::query(
             "SELECT r.id, r.job_name, r.group_name, r.scheduled_at, r.attempt, r.params,
                     j.spec->>'timeout' AS timeout, r.retry_policy AS retry,
-                    CASE WHEN r.backfill_id IS NULL THEN chime_job_concurrency(j.spec)
-                         ELSE 'allow' END AS concurrency,
-                    r.parent_id IS NULL AND chime_job_kind(j.spec) <> 'single' AS fan_out,
+                    CASE WHEN r.backfill_id IS NULL AND r.workflow_run_id IS NULL
+                         THEN chime_job_concurrency(j.spec) ELSE 'allow' END AS concurrency,
+                    r.parent_id IS NULL
+                        AND chime_job_kind(j.spec) NOT IN ('single', 'workflow') AS fan_out,
+                    r.parent_id IS NULL AND r.workflow_run_id IS NULL
+                        AND chime_job_kind(j.spec) = 'workflow' AS workflow,
                     r.parent_id, r.task_key, r.task_kind, r.shard_index, r.shard_total,
                     r.shard_param, r.target_worker, r.map_step, r.map_depth
              FROM chime_runs r LEFT JOIN chime_jobs j ON j.name = r.job_name
              WHERE r.state = 'pending' AND r.scheduled_at <= $1
                AND NOT (r.parent_id IS NULL AND r.backfill_id IS NULL
+                   AND r.workflow_run_id IS NULL
                    AND chime_job_concurrency(j.spec) = 'queue'
                    AND EXISTS (
                    SELECT 1 FROM chime_runs e
                    WHERE e.job_name = r.job_name AND e.id < r.id AND e.parent_id IS NULL
                      AND e.state IN ('pending', 'queued', 'running', 'retrying')
-                     AND e.backfill_id IS NULL))
+                     AND e.backfill_id IS NULL AND e.workflow_run_id IS NULL))
                AND NOT (r.task_kind = 'reduce' AND EXISTS (
                    SELECT 1 FROM chime_runs p
                    WHERE p.id = r.parent_id AND p.tasks_ended < p.tasks_total - 1))
@@ -1221,6 +1234,7 @@ impl Store {
                             .unwrap_or_default(),
                     },
                     fan_out: r.get::<Option<bool>, _>("fan_out").unwrap_or(false),
+                    workflow: r.get::<Option<bool>, _>("workflow").unwrap_or(false),
                     task,
                 }
             })
@@ -1270,6 +1284,7 @@ impl Store {
                     concurrency: ConcurrencyPolicy::Allow,
                     task: task_of(r),
                     fan_out: false,
+                    workflow: false,
                 })
                 .collect(),
         ))

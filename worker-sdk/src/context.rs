@@ -239,6 +239,18 @@ impl JobContext {
         self.tasks.parent().await
     }
 
+    /// In a workflow node's run (trigger `workflow`): the latest ended run of node `node` of
+    /// the same workflow run (its latest round, after a rerun): its id, job, state, output,
+    /// error, end and [`node`](Upstream::node). `None` when this is no workflow node's run,
+    /// when the workflow has no node of that name, or that node has no ended run (yet: the
+    /// nodes this one comes after have all ended when it starts). This node's own name gives
+    /// `None`. In a task of a node's run (a shard, a broadcast copy, a mapped task), the
+    /// nodes of the node run's workflow run. [`parent`](Self::parent) is a child job's
+    /// upstream run, never a node's.
+    pub async fn upstream(&self, node: &str) -> Result<Option<Upstream>, TaskError> {
+        self.tasks.upstream(node).await
+    }
+
     /// In a reducer (a task of kind `reduce`): every other task of the run, in id order, with
     /// its state, output, error and params. Read page by page; for runs of very many tasks use
     /// [`results_page`](Self::results_page) to hold one page at a time.

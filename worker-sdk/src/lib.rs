@@ -120,6 +120,31 @@
 //! }
 //! ```
 //!
+//! # Workflows
+//!
+//! A node of a workflow (a job file's `[[workflows]]`) runs its job with trigger `workflow`
+//! once the nodes it comes after have ended; its handler reads the latest ended run of another
+//! node of the same workflow run with [`JobContext::upstream`], by node name: the same
+//! [`Upstream`] as [`JobContext::parent`], with [`Upstream::node`] set (docs/workflows.md).
+//! The workflow run's params are layered into every node run's params (the job's, then the
+//! workflow run's, then the node's), so the handler reads them as any params.
+//!
+//! ```no_run
+//! use chime_worker::{JobContext, JobError, RunState};
+//!
+//! async fn clean(ctx: JobContext, _: ()) -> Result<(), JobError> {
+//!     let Some(extract) = ctx.upstream("extract").await? else {
+//!         return Err(JobError::fail("clean runs after node extract"));
+//!     };
+//!     if extract.state != RunState::Succeeded {
+//!         return Err(JobError::fail(format!("extract ended {:?}", extract.state)));
+//!     }
+//!     let rows = extract.output.as_ref().and_then(|o| o["rows"].as_u64()).unwrap_or(0);
+//!     ctx.log().info(format!("cleaning {rows} rows of run {}", extract.run_id));
+//!     Ok(())
+//! }
+//! ```
+//!
 //! Handlers are unit-tested without a broker or database through [`testing`]. The wire contract
 //! (for workers in other languages) is the `chime-protocol` crate, described in
 //! `docs/protocol.md`; runnable examples are

@@ -107,11 +107,13 @@ const TASK_RESULTS_SQL: &str = "SELECT id, task_key, task_kind, map_step, shard_
        output::text AS output, error, params::text AS params
   FROM chime_task_results($1, $2, $3)";
 
-/// A child job's run reads the run that ended and started it (`chime_upstream_runs`: `$1` the
-/// run id; no row for other runs); its output as text.
-const UPSTREAM_SQL: &str = "SELECT run_id, job_name, state, output::text AS output, error,
+/// A run reads one row of `chime_upstream_runs` (`$1` the run id, `$2` the row's `node`): with
+/// `$2` NULL, a child job's run reads the run that ended and started it; with a node name, a
+/// workflow node's run reads that node's latest ended run of its workflow run. No row for
+/// other runs or nodes; the output as text.
+const UPSTREAM_SQL: &str = "SELECT node, run_id, job_name, state, output::text AS output, error,
        finished_at
-  FROM chime_upstream_runs($1) LIMIT 1";
+  FROM chime_upstream_runs($1) WHERE node IS NOT DISTINCT FROM $2::text LIMIT 1";
 
 /// The worker registry (`chime_register_worker`, `chime_heartbeat`, `chime_worker_stopped`).
 const REGISTER_SQL: &str = "SELECT chime_register_worker($1, $2, $3, $4, $5, $6)";
@@ -855,11 +857,21 @@ impl TaskCalls for Store {
         })
     }
 
-    fn upstream(&self, run_id: i64) -> BoxFuture<'_, Result<Option<Upstream>, TaskError>> {
+    fn upstream<'a>(
+        &'a self,
+        run_id: i64,
+        node: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Option<Upstream>, TaskError>> {
+        let what = if node.is_some() {
+            "reading the run of an upstream workflow node"
+        } else {
+            "reading the run that started this one"
+        };
         Box::pin(async move {
-            self.retrying("reading the run that started this one", |_| async move {
+            self.retrying(what, |_| async move {
                 let row = sqlx::query(UPSTREAM_SQL)
                     .bind(run_id)
+                    .bind(node)
                     .fetch_optional(&self.pool)
                     .await?;
                 row.as_ref().map(upstream).transpose()
@@ -883,6 +895,7 @@ fn upstream(row: &sqlx::postgres::PgRow) -> Result<Upstream, sqlx::Error> {
             .map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
         error: row.try_get("error")?,
         finished_at: row.try_get("finished_at")?,
+        node: row.try_get("node")?,
     })
 }
 
@@ -1529,5 +1542,140 @@ mod tests {
         }
         assert!(store.handled_elsewhere("g", "job", "me").await.unwrap());
         assert!(!store.handled_elsewhere("g", "job", "fresh").await.unwrap());
+    }
+
+    /// A run to insert for [`insert_run`]: of `job` in `state` (ended now when the state is
+    /// final, with `output` and `error`); a node run of workflow run `node.0` as node
+    /// `node.1`, round `node.2` (trigger `workflow`) when `node` is given, else a manual run;
+    /// `parent` makes it a task (`shard/0`) of that run, `upstream` a child run of that one.
+    #[derive(Default)]
+    struct RunRow<'a> {
+        job: &'a str,
+        state: &'a str,
+        node: Option<(i64, &'a str, i32)>,
+        parent: Option<i64>,
+        upstream: Option<i64>,
+        output: Option<Value>,
+        error: Option<&'a str>,
+    }
+
+    async fn insert_run(pool: &PgPool, run: RunRow<'_>) -> i64 {
+        sqlx::query_scalar(
+            "INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, state, params,
+                                     workflow_run_id, node, node_round, parent_id, task_key,
+                                     task_kind, shard_index, upstream_run_id, output, error,
+                                     started_at, finished_at)
+             VALUES ($1, 'g', now(), CASE WHEN $3::bigint IS NULL AND $6::bigint IS NULL
+                                          THEN 'manual' ELSE 'workflow' END,
+                     $2, 'null', $3, $4, $5, $6,
+                     CASE WHEN $6::bigint IS NULL THEN NULL ELSE 'shard/0' END,
+                     CASE WHEN $6::bigint IS NULL THEN NULL ELSE 'shard' END,
+                     CASE WHEN $6::bigint IS NULL THEN NULL ELSE 0 END,
+                     $7, $8::text::jsonb, $9, now(),
+                     CASE WHEN chime_run_ended($2) THEN now() END)
+             RETURNING id",
+        )
+        .bind(run.job)
+        .bind(run.state)
+        .bind(run.node.map(|n| n.0))
+        .bind(run.node.map(|n| n.1))
+        .bind(run.node.map(|n| n.2))
+        .bind(run.parent)
+        .bind(run.upstream)
+        .bind(run.output.map(|o| o.to_string()))
+        .bind(run.error)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+    }
+
+    /// `chime_upstream_runs` through the store: a node run reads each other node's latest
+    /// ended round by name (a node not ended, its own node and an unknown name read none), a
+    /// task of it (as `chime_expand_run` makes one: trigger `workflow`, no node) reads the
+    /// same, and the child job's row (`node` NULL) is `parent`'s alone, here of a node run
+    /// given an upstream run too, to show the rows are told apart by node.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn a_node_run_reads_the_other_nodes_by_name_and_parent_the_child_row(pool: PgPool) {
+        use serde_json::json;
+        let store = Store::new(pool.clone(), Duration::ZERO);
+        let run = |job, state| RunRow {
+            job,
+            state,
+            ..RunRow::default()
+        };
+        let export = insert_run(&pool, run("export", "succeeded")).await;
+        let wf = insert_run(&pool, run("nightly-etl", "running")).await;
+        let node = |job, state, node, round| RunRow {
+            node: Some((wf, node, round)),
+            ..run(job, state)
+        };
+        let first = RunRow {
+            output: Some(json!({"rows": 1})),
+            error: Some("timed out"),
+            ..node("extract-orders", "failed", "extract", 1)
+        };
+        let first = insert_run(&pool, first).await;
+        let extract = RunRow {
+            output: Some(json!({"rows": 1200, "city": "Zürich"})),
+            ..node("extract-orders", "succeeded", "extract", 2)
+        };
+        let extract = insert_run(&pool, extract).await;
+        let skipped = insert_run(&pool, node("page-oncall", "skipped", "alert", 1)).await;
+        insert_run(&pool, node("clean-orders", "running", "clean", 1)).await;
+        let load = RunRow {
+            upstream: Some(export),
+            ..node("load-warehouse", "running", "load", 1)
+        };
+        let load = insert_run(&pool, load).await;
+        let task = RunRow {
+            parent: Some(load),
+            ..run("load-warehouse", "running")
+        };
+        let task = insert_run(&pool, task).await;
+        assert!(first < extract);
+
+        for reader in [load, task] {
+            let got = store
+                .upstream(reader, Some("extract"))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(
+                (got.run_id, got.job.as_str(), got.state, got.node.as_deref()),
+                (
+                    extract,
+                    "extract-orders",
+                    RunState::Succeeded,
+                    Some("extract")
+                ),
+                "reader {reader}"
+            );
+            assert_eq!(got.output, Some(json!({"rows": 1200, "city": "Zürich"})));
+            assert_eq!(got.error, None);
+            assert!(got.finished_at.is_some());
+            let alert = store
+                .upstream(reader, Some("alert"))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!((alert.run_id, alert.state), (skipped, RunState::Skipped));
+            for none in ["clean", "load", "nope", ""] {
+                assert_eq!(
+                    store.upstream(reader, Some(none)).await.unwrap(),
+                    None,
+                    "{none}"
+                );
+            }
+            let parent = store.upstream(reader, None).await.unwrap().unwrap();
+            assert_eq!(
+                (parent.run_id, parent.job.as_str(), parent.node),
+                (export, "export", None)
+            );
+        }
+        // Runs of no workflow read no node, and a workflow run itself none of its nodes.
+        for run in [export, wf, 1 << 50] {
+            assert_eq!(store.upstream(run, Some("extract")).await.unwrap(), None);
+            assert_eq!(store.upstream(run, None).await.unwrap(), None);
+        }
     }
 }

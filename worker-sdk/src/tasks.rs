@@ -1,8 +1,9 @@
 //! The calls a handler makes for a job kind's tasks (docs/protocol.md, "Job kinds and tasks"):
 //! mapping sub-tasks (`chime_map`), storing its output (`chime_set_output`) and, in a reduce
 //! task, reading the other tasks' results (`chime_task_results`), and in a child job's run,
-//! reading the run that started it (`chime_upstream_runs`); with [`TaskResult`], [`Upstream`]
-//! and [`TaskError`], their public types.
+//! reading the run that started it, or in a workflow node's run, the runs of the other nodes
+//! (`chime_upstream_runs`); with [`TaskResult`], [`Upstream`] and [`TaskError`], their public
+//! types.
 //!
 //! The calls go to the database through [`TaskCalls`], which the store implements (so this
 //! module names no SQL) and the `testing` helper replaces with an in-memory one. One attempt's
@@ -79,7 +80,8 @@ impl TaskResult {
 }
 
 /// The run that ended and started this one: a child job's upstream run ([`crate::JobContext::parent`];
-/// docs/runs.md, "Child runs").
+/// docs/runs.md, "Child runs"); or, in a workflow node's run, the latest ended run of another
+/// node of the same workflow run ([`crate::JobContext::upstream`]).
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct Upstream {
@@ -88,7 +90,8 @@ pub struct Upstream {
     /// Its job.
     pub job: String,
     /// How it ended: `succeeded` for an `on_success` child, `failed` or `dead` for an
-    /// `on_failure` one, any of them for `on_complete`.
+    /// `on_failure` one, any of them for `on_complete`; a workflow node's run, any end
+    /// (`skipped` included, after an `always` edge).
     pub state: RunState,
     /// What its handler stored with `set_output`, if anything (a broadcast, sharded or
     /// map/reduce fire has none of its own: its tasks have theirs).
@@ -97,12 +100,16 @@ pub struct Upstream {
     pub error: Option<String>,
     /// When it ended.
     pub finished_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// The workflow node it is the run of ([`crate::JobContext::upstream`]); `None` for a
+    /// child job's upstream run ([`crate::JobContext::parent`]).
+    pub node: Option<String>,
 }
 
 impl Upstream {
-    /// An upstream run `run_id` of job `job` that ended `state`, without output, error or end:
-    /// for a child handler's unit test ([`crate::testing::TestJob::parent`]); set the other
-    /// fields as the test needs.
+    /// An upstream run `run_id` of job `job` that ended `state`, without output, error, end or
+    /// node: for a child handler's unit test ([`crate::testing::TestJob::parent`]) or a
+    /// workflow node's ([`crate::testing::TestJob::upstream`], which sets the node); set the
+    /// other fields as the test needs.
     pub fn new(run_id: i64, job: impl Into<String>, state: RunState) -> Self {
         Upstream {
             run_id,
@@ -111,6 +118,7 @@ impl Upstream {
             output: None,
             error: None,
             finished_at: None,
+            node: None,
         }
     }
 }
@@ -245,8 +253,14 @@ pub(crate) trait TaskCalls: Send + Sync {
         after_id: i64,
         page: u32,
     ) -> BoxFuture<'_, Result<Vec<TaskResult>, TaskError>>;
-    /// `chime_upstream_runs`: the run that ended and started run `run_id`'s fire, if any.
-    fn upstream(&self, run_id: i64) -> BoxFuture<'_, Result<Option<Upstream>, TaskError>>;
+    /// `chime_upstream_runs`: the row of run `run_id` whose `node` is `node`, if any: with
+    /// `None`, the run that ended and started its fire; with a node name, the latest ended run
+    /// of that node of its workflow run.
+    fn upstream<'a>(
+        &'a self,
+        run_id: i64,
+        node: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Option<Upstream>, TaskError>>;
 }
 
 /// One attempt's task calls: what they act for, and the map call counter its context clones
@@ -373,7 +387,12 @@ impl TaskScope {
 
     /// The run that ended and started this run's fire (a child job's), if any.
     pub(crate) async fn parent(&self) -> Result<Option<Upstream>, TaskError> {
-        self.calls.upstream(self.run_id).await
+        self.calls.upstream(self.run_id, None).await
+    }
+
+    /// The latest ended run of workflow node `node` of this run's workflow run, if any.
+    pub(crate) async fn upstream(&self, node: &str) -> Result<Option<Upstream>, TaskError> {
+        self.calls.upstream(self.run_id, Some(node)).await
     }
 
     /// Every other task of this reduce task's run, in id order, read page by page.

@@ -68,6 +68,9 @@
 //! # });
 //! ```
 //!
+//! A child job's handler gets the run that started it from [`TestJob::parent`]; a workflow
+//! node's handler gets the runs of the nodes it reads from [`TestJob::upstream`].
+//!
 //! A panic in the handler propagates to the test (the worker records it as a failure instead).
 
 use std::sync::{Arc, Mutex};
@@ -108,6 +111,7 @@ struct Recorder {
     output: Mutex<Option<Value>>,
     results: Vec<TaskResult>,
     parent: Option<Upstream>,
+    upstream: Vec<Upstream>,
 }
 
 impl TaskCalls for Recorder {
@@ -146,9 +150,20 @@ impl TaskCalls for Recorder {
         Box::pin(async move { Ok(results) })
     }
 
-    fn upstream(&self, _run_id: i64) -> BoxFuture<'_, Result<Option<Upstream>, TaskError>> {
-        let parent = self.parent.clone();
-        Box::pin(async move { Ok(parent) })
+    fn upstream<'a>(
+        &'a self,
+        _run_id: i64,
+        node: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Option<Upstream>, TaskError>> {
+        let found = match node {
+            None => self.parent.clone(),
+            Some(node) => self
+                .upstream
+                .iter()
+                .find(|u| u.node.as_deref() == Some(node))
+                .cloned(),
+        };
+        Box::pin(async move { Ok(found) })
     }
 }
 
@@ -173,6 +188,7 @@ pub struct TestJob {
     task: Option<Task>,
     results: Vec<TaskResult>,
     parent: Option<Upstream>,
+    upstream: Vec<Upstream>,
 }
 
 impl TestJob {
@@ -187,12 +203,25 @@ impl TestJob {
             task: None,
             results: Vec::new(),
             parent: None,
+            upstream: Vec::new(),
         }
     }
 
     /// Runs the handler as a child job's run started by `upstream` ([`JobContext::parent`]).
     pub fn parent(mut self, upstream: Upstream) -> Self {
         self.parent = Some(upstream);
+        self
+    }
+
+    /// Runs the handler as a workflow node's run whose workflow run has `run`, ended, as the
+    /// latest run of node `node` ([`JobContext::upstream`]); its [`node`](Upstream::node) is
+    /// set to `node`. Call once per node; a node given again replaces the earlier run.
+    pub fn upstream(mut self, node: impl Into<String>, mut run: Upstream) -> Self {
+        let node = node.into();
+        self.upstream
+            .retain(|u| u.node.as_deref() != Some(node.as_str()));
+        run.node = Some(node);
+        self.upstream.push(run);
         self
     }
 
@@ -246,6 +275,7 @@ impl TestJob {
         let recorder = Arc::new(Recorder {
             results: self.results,
             parent: self.parent,
+            upstream: self.upstream,
             ..Recorder::default()
         });
         let tasks = Arc::new(TaskScope::new(
@@ -399,5 +429,116 @@ mod tests {
             alone.result,
             Err(JobError::fail("upload runs after export (on_success)"))
         );
+    }
+
+    /// The README's workflow node handler: it reads the output of node `extract` of its
+    /// workflow run, and fails when that node did not succeed.
+    async fn clean(ctx: JobContext, _: ()) -> Result<(), JobError> {
+        let Some(extract) = ctx.upstream("extract").await? else {
+            return Err(JobError::fail("clean runs after node extract"));
+        };
+        if extract.state != chime_protocol::RunState::Succeeded {
+            return Err(JobError::fail(format!("extract ended {:?}", extract.state)));
+        }
+        let rows = extract
+            .output
+            .as_ref()
+            .and_then(|o| o["rows"].as_u64())
+            .unwrap_or(0);
+        ctx.log()
+            .info(format!("cleaning {rows} rows of run {}", extract.run_id));
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_node_handler_reads_the_upstream_node_runs_it_is_given() {
+        let mut extract = Upstream::new(51, "extract-orders", chime_protocol::RunState::Succeeded);
+        extract.output = Some(json!({"rows": 1200}));
+        let run = TestJob::new("clean-orders")
+            .upstream("extract", extract)
+            .run(clean, Value::Null)
+            .await;
+        assert_eq!(run.result, Ok(()));
+        assert_eq!(
+            run.logs,
+            [(Level::Info, "cleaning 1200 rows of run 51".to_owned())]
+        );
+
+        let failed = Upstream::new(52, "extract-orders", chime_protocol::RunState::Dead);
+        let run = TestJob::new("clean-orders")
+            .upstream("extract", failed)
+            .run(clean, Value::Null)
+            .await;
+        assert_eq!(run.result, Err(JobError::fail("extract ended Dead")));
+
+        let alone = TestJob::new("clean-orders").run(clean, Value::Null).await;
+        assert_eq!(
+            alone.result,
+            Err(JobError::fail("clean runs after node extract"))
+        );
+    }
+
+    /// Each node name reads its own run, with `node` set; a name given again replaces the
+    /// earlier run; an unknown name reads none; and `parent` stays the child job's upstream
+    /// run alone (none here), as `chime_upstream_runs`' row with `node` NULL.
+    #[tokio::test]
+    async fn upstream_reads_each_node_by_name_and_parent_none_of_them() {
+        use chime_protocol::RunState;
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let record = seen.clone();
+        let run = TestJob::new("load-warehouse")
+            .upstream(
+                "extract",
+                Upstream::new(1, "extract-orders", RunState::Failed),
+            )
+            .upstream("clean", Upstream::new(2, "clean-orders", RunState::Failed))
+            .upstream(
+                "clean",
+                Upstream::new(3, "clean-orders", RunState::Succeeded),
+            )
+            .run(
+                move |ctx: JobContext, _: ()| {
+                    let record = record.clone();
+                    async move {
+                        let found = (
+                            ctx.upstream("extract").await?,
+                            ctx.upstream("clean").await?,
+                            ctx.upstream("load").await?,
+                            ctx.parent().await?,
+                        );
+                        record.lock().unwrap().push(found);
+                        Ok(())
+                    }
+                },
+                Value::Null,
+            )
+            .await;
+        assert_eq!(run.result, Ok(()));
+        let (extract, clean, load, parent) = seen.lock().unwrap().pop().unwrap();
+        let extract = extract.unwrap();
+        assert_eq!(
+            (extract.run_id, extract.node.as_deref(), extract.state),
+            (1, Some("extract"), RunState::Failed)
+        );
+        let clean = clean.unwrap();
+        assert_eq!(
+            (clean.run_id, clean.job.as_str(), clean.node.as_deref()),
+            (3, "clean-orders", Some("clean"))
+        );
+        assert_eq!((load, parent), (None, None));
+
+        // A child job's upstream run is no node's: `upstream` does not read it.
+        let run = TestJob::new("upload")
+            .parent(Upstream::new(41, "export", RunState::Succeeded))
+            .run(
+                |ctx: JobContext, _: ()| async move {
+                    assert_eq!(ctx.upstream("export").await?, None);
+                    assert_eq!(ctx.parent().await?.map(|p| p.run_id), Some(41));
+                    Ok(())
+                },
+                Value::Null,
+            )
+            .await;
+        assert_eq!(run.result, Ok(()));
     }
 }

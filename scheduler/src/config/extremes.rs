@@ -303,6 +303,10 @@ fn one_case(
             prop_assert!(serde_json::to_vec(params).map_or(0, |b| b.len()) <= MAX_PARAMS_BYTES);
         }
         Kind::MapReduce { map_depth } => prop_assert!((1..=MAX_MAP_DEPTH).contains(map_depth)),
+        Kind::Workflow { nodes } => {
+            prop_assert!((1..=chime_protocol::limits::MAX_WORKFLOW_NODES).contains(&nodes.len()));
+            prop_assert!(crate::workflow::dag_problems(nodes).is_empty());
+        }
     }
     // The stored form reads back as the same job.
     let stored = serde_json::to_value(&spec).expect("a JobSpec serialises");

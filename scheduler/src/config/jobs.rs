@@ -38,6 +38,7 @@ pub const JOB_FIELDS: &[&str] = &[
     "shard_params",
     "min_workers",
     "map_depth",
+    "nodes",
     "on_task_failure",
     "schedule",
     "every",
@@ -405,7 +406,7 @@ impl Reader {
         let Ok(root) = SourceFormat::Toml.parse(origin, head) else {
             return false;
         };
-        if root.contains_key("jobs") {
+        if root.contains_key("jobs") || root.contains_key("workflows") {
             return false;
         }
         self.unknown_keys(origin, &root);
@@ -441,6 +442,7 @@ impl Reader {
         };
         self.unknown_keys(origin, &root);
         self.read_calendars(origin, &root);
+        self.read_workflows(origin, &root);
         let items = match root.get("jobs").map(|jobs| &jobs.kind) {
             None | Some(config::ValueKind::Nil) => return,
             Some(config::ValueKind::Array(items)) => items,
@@ -457,6 +459,44 @@ impl Reader {
         };
         for (i, item) in items.iter().enumerate() {
             self.read_job(origin, i + 1, item);
+        }
+    }
+
+    /// Reads the `workflows` list of a file's top level: each table is a job of kind
+    /// `workflow` (docs/workflows.md), checked like any job.
+    fn read_workflows(&mut self, origin: &str, root: &config::Map<String, config::Value>) {
+        let items = match root.get("workflows").map(|w| &w.kind) {
+            None | Some(config::ValueKind::Nil) => return,
+            Some(config::ValueKind::Array(items)) => items,
+            Some(_) => {
+                self.errors.push(ConfigError::key(
+                    origin,
+                    "workflows",
+                    Some(render_config(&root["workflows"])),
+                    "expected a list of workflow tables: [[workflows]] sections in TOML, \
+                     \"- name: …\" items under \"workflows:\" in YAML",
+                ));
+                return;
+            }
+        };
+        for (i, item) in items.iter().enumerate() {
+            let mut item = item.clone();
+            if let config::ValueKind::Table(table) = &mut item.kind {
+                if table.contains_key("kind") {
+                    self.errors.push(ConfigError::key(
+                        origin,
+                        format!("workflows[{i}].kind"),
+                        Some(render_config(&table["kind"])),
+                        "a [[workflows]] table is of kind \"workflow\"; remove the field",
+                    ));
+                    continue;
+                }
+                table.insert(
+                    "kind".to_owned(),
+                    config::Value::new(None, config::ValueKind::String("workflow".to_owned())),
+                );
+            }
+            self.read_job(origin, i + 1, &item);
         }
     }
 
@@ -482,7 +522,7 @@ impl Reader {
     fn unknown_keys(&mut self, origin: &str, root: &config::Map<String, config::Value>) {
         let mut keys: Vec<&String> = root
             .keys()
-            .filter(|key| *key != "jobs" && *key != "calendars")
+            .filter(|key| !["jobs", "workflows", "calendars"].contains(&key.as_str()))
             .collect();
         keys.sort();
         for key in keys {
@@ -490,13 +530,13 @@ impl Reader {
                 .iter()
                 .any(|setting| setting.split('.').next() == Some(key.as_str()))
             {
-                "unknown key; a job file holds a \"jobs\" list and \"calendars\" tables (this \
+                "unknown key; a job file holds \"jobs\" and \"workflows\" lists and \"calendars\" tables (this \
                  looks like a setting: it belongs in the settings file)"
                     .to_owned()
-            } else if let Some(near) = closest(key, ["jobs", "calendars"]) {
+            } else if let Some(near) = closest(key, ["jobs", "workflows", "calendars"]) {
                 format!("unknown key; did you mean {near:?}?")
             } else {
-                "unknown key; a job file holds a \"jobs\" list and \"calendars\" tables".to_owned()
+                "unknown key; a job file holds \"jobs\" and \"workflows\" lists and \"calendars\" tables".to_owned()
             };
             self.errors.push(ConfigError::key(
                 origin,
@@ -634,6 +674,8 @@ impl Reader {
         }
         if self.errors.is_empty() {
             self.errors = super::children::link_errors(&self.jobs);
+            self.errors
+                .extend(super::workflows::node_job_errors(&self.jobs));
         }
         if self.errors.is_empty() {
             Ok(self.jobs)
@@ -669,7 +711,15 @@ fn validate(table: &Map<String, Value>, calendars: Calendars) -> Result<JobSpec,
     check.unknown_fields();
 
     check.identifier("name", IdentifierKind::Name);
-    check.identifier("group", IdentifierKind::Group);
+    let workflow = check.get("kind").and_then(Value::as_str) == Some(KindName::Workflow.as_str());
+    if !workflow {
+        check.identifier("group", IdentifierKind::Group);
+    } else if check.get("group").is_some() {
+        check.fail(
+            "group",
+            "a workflow has no group: each node's job has its own; remove the field",
+        );
+    }
 
     let timezone = check.timezone();
     // `None` when `kind` is given but wrong: its fields are then checked each by itself.
@@ -740,7 +790,15 @@ fn validate(table: &Map<String, Value>, calendars: Calendars) -> Result<JobSpec,
         );
     }
     check.one_of("concurrency", CONCURRENCY_VALUES);
-    check.retry();
+    if workflow && check.get("retry").is_some() {
+        check.fail(
+            "retry",
+            "a workflow run is not retried; give the nodes' jobs their retry policies, or \
+             rerun a failed node (chime workflows rerun)",
+        );
+    } else {
+        check.retry();
+    }
     check.child_jobs();
     check.alerts();
     if let Some(retention) = check.duration_at_most("retention", MAX_RETENTION, "retention")
@@ -1402,6 +1460,11 @@ impl<'a> Check<'a> {
         }
         if applies(self, "on_task_failure") {
             self.one_of("on_task_failure", TASK_FAILURE_VALUES);
+        }
+        if kind == Some(KindName::Workflow) {
+            self.nodes();
+        } else {
+            applies(self, "nodes");
         }
     }
 
@@ -2149,6 +2212,7 @@ pub(super) fn duration_problem(text: &str, error: &humantime::DurationError) -> 
     }
 }
 
+mod nodes;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -2157,3 +2221,5 @@ mod tests_children;
 mod tests_kinds;
 #[cfg(test)]
 mod tests_timing;
+#[cfg(test)]
+mod tests_workflows;

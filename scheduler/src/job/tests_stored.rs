@@ -318,7 +318,7 @@ fn kind_single_is_the_default_and_stored_without_the_key() {
     assert_eq!(errors[0].field.as_deref(), Some("kind"));
     assert_eq!(
         errors[0].message,
-        r#"unknown value; use "single", "broadcast", "sharded" or "map_reduce""#
+        r#"unknown value; use "single", "broadcast", "sharded", "map_reduce" or "workflow""#
     );
     let kinds = [
         Kind::Single,
@@ -328,6 +328,7 @@ fn kind_single_is_the_default_and_stored_without_the_key() {
             params: Vec::new(),
         },
         Kind::MapReduce { map_depth: 3 },
+        Kind::Workflow { nodes: Vec::new() },
     ];
     let names: Vec<&str> = kinds.iter().map(Kind::as_str).collect();
     assert_eq!(Kind::NAMES, names);

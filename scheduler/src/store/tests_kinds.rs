@@ -37,6 +37,7 @@ async fn parent(pool: &PgPool, job: &str) -> OutboxRun {
         concurrency: ConcurrencyPolicy::Allow,
         task: None,
         fan_out: true,
+        workflow: false,
     }
 }
 

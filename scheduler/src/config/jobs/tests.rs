@@ -48,7 +48,7 @@ fn toml_job(text: &str) -> JobSpec {
     jobs.remove(0)
 }
 
-const ALL_FIELDS: &str = "name, group, kind, shards, shard_params, min_workers, map_depth, \
+const ALL_FIELDS: &str = "name, group, kind, shards, shard_params, min_workers, map_depth, nodes, \
                           on_task_failure, schedule, every, at, timezone, jitter, start_at, end_at, max_runs, calendar, calendar_mode, on_excluded, params, \
                           secret_params, timeout, misfire, \
                           misfire_grace, catchup_window, max_catchup, concurrency, retry, \
@@ -648,7 +648,7 @@ fn unknown_top_level_key() {
     let error = toml_error("database_url = \"postgres://localhost/chime\"\n");
     assert_eq!(
         error,
-        r#"jobs.toml: key "database_url" = "postgres://localhost/chime": unknown key; a job file holds a "jobs" list and "calendars" tables (this looks like a setting: it belongs in the settings file)"#
+        r#"jobs.toml: key "database_url" = "postgres://localhost/chime": unknown key; a job file holds "jobs" and "workflows" lists and "calendars" tables (this looks like a setting: it belongs in the settings file)"#
     );
 }
 
@@ -859,9 +859,18 @@ fn job_fields_match_the_spec_serde_form() {
             params: vec![serde_json::json!("a")],
         },
         Kind::MapReduce { map_depth: 1 },
+        Kind::Workflow {
+            nodes: vec![crate::workflow::Node {
+                name: "n".into(),
+                job: "j".into(),
+                after: Vec::new(),
+                on_failure: crate::workflow::NodeFailurePolicy::Continue,
+                params: None,
+            }],
+        },
     ];
     let mut serde_fields: Vec<String> = Vec::new();
-    for (when, kind) in whens.into_iter().zip(kinds) {
+    for (when, kind) in whens.into_iter().cycle().zip(kinds) {
         let spec = JobSpec {
             when,
             kind,
@@ -1199,7 +1208,7 @@ fn chunked_toml_gives_the_messages_of_the_whole_document() {
     assert_eq!(
         errors,
         [
-            r#"jobs.toml: key "database_url" = "postgres://localhost/chime": unknown key; a job file holds a "jobs" list and "calendars" tables (this looks like a setting: it belongs in the settings file)"#,
+            r#"jobs.toml: key "database_url" = "postgres://localhost/chime": unknown key; a job file holds "jobs" and "workflows" lists and "calendars" tables (this looks like a setting: it belongs in the settings file)"#,
             r#"jobs.toml: job "a": field "shedule" = "0 9 * * *": unknown field; did you mean "schedule"?"#,
             r#"jobs.toml: job #2: field "name": missing; every job needs a unique name, such as "close-unpaid-orders""#,
             r#"jobs.toml: job "a": field "params.ratio" = NaN: JSON has no NaN or infinity; use a finite number, or quote it as a string"#,
@@ -1228,7 +1237,7 @@ fn toml_that_is_not_one_job_per_chunk_is_read_whole() {
     assert_eq!(
         as_read(after),
         Err(vec![
-            r#"jobs.toml: key "defaults" = {"group":"g"}: unknown key; a job file holds a "jobs" list and "calendars" tables"#
+            r#"jobs.toml: key "defaults" = {"group":"g"}: unknown key; a job file holds "jobs" and "workflows" lists and "calendars" tables"#
                 .to_owned()
         ])
     );

@@ -362,13 +362,13 @@ fn kind_and_on_task_failure_suggest_a_near_miss() {
     assert_eq!(
         mistakes(with(json!({"kind": "map-reduce"}))),
         [
-            r#"kind = "map-reduce": unknown value; did you mean "map_reduce"? (use "single", "broadcast", "sharded" or "map_reduce")"#
+            r#"kind = "map-reduce": unknown value; did you mean "map_reduce"? (use "single", "broadcast", "sharded", "map_reduce" or "workflow")"#
         ]
     );
     assert_eq!(
         mistakes(with(json!({"kind": "fan_out"}))),
         [
-            r#"kind = "fan_out": unknown value; use "single", "broadcast", "sharded" or "map_reduce""#
+            r#"kind = "fan_out": unknown value; use "single", "broadcast", "sharded", "map_reduce" or "workflow""#
         ]
     );
     assert_eq!(
@@ -385,7 +385,7 @@ fn kind_and_on_task_failure_suggest_a_near_miss() {
             json!({"kind": "shraded", "shards": 0, "min_workers": 2})
         )),
         [
-            r#"kind = "shraded": unknown value; did you mean "sharded"? (use "single", "broadcast", "sharded" or "map_reduce")"#,
+            r#"kind = "shraded": unknown value; did you mean "sharded"? (use "single", "broadcast", "sharded", "map_reduce" or "workflow")"#,
             r#"shards = 0: too small: a sharded job has at least 1 shard; use a whole number from 1 to 10000, or "workers" for one shard per worker of the group online at the fire"#,
         ]
     );

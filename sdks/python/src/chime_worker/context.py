@@ -1,6 +1,7 @@
 """What a handler gets: `Context` (run id, attempt, instant, params, cancellation, log, and
 for a task of a broadcast, sharded or map/reduce job its place in the run, map, output and the
-other tasks' results; for a child job's run, the upstream run that started it).
+other tasks' results; for a child job's run, the upstream run that started it; for a workflow
+node's run, the runs of the other nodes of its workflow run).
 
 Log lines written through `ctx.log` reach `chime_run_logs` while the handler runs: the worker
 writes a batch when 100 lines wait or the oldest waiting line is 250 ms old, and the rest with
@@ -271,3 +272,21 @@ class Context:
         belong to): a child run is a run of its own, not a task of its upstream run. Each call
         reads the database (`chime_upstream_runs`) once."""
         return await self._backend("ctx.parent").upstream()
+
+    # ---- workflows ---------------------------------------------------------------------
+
+    async def upstream(self, node: str) -> Upstream | None:
+        """In a workflow node's run (trigger `workflow`): the latest ended run of node `node`
+        of the same workflow run (its latest round, after a rerun), as an `Upstream` with
+        `node` set: its `run_id`, `job`, `state`, `output`, `error` and `finished_at`. None
+        when this is no workflow node's run, when the workflow has no node of that name, or
+        that node has no ended run (yet: the nodes this one comes after have all ended when it
+        starts); this node's own name gives None. In a task of a node's run (a shard, a
+        broadcast copy, a mapped task), the nodes of the node run's workflow run.
+
+        `parent()` is a child job's upstream run, never a node's. Each call reads the database
+        (`chime_upstream_runs`) once."""
+        if not isinstance(node, str):
+            raise TaskCallError(f"ctx.upstream: node {node!r} is not a node name: pass the "
+                                "name of a node of the workflow, as in its `after`")
+        return await self._backend("ctx.upstream").upstream(node)

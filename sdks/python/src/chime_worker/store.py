@@ -241,16 +241,20 @@ class Store:
                            r["shard_index"], r["state"], r["output"], r["error"], r["params"])
                 for r in rows]
 
-    async def upstream(self, run_id: int) -> Upstream | None:
-        """`chime_upstream_runs`: the run that ended and started run `run_id`'s fire (a child
-        job's run, or a task of one); None for a run no other run made."""
+    async def upstream(self, run_id: int, node: str | None = None) -> Upstream | None:
+        """`chime_upstream_runs`: its row whose `node` is `node`. With `node` None, the run
+        that ended and started run `run_id`'s fire (a child job's run, or a task of one), None
+        for a run no other run made; with a node name, the latest ended run of that node of
+        the workflow run `run_id` is a node run (or a task of one) of, None for a node not
+        ended or unknown, or a run of no workflow."""
         r = await self.pool.fetchrow(
-            "SELECT run_id, job_name, state, output, error, finished_at "
-            "FROM chime_upstream_runs($1::bigint) LIMIT 1", run_id)
+            "SELECT node, run_id, job_name, state, output, error, finished_at "
+            "FROM chime_upstream_runs($1::bigint) WHERE node IS NOT DISTINCT FROM $2::text "
+            "LIMIT 1", run_id, node)
         if r is None:
             return None
         return Upstream(r["run_id"], r["job_name"], r["state"], r["output"], r["error"],
-                        r["finished_at"])
+                        r["finished_at"], r["node"])
 
     async def heartbeat(self, worker: str) -> None:
         await self.pool.execute("SELECT FROM chime_heartbeat($1)", worker)

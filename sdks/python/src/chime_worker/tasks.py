@@ -1,10 +1,12 @@
 """Job kinds from a handler's side: what `ctx.map`, `ctx.set_output` and `ctx.results` check,
-and `ctx.parent`'s answer (`Upstream`).
+and `ctx.parent`'s and `ctx.upstream`'s answer (`Upstream`).
 
 A broadcast, sharded or map/reduce job's fire is a parent run with tasks; each task is a run
 of its own (claimed, retried, logged as any run) whose trigger carries a `task` object
 (`protocol.Task`). A child job's run (trigger `child`) was made by the end of another run, its
-upstream run, which `ctx.parent()` reads. The calls a handler makes for its run go through a
+upstream run, which `ctx.parent()` reads; a workflow node's run (trigger `workflow`) reads the
+runs of the other nodes of its workflow run with `ctx.upstream(node)`. The calls a handler
+makes for its run go through a
 `TaskCalls` backend: the worker's (the database functions `chime_map`, `chime_set_output`,
 `chime_task_results`, `chime_upstream_runs`) or the testing helper's recorder. The checks here
 are the database's bounds, made before the round trip so a mistake is named where it was made;
@@ -29,7 +31,7 @@ MAPPING_KINDS = ("root", "map")
 
 
 class TaskCallError(Fail):
-    """A map, output, results or parent call the handler made wrongly (or the database
+    """A map, output, results, parent or upstream call the handler made wrongly (or the database
     refused): not fixed by another attempt, so a handler that lets it propagate fails without
     retry. The message names the field, the value and the fix."""
 
@@ -63,7 +65,9 @@ class TaskResult:
 @dataclass(frozen=True)
 class Upstream:
     """The run that ended and started this one: a child job's upstream run, as `ctx.parent()`
-    reads it (`chime_upstream_runs`; docs/runs.md, "Child runs"). In a unit test,
+    reads it (`chime_upstream_runs`; docs/runs.md, "Child runs"); or, in a workflow node's
+    run, the latest ended run of another node of the same workflow run, as
+    `ctx.upstream(node)` reads it (with `node` set). In a unit test,
     `Upstream(run_id, job, state)` with the other fields as the test needs."""
 
     #: Its run id.
@@ -71,7 +75,8 @@ class Upstream:
     #: Its job.
     job: str
     #: How it ended: `succeeded` for an `on_success` child, `failed`, `dead` or `lost` for an
-    #: `on_failure` one, any of them for `on_complete`.
+    #: `on_failure` one, any of them for `on_complete`; a workflow node's run, any end
+    #: (`skipped` included, after an `always` edge).
     state: str
     #: What its handler stored with `ctx.set_output`, or None (a broadcast, sharded or
     #: map/reduce fire has none of its own: its tasks have theirs).
@@ -80,11 +85,14 @@ class Upstream:
     error: str | None = None
     #: When it ended.
     finished_at: datetime | None = None
+    #: The workflow node it is the run of (`ctx.upstream`); None for a child job's upstream
+    #: run (`ctx.parent`).
+    node: str | None = None
 
 
 class TaskCalls(Protocol):
-    """The calls behind `ctx.map`, `ctx.set_output`, `ctx.results` and `ctx.parent`, for one
-    attempt."""
+    """The calls behind `ctx.map`, `ctx.set_output`, `ctx.results`, `ctx.parent` and
+    `ctx.upstream`, for one attempt."""
 
     async def map(self, step: str, call_no: int, items: list[Any]) -> int:
         """Creates the sub-tasks of one `chime_map` call; returns how many were new."""
@@ -95,8 +103,10 @@ class TaskCalls(Protocol):
     async def results_page(self, after_id: int, page: int) -> list[TaskResult]:
         """The run's other tasks by id after `after_id`, at most `page` of them."""
 
-    async def upstream(self) -> Upstream | None:
-        """The run that ended and started this run's fire (a child job's), or None."""
+    async def upstream(self, node: str | None = None) -> Upstream | None:
+        """With `node` None, the run that ended and started this run's fire (a child job's);
+        with a node name, the latest ended run of that node of this run's workflow run; or
+        None."""
 
 
 def json_bytes(value: Any, what: str) -> int:

@@ -21,6 +21,12 @@ without it, as for a run no other run made):
 
     result = await run_handler(publish, parent=Upstream(41, "build", "succeeded",
                                                         output={"artifact": "a.tar"}))
+
+A workflow node's run: pass `upstream={"extract": Upstream(...)}`, the run
+`ctx.upstream("extract")` returns, with its `node` set to the key (None for a node not given):
+
+    result = await run_handler(clean, upstream={"extract": Upstream(51, "extract-orders",
+                                                                    "succeeded")})
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import asyncio
 import dataclasses
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from .context import Context, JobLogger
 from .errors import Fail
@@ -50,16 +56,20 @@ class MapCall:
 
 
 class RecordingTaskCalls:
-    """`ctx.map`, `ctx.set_output`, `ctx.results` and `ctx.parent` without a database: records
-    the calls, yields the given results and returns the given upstream run. `map` counts every
-    item as new, as a first attempt's would."""
+    """`ctx.map`, `ctx.set_output`, `ctx.results`, `ctx.parent` and `ctx.upstream` without a
+    database: records the calls, yields the given results and returns the given upstream run
+    and node runs (each with its `node` set to its key). `map` counts every item as new, as a
+    first attempt's would."""
 
     def __init__(self, results: Iterable[TaskResult] = (),
-                 parent: Upstream | None = None) -> None:
+                 parent: Upstream | None = None,
+                 upstream: Mapping[str, Upstream] | None = None) -> None:
         self.maps: list[MapCall] = []
         self.outputs: list[Any] = []
         self.results = sorted(results, key=lambda r: r.id)
         self.parent = parent
+        self.nodes = {name: dataclasses.replace(run, node=name)
+                      for name, run in (upstream or {}).items()}
 
     async def map(self, step: str, call_no: int, items: list[Any]) -> int:
         self.maps.append(MapCall(step, call_no, list(items)))
@@ -72,8 +82,8 @@ class RecordingTaskCalls:
     async def results_page(self, after_id: int, page: int) -> list[TaskResult]:
         return [r for r in self.results if r.id > after_id][:page]
 
-    async def upstream(self) -> Upstream | None:
-        return self.parent
+    async def upstream(self, node: str | None = None) -> Upstream | None:
+        return self.parent if node is None else self.nodes.get(node)
 
 
 def root_task(parent_run_id: int = 100) -> Task:
@@ -129,6 +139,7 @@ async def run_handler(
     shard: Shard | None = None,
     results: Iterable[TaskResult] = (),
     parent: Upstream | None = None,
+    upstream: Mapping[str, Upstream] | None = None,
 ) -> TestRun:
     """Runs `handler` once and returns its outcome and log lines. `cancel`, if given, is
     called with the cancellation event (set it to test a handler's cancel path); `timeout`
@@ -136,10 +147,12 @@ async def run_handler(
     (`shard` alone: a sharded job's shard of parent run 100); `results` is what
     `ctx.results()` yields (a reducer's test); `parent` is what `ctx.parent()` returns (a
     child job's test: the upstream run that started it; None, the default, for a run no other
-    run made)."""
+    run made); `upstream` maps node names to what `ctx.upstream(node)` returns (a workflow
+    node's test: the ended runs of the other nodes, each with its `node` set to its key; a
+    node not in it gives None)."""
     if task is None and shard is not None:
         task = Task(100, f"shard/{shard.index}", "shard", shard=shard)
-    calls = RecordingTaskCalls(results, parent)
+    calls = RecordingTaskCalls(results, parent, upstream)
     logger = JobLogger(run_id, attempt)
     logger.keep_all = True
     cancelled = asyncio.Event()

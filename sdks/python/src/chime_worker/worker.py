@@ -1187,8 +1187,8 @@ class Worker:
 
 
 class _StoreTaskCalls:
-    """`ctx.map`, `ctx.set_output`, `ctx.results` and `ctx.parent` of one attempt, through the
-    database
+    """`ctx.map`, `ctx.set_output`, `ctx.results`, `ctx.parent` and `ctx.upstream` of one
+    attempt, through the database
     (retried on connection errors: each call is idempotent). A refusal (22023, invalid
     parameter: the message names the field, the value and the fix) is a TaskCallError."""
 
@@ -1215,10 +1215,11 @@ class _StoreTaskCalls:
             self._run_id, after_id, page))
         return rows
 
-    async def upstream(self) -> Upstream | None:
+    async def upstream(self, node: str | None = None) -> Upstream | None:
         w = self._worker
-        found: Upstream | None = await self._call("parent", lambda: w.store.upstream(
-            self._run_id))
+        found: Upstream | None = await self._call(
+            "parent" if node is None else "upstream",
+            lambda: w.store.upstream(self._run_id, node))
         return found
 
     async def _call(self, what: str, call: Callable[[], Awaitable[Any]]) -> Any:
