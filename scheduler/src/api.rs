@@ -123,6 +123,12 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/api/runs/{id}/cancel", post(cancel_run))
         .route("/api/runs/{id}/tasks", get(list_tasks))
         .route("/api/runs/{id}/retry-failed", post(retry_failed))
+        .route("/api/workflows", get(list_workflows))
+        .route("/api/workflows/{name}", get(show_workflow))
+        .route("/api/workflows/{name}/runs", get(list_workflow_runs))
+        .route("/api/workflows/runs/{id}", get(show_workflow_run))
+        .route("/api/workflows/runs/{id}/rerun", post(rerun_workflow))
+        .route("/api/workflows/runs/{id}/cancel", post(cancel_workflow_run))
         .route("/api/workers", get(list_workers))
         .route("/api/queues", get(list_queues))
         .route("/api/dead-letters", get(list_dead_letters))
@@ -837,6 +843,87 @@ async fn retry_failed(
     ok(s.ops.retry_failed(&c, run_id(&id)?).await?)
 }
 
+async fn list_workflows(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+) -> ApiResult<impl IntoResponse> {
+    ok(json!({"workflows": s.ops.workflows(&c).await?}))
+}
+
+async fn show_workflow(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+    Path(name): Path<String>,
+) -> ApiResult<impl IntoResponse> {
+    ok(s.ops.workflow(&c, &name).await?)
+}
+
+/// A workflow's runs: the runs of its job (`/api/runs?job=NAME`), once the name is known to be
+/// a workflow's.
+async fn list_workflow_runs(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+    Path(name): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult<impl IntoResponse> {
+    let q = Params(q);
+    let mut problems = Vec::new();
+    q.reject_unknown(&["state", "before", "limit"], &mut problems);
+    let query = RunQuery {
+        job: Some(name.clone()),
+        state: q.text("state"),
+        before: q.number("before", &mut problems),
+        limit: q.number("limit", &mut problems).unwrap_or(DEFAULT_PAGE),
+        ..RunQuery::default()
+    };
+    if !problems.is_empty() {
+        return Err(ApiError::invalid(problems));
+    }
+    s.ops.workflow(&c, &name).await?;
+    ok(s.ops.runs(&c, query).await?)
+}
+
+async fn show_workflow_run(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+    Path(id): Path<String>,
+) -> ApiResult<impl IntoResponse> {
+    ok(s.ops.workflow_run(&c, run_id(&id)?).await?)
+}
+
+/// `{"node": "clean"}`: rerun the workflow run from that node.
+async fn rerun_workflow(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<impl IntoResponse> {
+    let id = run_id(&id)?;
+    let body = body_json(&body)?;
+    let node = match body.get("node") {
+        Some(Value::String(node)) if crate::config::identifier_problem(node).is_none() => {
+            node.clone()
+        }
+        other => {
+            return Err(ApiError::invalid(vec![FieldProblem {
+                field: Some("node".to_owned()),
+                value: other.map(Value::to_string),
+                message: "give the name of the node to rerun from, such as {\"node\": \"clean\"}"
+                    .to_owned(),
+            }]));
+        }
+    };
+    ok(s.ops.rerun_workflow(&c, id, &node).await?)
+}
+
+async fn cancel_workflow_run(
+    State(s): State<Arc<ApiState>>,
+    Authed(c): Authed,
+    Path(id): Path<String>,
+) -> ApiResult<impl IntoResponse> {
+    ok(s.ops.cancel_workflow_run(&c, run_id(&id)?).await?)
+}
+
 async fn list_workers(
     State(s): State<Arc<ApiState>>,
     Authed(c): Authed,
@@ -1122,3 +1209,5 @@ mod tests_versions;
 mod tests_views;
 #[cfg(test)]
 mod tests_warnings;
+#[cfg(test)]
+mod tests_workflows;

@@ -20,6 +20,7 @@ use crate::store::{RunDetail, RunQuery, RunRecord, Store};
 
 mod backfills;
 mod grants;
+mod workflows;
 
 /// Chime: a distributed job scheduler on PostgreSQL and RabbitMQ.
 #[derive(Debug, Parser)]
@@ -88,6 +89,10 @@ pub enum Command {
     /// Follow and cancel backfills (`chime jobs backfill` starts one).
     #[command(subcommand)]
     Backfills(BackfillsCommand),
+    /// Inspect workflows and their runs; rerun from a node, cancel (`chime jobs trigger`
+    /// starts one, `chime jobs pause` pauses one).
+    #[command(subcommand)]
+    Workflows(WorkflowsCommand),
     /// Inspect, replay and purge the parking lot (dead letters).
     #[command(subcommand)]
     Dlq(DlqCommand),
@@ -355,6 +360,48 @@ pub enum BackfillsCommand {
     },
 }
 
+/// `chime workflows …`
+#[derive(Debug, Subcommand)]
+pub enum WorkflowsCommand {
+    /// List workflows.
+    List,
+    /// Show a workflow's nodes, layer by layer.
+    Show {
+        /// Workflow name.
+        name: String,
+    },
+    /// List a workflow's runs, newest first.
+    Runs {
+        /// Workflow name.
+        name: String,
+        /// Only runs in this state.
+        #[arg(long)]
+        state: Option<String>,
+        /// How many.
+        #[arg(long, default_value_t = 20)]
+        limit: i64,
+    },
+    /// Show a workflow run: each node's run, layer by layer (waiting nodes have none yet).
+    Run {
+        /// Workflow run id.
+        id: i64,
+    },
+    /// Rerun an ended workflow run from a node: it and every node after it run again.
+    Rerun {
+        /// Workflow run id.
+        id: i64,
+        /// The node to rerun from.
+        #[arg(long)]
+        node: String,
+    },
+    /// Cancel a workflow run: waiting nodes are skipped, running ones stopped through their
+    /// workers.
+    Cancel {
+        /// Workflow run id.
+        id: i64,
+    },
+}
+
 /// `chime runs …`
 #[derive(Debug, Subcommand)]
 pub enum RunsCommand {
@@ -463,6 +510,9 @@ async fn execute(
         Command::Runs(command) => runs(ops, caller, output, command, out).await,
         Command::Backfills(command) => {
             backfills::backfills(ops, caller, output, command, out).await
+        }
+        Command::Workflows(command) => {
+            workflows::workflows(ops, caller, output, command, out).await
         }
         Command::Dlq(command) => dlq(ops, caller, output, command, out).await,
         Command::Workers(WorkersCommand::List) => {

@@ -40,6 +40,7 @@ mod report;
 #[cfg(test)]
 mod tests_audit;
 mod views;
+mod workflows;
 
 pub use action::{Action, Effect};
 pub use backfills::{
@@ -51,6 +52,7 @@ pub use views::{
     DeadLetterMessage, MAX_TIMELINE_BUCKETS, PREVIEW_FIELDS, RunTimeline, SchedulePreview,
     TIMELINE_WINDOWS, TimelineBucket,
 };
+pub use workflows::{NodeDefinition, Reran, WorkflowDetail, WorkflowSummary};
 
 pub use crate::broker::{Broker, QueueSource};
 
@@ -1124,6 +1126,19 @@ impl Operations {
                          told: {e:#}; cancel it again when the broker is back"
                     ))
                 })?;
+            // A workflow run's running nodes are runs of their own: each gets its message.
+            for node_run in self.store.running_nodes(id).await? {
+                broker
+                    .publish_control(&ControlMessage::CancelRun { run_id: node_run })
+                    .await
+                    .map_err(|e| {
+                        OpsError::Unavailable(format!(
+                            "the cancel of workflow run {id} is recorded, but the workers of \
+                             its node run {node_run} could not be told: {e:#}; cancel that run \
+                             when the broker is back (`chime runs cancel {node_run}`)"
+                        ))
+                    })?;
+            }
             Ok(Cancelled::CancelRequested {
                 run_id: id,
                 job: name,

@@ -57,7 +57,7 @@ mod tests_protocol_calls;
 #[cfg(test)]
 pub(crate) mod tests_tasks;
 #[cfg(test)]
-mod tests_workflows;
+pub(crate) mod tests_workflows;
 mod timeline;
 mod workflows;
 

@@ -76,6 +76,14 @@ pub enum Action {
     DlqReplayAll,
     /// Delete the dead letters of a group (or of every group).
     DlqPurge,
+    /// List workflows.
+    WorkflowsList,
+    /// Show one workflow's definition.
+    WorkflowsShow,
+    /// Show one workflow run with its nodes.
+    WorkflowsRun,
+    /// Rerun a workflow run from a node.
+    WorkflowsRerun,
     /// Create an API token.
     TokensCreate,
     /// List API tokens.
@@ -95,7 +103,7 @@ pub enum Effect {
 
 impl Action {
     /// Every action, in the order they are declared.
-    pub const ALL: [Action; 35] = [
+    pub const ALL: [Action; 39] = [
         Action::JobsList,
         Action::JobsShow,
         Action::JobsReport,
@@ -128,6 +136,10 @@ impl Action {
         Action::DlqReplay,
         Action::DlqReplayAll,
         Action::DlqPurge,
+        Action::WorkflowsList,
+        Action::WorkflowsShow,
+        Action::WorkflowsRun,
+        Action::WorkflowsRerun,
         Action::TokensCreate,
         Action::TokensList,
         Action::TokensRevoke,
@@ -170,6 +182,10 @@ impl Action {
             Action::DlqReplay => ("dlq.replay", Operator, Changes),
             Action::DlqReplayAll => ("dlq.replay_all", Operator, Changes),
             Action::DlqPurge => ("dlq.purge", Admin, Changes),
+            Action::WorkflowsList => ("workflows.list", Viewer, Reads),
+            Action::WorkflowsShow => ("workflows.show", Viewer, Reads),
+            Action::WorkflowsRun => ("workflows.run", Viewer, Reads),
+            Action::WorkflowsRerun => ("workflows.rerun", Operator, Changes),
             Action::TokensCreate => ("tokens.create", Admin, Changes),
             Action::TokensList => ("tokens.list", Admin, Reads),
             Action::TokensRevoke => ("tokens.revoke", Admin, Changes),
@@ -215,7 +231,7 @@ mod tests {
     fn every_action_keeps_its_name_role_and_effect() {
         use Effect::{Changes, Reads};
         use Role::{Admin, Operator, Viewer};
-        let expected: [(Action, &str, Role, Effect); 35] = [
+        let expected: [(Action, &str, Role, Effect); 39] = [
             (Action::JobsList, "jobs.list", Viewer, Reads),
             (Action::JobsShow, "jobs.show", Viewer, Reads),
             (Action::JobsReport, "jobs.report", Viewer, Reads),
@@ -258,6 +274,10 @@ mod tests {
             (Action::DlqReplay, "dlq.replay", Operator, Changes),
             (Action::DlqReplayAll, "dlq.replay_all", Operator, Changes),
             (Action::DlqPurge, "dlq.purge", Admin, Changes),
+            (Action::WorkflowsList, "workflows.list", Viewer, Reads),
+            (Action::WorkflowsShow, "workflows.show", Viewer, Reads),
+            (Action::WorkflowsRun, "workflows.run", Viewer, Reads),
+            (Action::WorkflowsRerun, "workflows.rerun", Operator, Changes),
             (Action::TokensCreate, "tokens.create", Admin, Changes),
             (Action::TokensList, "tokens.list", Admin, Reads),
             (Action::TokensRevoke, "tokens.revoke", Admin, Changes),

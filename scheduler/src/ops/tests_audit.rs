@@ -295,6 +295,38 @@ async fn each_changing_action_is_audited_once_per_outcome(pool: PgPool) {
         )
         .await;
 
+    let a = Action::WorkflowsRerun;
+    let wf = crate::store::tests_workflows::ended_workflow_run(&audit.pool).await;
+    let wf_run = Some(wf);
+    audit
+        .once(
+            a,
+            "denied",
+            None,
+            wf_run,
+            ops.rerun_workflow(&viewer, wf, "extract"),
+        )
+        .await;
+    audit
+        .once(
+            a,
+            "ok",
+            None,
+            wf_run,
+            ops.rerun_workflow(&operator, wf, "extract"),
+        )
+        .await;
+    // Running again now: refused with the reason.
+    audit
+        .once(
+            a,
+            "failed",
+            None,
+            wf_run,
+            ops.rerun_workflow(&operator, wf, "extract"),
+        )
+        .await;
+
     let a = Action::DlqReplay;
     audit
         .once(a, "denied", None, run, ops.replay(&viewer, id))

@@ -103,6 +103,41 @@ async fn state(pool: &PgPool, id: i64) -> (String, Option<String>) {
         .expect("the run reads")
 }
 
+/// A failed run of a two-node workflow `audit-wf` (jobs `audit-wf-a` and `audit-wf-b`) whose
+/// first node failed: what a rerun acts on.
+pub(crate) async fn ended_workflow_run(pool: &PgPool) -> i64 {
+    for name in ["audit-wf-a", "audit-wf-b"] {
+        insert_test_job(pool, name, json!({"name": name, "group": "g"})).await;
+    }
+    let nodes = json!([
+        {"name": "extract", "job": "audit-wf-a"},
+        {"name": "load", "job": "audit-wf-b", "after": ["extract"]},
+    ]);
+    insert_test_job(
+        pool,
+        "audit-wf",
+        json!({"name": "audit-wf", "kind": "workflow", "nodes": nodes}),
+    )
+    .await;
+    let wf: i64 = sqlx::query_scalar(
+        "INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, state, finished_at)
+         VALUES ('audit-wf', '', now(), 'manual', 'failed', now()) RETURNING id",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("the workflow run is stored");
+    sqlx::query(
+        "INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, state,
+                                 workflow_run_id, node, node_round, finished_at)
+         VALUES ('audit-wf-a', 'g', now(), 'workflow', 'failed', $1, 'extract', 0, now())",
+    )
+    .bind(wf)
+    .execute(pool)
+    .await
+    .expect("the node run is stored");
+    wf
+}
+
 fn diamond() -> Value {
     json!([
         {"name": "extract", "job": "a"},

@@ -879,7 +879,7 @@ impl Store {
     }
 
     /// Reruns node `node` of ended workflow run `id` and every node after it, in a new round:
-    /// the run is `running` again and queued for its advance, which makes `node`'s run (its
+    /// the run is `running` again (its timeout counting from now) and queued for its advance, which makes `node`'s run (its
     /// `after` nodes ended as before). `by` is recorded with the rerun.
     pub async fn rerun_workflow(&self, id: i64, node: &str, by: &str) -> anyhow::Result<Rerun> {
         let mut tx = self.pool.begin().await?;
@@ -901,6 +901,7 @@ impl Store {
         };
         let Some(JobSpec {
             kind: Kind::Workflow { nodes },
+            timeout,
             ..
         }) = r
             .get::<Option<Value>, _>("spec")
@@ -936,10 +937,11 @@ impl Store {
         .context("recording a workflow rerun")?;
         sqlx::query(
             "UPDATE chime_runs SET state = 'running', finished_at = NULL, reason = NULL,
-                    cancel_requested_at = NULL, cancel_requested_by = NULL
+                    cancel_requested_at = NULL, cancel_requested_by = NULL, deadline_at = $2
               WHERE id = $1",
         )
         .bind(id)
+        .bind(deadline(Utc::now(), timeout))
         .execute(&mut *tx)
         .await
         .context("reopening a workflow run")?;
@@ -958,6 +960,19 @@ impl Store {
             round,
             nodes: rerun,
         })
+    }
+
+    /// Every workflow job, by name.
+    pub async fn workflow_jobs(&self) -> anyhow::Result<Vec<super::JobRecord>> {
+        let rows = sqlx::query(
+            "SELECT spec, source, paused, paused_by, coalesce(cursor_at, updated_at) AS cursor_at,
+                    scheduled_runs, version FROM chime_jobs
+              WHERE chime_job_kind(spec) = 'workflow' ORDER BY name",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .context("loading workflows")?;
+        rows.into_iter().map(super::job_record).collect()
     }
 
     /// The kinds of the stored jobs among `names`, by name (what an API workflow's nodes are
