@@ -27,3 +27,4 @@ mod rabbit_cluster;
 mod restarts;
 mod timing;
 mod tls;
+mod workflows;

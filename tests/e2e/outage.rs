@@ -164,6 +164,7 @@ async fn a_nacked_trigger_retires_its_connection_and_the_next_publish_goes_out_o
         concurrency: Default::default(),
         task: None,
         fan_out: false,
+        workflow: false,
     };
     // The policy reaches the queue's leader a moment after rabbitmqctl returns.
     wait_for(Duration::from_secs(15), "a nack", || async {
