@@ -141,6 +141,13 @@ BEGIN
 END
 $$;
 
+-- Alerts of workflow runs: one that failed, and one its timeout stopped (docs/failures.md).
+ALTER TABLE chime_alerts DROP CONSTRAINT chime_alerts_kind_check;
+ALTER TABLE chime_alerts ADD CONSTRAINT chime_alerts_kind_check
+    CHECK (kind IN ('dead', 'timeout', 'worker_lost', 'consecutive_failures', 'workflow_failed',
+                    'workflow_timeout')) NOT VALID;
+ALTER TABLE chime_alerts VALIDATE CONSTRAINT chime_alerts_kind_check;
+
 DO $$
 BEGIN
     EXECUTE format('ALTER FUNCTION chime_upstream_runs(bigint) SECURITY DEFINER '

@@ -1,5 +1,6 @@
 //! Alerts, a leader duty: post a webhook when a run is `dead`, an attempt timed out or was lost
-//! with its worker, or several runs of a job in a row failed.
+//! with its worker, several runs of a job in a row failed, or a workflow run failed or was
+//! stopped by its timeout (docs/workflows.md).
 //!
 //! Events are read from the runs and attempts tables (a cursor on their finish time, re-reading
 //! a short overlap so records committed a little late are not missed). Each alert is recorded
@@ -125,6 +126,12 @@ impl Alert {
                 "Chime: job {job:?} (group {group}) failed {} runs in a row; latest run {run}{error}",
                 self.streak
             ),
+            AlertKind::WorkflowFailed => {
+                format!("Chime: workflow run {run} of {job:?} failed{error}")
+            }
+            AlertKind::WorkflowTimeout => {
+                format!("Chime: workflow run {run} of {job:?} was stopped{error}")
+            }
         }
     }
 
@@ -317,7 +324,10 @@ impl Alerter {
         {
             return Ok(false);
         }
-        let run_ended = matches!(event.kind, None | Some(AlertKind::Dead));
+        let run_ended = matches!(
+            event.kind,
+            None | Some(AlertKind::Dead | AlertKind::WorkflowFailed | AlertKind::WorkflowTimeout)
+        );
         if run_ended && route.consecutive_failures > 0 {
             let streak = self
                 .store

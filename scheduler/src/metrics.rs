@@ -59,6 +59,8 @@ pub const METRIC_NAMES: &[&str] = &[
     "chime_fire_lateness_seconds",
     "chime_fire_publish_offset_seconds",
     "chime_child_advance_seconds",
+    "chime_workflow_advance_seconds",
+    "chime_workflow_runs_finished_total",
     "chime_runs_finished_total",
     "chime_runs_active",
     "chime_tasks_finished_total",
@@ -91,6 +93,8 @@ pub struct Metrics {
     lateness: HistogramVec,
     publish_offset: HistogramVec,
     advance: HistogramVec,
+    workflow_advance: HistogramVec,
+    workflow_finished: IntCounterVec,
     finished: IntCounterVec,
     attempts: IntCounterVec,
     retries: IntCounterVec,
@@ -166,6 +170,27 @@ impl Metrics {
                 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
             ]),
             &[],
+        )?;
+        let workflow_advance = HistogramVec::new(
+            HistogramOpts::new(
+                "chime_workflow_advance_seconds",
+                "Workflow node runs made by an advance: the latest end among the other nodes of \
+                 their workflow run before they were made, to their handler's start as the \
+                 worker recorded it, database clock (docs/workflows.md). A workflow's first \
+                 nodes are not observed.",
+            )
+            .buckets(vec![
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+            ]),
+            &[],
+        )?;
+        let workflow_finished = IntCounterVec::new(
+            Opts::new(
+                "chime_workflow_runs_finished_total",
+                "Workflow runs that ended, by workflow and state (succeeded, failed, cancelled, \
+                 skipped); also counted in chime_runs_finished_total under the workflow's name.",
+            ),
+            &["workflow", "state"],
         )?;
         let finished = IntCounterVec::new(
             Opts::new(
@@ -257,6 +282,8 @@ impl Metrics {
         registry.register(Box::new(lateness.clone()))?;
         registry.register(Box::new(publish_offset.clone()))?;
         registry.register(Box::new(advance.clone()))?;
+        registry.register(Box::new(workflow_advance.clone()))?;
+        registry.register(Box::new(workflow_finished.clone()))?;
         registry.register(Box::new(finished.clone()))?;
         registry.register(Box::new(attempts.clone()))?;
         registry.register(Box::new(retries.clone()))?;
@@ -277,6 +304,7 @@ impl Metrics {
         lateness.with_label_values(&["started"]);
         publish_offset.with_label_values::<&str>(&[]);
         advance.with_label_values::<&str>(&[]);
+        workflow_advance.with_label_values::<&str>(&[]);
         for source in ["runs", "database", "broker"] {
             scrape_errors.with_label_values(&[source]);
         }
@@ -285,6 +313,8 @@ impl Metrics {
             lateness,
             publish_offset,
             advance,
+            workflow_advance,
+            workflow_finished,
             finished,
             attempts,
             retries,
@@ -307,10 +337,12 @@ impl Metrics {
 
     /// The names of every metric registered (whether or not it has samples yet).
     pub fn names(&self) -> Vec<String> {
-        let collectors: [&dyn Collector; 18] = [
+        let collectors: [&dyn Collector; 20] = [
             &self.lateness,
             &self.publish_offset,
             &self.advance,
+            &self.workflow_advance,
+            &self.workflow_finished,
             &self.finished,
             &self.attempts,
             &self.retries,
@@ -411,6 +443,11 @@ impl Metrics {
                         .with_label_values::<&str>(&[])
                         .observe(seconds(at - ended));
                 }
+                if let Some(ended) = run.node_wait_from {
+                    self.workflow_advance
+                        .with_label_values::<&str>(&[])
+                        .observe(seconds(at - ended));
+                }
             }
             if run.is_final && !seen.counted {
                 seen.counted = true;
@@ -420,6 +457,11 @@ impl Metrics {
                     &self.finished
                 };
                 finished.with_label_values(&[&run.job, &run.state]).inc();
+                if run.is_workflow {
+                    self.workflow_finished
+                        .with_label_values(&[&run.job, &run.state])
+                        .inc();
+                }
                 let attempts = u64::try_from(run.attempt).unwrap_or(0);
                 self.attempts
                     .with_label_values(&[&run.job])
@@ -448,7 +490,12 @@ impl Metrics {
         self.lateness.with_label_values(&["started"]);
         self.publish_offset.reset();
         self.publish_offset.with_label_values::<&str>(&[]);
+        for histogram in [&self.advance, &self.workflow_advance] {
+            histogram.reset();
+            histogram.with_label_values::<&str>(&[]);
+        }
         for family in [
+            &self.workflow_finished,
             &self.finished,
             &self.tasks_finished,
             &self.attempts,
@@ -668,6 +715,63 @@ mod tests {
         assert!(
             again.contains("chime_child_advance_seconds_count 1"),
             "once: {again}"
+        );
+    }
+    /// A node run made by an advance is observed from the latest end among its workflow run's
+    /// other nodes before it was made; a first node is not; the workflow run counts by state.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn a_node_runs_advance_and_a_workflow_runs_end_are_observed(pool: PgPool) {
+        let store = Store::from_pool(pool.clone());
+        let metrics = Metrics::new(None, None).expect("metrics");
+        metrics.render(&store).await.expect("render");
+        crate::store::insert_test_job(
+            &pool,
+            "wf",
+            serde_json::json!({"name": "wf", "kind": "workflow",
+                               "nodes": [{"name": "a", "job": "a"}]}),
+        )
+        .await;
+        let wf: i64 = sqlx::query_scalar(
+            "INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, state,
+                                     finished_at)
+             VALUES ('wf', '', now(), 'manual', 'succeeded', now()) RETURNING id",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("workflow run");
+        sqlx::query(
+            "INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, state, attempt,
+                                     workflow_run_id, node, node_round, created_at, started_at,
+                                     finished_at)
+             VALUES ('a', 'g', now(), 'workflow', 'succeeded', 1, $1, 'a', 0,
+                     now() - interval '3 s', now() - interval '2 s', now() - interval '1 s'),
+                    ('b', 'g', now(), 'workflow', 'succeeded', 1, $1, 'b', 0,
+                     now() - interval '990 ms', now() - interval '970 ms', now())",
+        )
+        .bind(wf)
+        .execute(&pool)
+        .await
+        .expect("node runs");
+        let text = metrics.render(&store).await.expect("render");
+        assert!(
+            text.contains("chime_workflow_advance_seconds_count 1"),
+            "only b was made after another node ended: {text}"
+        );
+        assert!(
+            text.contains("chime_workflow_advance_seconds_bucket{le=\"0.025\"} 0")
+                && text.contains("chime_workflow_advance_seconds_bucket{le=\"0.05\"} 1"),
+            "30 ms: {text}"
+        );
+        assert!(
+            text.contains(
+                "chime_workflow_runs_finished_total{state=\"succeeded\",workflow=\"wf\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            !text
+                .contains("chime_workflow_runs_finished_total{state=\"succeeded\",workflow=\"a\"}"),
+            "node runs are not workflow runs: {text}"
         );
     }
 }

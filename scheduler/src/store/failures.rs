@@ -122,6 +122,10 @@ pub enum AlertKind {
     WorkerLost,
     /// Several runs of a job in a row failed.
     ConsecutiveFailures,
+    /// A workflow run failed (a node failed, or a node could not run).
+    WorkflowFailed,
+    /// A workflow run exceeded its timeout and was stopped.
+    WorkflowTimeout,
 }
 
 impl AlertKind {
@@ -132,6 +136,8 @@ impl AlertKind {
             AlertKind::Timeout => "timeout",
             AlertKind::WorkerLost => "worker_lost",
             AlertKind::ConsecutiveFailures => "consecutive_failures",
+            AlertKind::WorkflowFailed => "workflow_failed",
+            AlertKind::WorkflowTimeout => "workflow_timeout",
         }
     }
 }
@@ -591,10 +597,24 @@ impl Store {
     ) -> anyhow::Result<Vec<AlertEvent>> {
         let rows = sqlx::query(
             "SELECT * FROM (
-                 SELECT CASE r.state WHEN 'dead' THEN 'dead' ELSE 'failed' END AS kind,
-                        r.id AS run_id, r.job_name, r.group_name, r.attempt,
+                 SELECT CASE WHEN r.state = 'dead' THEN 'dead'
+                             WHEN w.workflow AND r.cancel_requested_by = 'timeout'
+                             THEN 'workflow_timeout'
+                             WHEN w.workflow THEN 'workflow_failed'
+                             ELSE 'failed' END AS kind,
+                        r.id AS run_id, r.job_name, r.group_name,
+                        -- A workflow run alerts once per round (a rerun that fails again).
+                        CASE WHEN w.workflow
+                             THEN (SELECT coalesce(max(x.round), 0)
+                                     FROM chime_workflow_reruns x WHERE x.run_id = r.id)
+                             ELSE r.attempt END AS attempt,
                         coalesce(r.error, r.reason) AS error, r.finished_at AS at
                  FROM chime_runs r
+                 CROSS JOIN LATERAL (
+                     SELECT coalesce((SELECT chime_job_kind(j.spec) = 'workflow'
+                                        FROM chime_jobs j WHERE j.name = r.job_name), false)
+                            AND r.workflow_run_id IS NULL AS workflow
+                 ) w
                  WHERE r.state IN ('dead', 'failed') AND r.finished_at >= $1
                    -- A run with tasks alerts once, when it ends; not per task.
                    AND r.parent_id IS NULL
@@ -628,6 +648,8 @@ impl Store {
                         "dead" => Some(AlertKind::Dead),
                         "timeout" => Some(AlertKind::Timeout),
                         "worker_lost" => Some(AlertKind::WorkerLost),
+                        "workflow_failed" => Some(AlertKind::WorkflowFailed),
+                        "workflow_timeout" => Some(AlertKind::WorkflowTimeout),
                         _ => None,
                     },
                     run_id: r.get("run_id"),
@@ -782,13 +804,22 @@ mod tests {
             AlertKind::Timeout,
             AlertKind::WorkerLost,
             AlertKind::ConsecutiveFailures,
+            AlertKind::WorkflowFailed,
+            AlertKind::WorkflowTimeout,
         ]
         .into_iter()
         .map(AlertKind::as_str)
         .collect();
         assert_eq!(
             kinds,
-            ["dead", "timeout", "worker_lost", "consecutive_failures"]
+            [
+                "dead",
+                "timeout",
+                "worker_lost",
+                "consecutive_failures",
+                "workflow_failed",
+                "workflow_timeout"
+            ]
         );
     }
 

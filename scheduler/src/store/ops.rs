@@ -171,6 +171,11 @@ pub struct ObservedRun {
     pub has_tasks: bool,
     /// For a child job's run, when its upstream run ended.
     pub upstream_finished_at: Option<DateTime<Utc>>,
+    /// For a workflow node's run, the latest end among the other node runs of its workflow run
+    /// before it was made (what the advance that made it answered); `None` for a first node.
+    pub node_wait_from: Option<DateTime<Utc>>,
+    /// A workflow run (a run of a workflow job).
+    pub is_workflow: bool,
 }
 
 impl Store {
@@ -697,7 +702,14 @@ impl Store {
                     chime_run_ended(state) AS is_final, settled,
                     parent_id IS NOT NULL AS is_task, tasks_total > 0 AS has_tasks,
                     (SELECT u.finished_at FROM chime_runs u WHERE u.id = r.upstream_run_id)
-                        AS upstream_finished_at
+                        AS upstream_finished_at,
+                    (SELECT max(s.finished_at) FROM chime_runs s
+                      WHERE r.workflow_run_id IS NOT NULL AND s.workflow_run_id = r.workflow_run_id
+                        AND s.id <> r.id AND s.state <> 'skipped'
+                        AND s.finished_at <= r.created_at) AS node_wait_from,
+                    r.parent_id IS NULL AND r.workflow_run_id IS NULL AND coalesce(
+                        (SELECT chime_job_kind(j.spec) = 'workflow'
+                           FROM chime_jobs j WHERE j.name = r.job_name), false) AS is_workflow
              FROM (SELECT *, created_at < now() - make_interval(secs => $3) AS settled
                      FROM chime_runs WHERE id > $1 ORDER BY id LIMIT $2) r
              ORDER BY id",
@@ -723,6 +735,8 @@ impl Store {
                 is_task: r.get("is_task"),
                 has_tasks: r.get("has_tasks"),
                 upstream_finished_at: r.get("upstream_finished_at"),
+                node_wait_from: r.get("node_wait_from"),
+                is_workflow: r.get("is_workflow"),
             })
             .collect())
     }

@@ -451,3 +451,75 @@ async fn a_node_reads_the_ended_nodes_of_its_workflow_run(pool: PgPool) {
         )]
     );
 }
+
+#[sqlx::test(migrations = "../migrations")]
+async fn failed_and_timed_out_workflow_runs_are_alert_events_once_per_round(pool: PgPool) {
+    use super::{AlertKind, AlertRecord};
+    let store = Store::from_pool(pool.clone());
+    setup(&pool, &["a", "b", "c", "d"], diamond()).await;
+    let fence = store.lead_for_test("t").await;
+    let failed = workflow_run(&pool, Value::Null).await;
+    start(&store, &fence, failed).await;
+    end(&pool, failed, "extract", "failed", Value::Null).await;
+    advance(&store, &fence).await;
+    let timed_out = workflow_run(&pool, Value::Null).await;
+    start(&store, &fence, timed_out).await;
+    sqlx::query("UPDATE chime_runs SET deadline_at = now() - interval '1s' WHERE id = $1")
+        .bind(timed_out)
+        .execute(&pool)
+        .await
+        .unwrap();
+    advance(&store, &fence).await;
+    advance(&store, &fence).await;
+    let since = (chrono::Utc::now() - chrono::Duration::minutes(1), 0, "");
+    let events = store.alert_events(since, 10).await.unwrap();
+    let kinds: Vec<(i64, Option<AlertKind>, Option<&str>, i32)> = events
+        .iter()
+        .filter(|e| e.job == "wf")
+        .map(|e| (e.run_id, e.kind, e.error.as_deref(), e.attempt))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            (
+                failed,
+                Some(AlertKind::WorkflowFailed),
+                Some("node extract failed"),
+                0
+            ),
+            (
+                timed_out,
+                Some(AlertKind::WorkflowTimeout),
+                Some("exceeded its timeout of 1h"),
+                0
+            ),
+        ]
+    );
+    let record = AlertRecord {
+        kind: AlertKind::WorkflowFailed,
+        job: "wf".into(),
+        group: String::new(),
+        run_id: failed,
+        attempt: 0,
+        target: "http://h".into(),
+        payload: json!({}),
+        min_interval: std::time::Duration::from_secs(60),
+    };
+    let claimed = store.record_alert(&fence, &record).await.unwrap();
+    assert!(
+        matches!(claimed, Some(Some(_))),
+        "the schema takes the new kind"
+    );
+    // Sent once: the rerun's round is a new event when it fails again.
+    store.rerun_workflow(failed, "extract", "x").await.unwrap();
+    advance(&store, &fence).await;
+    end(&pool, failed, "extract", "failed", Value::Null).await;
+    advance(&store, &fence).await;
+    let again = store.alert_events(since, 10).await.unwrap();
+    assert!(
+        again.iter().any(|e| e.run_id == failed
+            && e.attempt == 1
+            && e.kind == Some(AlertKind::WorkflowFailed)),
+        "{again:?}"
+    );
+}
