@@ -24,6 +24,7 @@ mod scale;
 mod stats;
 mod throughput;
 mod worker;
+mod workflow;
 
 use std::io::IsTerminal as _;
 use std::path::PathBuf;
@@ -66,6 +67,9 @@ enum Command {
     /// Chains of child jobs (on_success) started at once: upstream ended → child started,
     /// p50/p99 against 50 ms, and one child per upstream run.
     Children(RunArgs),
+    /// One run of a layered workflow DAG (1,000 nodes): after nodes ended → node started,
+    /// p50/p99 against 50 ms, the run's total time, each node once and in order.
+    Workflow(RunArgs),
     /// Every scenario in turn.
     All(RunArgs),
     /// A worker process for the crash scenario (internal).
@@ -83,7 +87,7 @@ struct RunArgs {
     /// registered jobs (100000); failover: jobs every second (100); crash: runs in flight on
     /// the killed worker (4); runner: chime-runner shell jobs every second (20); fanout: tasks
     /// per fire, shards and mapped sub-tasks (10000); children: chains of 10 jobs started at
-    /// once (50).
+    /// once (50); workflow: the DAG's nodes (1000).
     #[arg(long)]
     jobs: Option<usize>,
     /// precision: seconds of firing (default 60); burst: seconds of firing (40); throughput:
@@ -108,7 +112,8 @@ struct RunArgs {
     /// scale: executor groups the jobs are spread over.
     #[arg(long, default_value_t = 10)]
     groups: usize,
-    /// In-process workers (precision, burst, throughput, failover, fanout, children); default 4
+    /// In-process workers (precision, burst, throughput, failover, fanout, children,
+    /// workflow); default 4
     /// for burst,
     /// 2 for fanout, 1 for the others.
     #[arg(long)]
@@ -145,7 +150,7 @@ struct RunArgs {
 }
 
 /// The scenarios, in the order `all` runs them.
-const SCENARIOS: [&str; 9] = [
+const SCENARIOS: [&str; 10] = [
     "precision",
     "burst",
     "throughput",
@@ -155,6 +160,7 @@ const SCENARIOS: [&str; 9] = [
     "runner",
     "fanout",
     "children",
+    "workflow",
 ];
 
 #[tokio::main]
@@ -200,6 +206,7 @@ async fn main() -> ExitCode {
         Command::Runner(args) => (vec!["runner"], args),
         Command::Fanout(args) => (vec!["fanout"], args),
         Command::Children(args) => (vec!["children"], args),
+        Command::Workflow(args) => (vec!["workflow"], args),
         Command::All(args) => (SCENARIOS.to_vec(), args),
     };
     let services = Services {
@@ -371,6 +378,14 @@ async fn run(scenario: &str, args: &RunArgs, services: &Services) -> anyhow::Res
                 capacity: args.capacity,
             };
             children::run(services, &params).await
+        }
+        "workflow" => {
+            let params = workflow::Params {
+                nodes: args.jobs.unwrap_or(1_000),
+                workers: args.workers.unwrap_or(1),
+                capacity: args.capacity,
+            };
+            workflow::run(services, &params).await
         }
         other => anyhow::bail!("unknown scenario {other:?}"),
     }
