@@ -816,6 +816,15 @@ impl Operations {
                     names.join(", ")
                 )));
             }
+            let workflows = self.store.workflows_naming(&[name.to_owned()]).await?;
+            if !workflows.is_empty() {
+                let names: Vec<&str> = workflows.iter().map(|(w, _)| w.as_str()).collect();
+                return Err(OpsError::Conflict(format!(
+                    "job {name:?} is a node's job in workflow {}: their runs would fail; remove \
+                     the node first",
+                    names.join(", ")
+                )));
+            }
             if !self.store.delete_api_job(name, &caller.actor).await? {
                 return Err(no_such_job(name));
             }

@@ -28,12 +28,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use chime_protocol::timing::MAX_LEAD;
+use chime_protocol::wire::ControlMessage;
 use chrono::{DateTime, Utc};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+use crate::broker::Broker;
 use crate::pace::{Pace, plus};
 use crate::store::{
     ADVANCE_BATCH, Confirmed, Fence, OUTBOX_CHANNEL, OutboxRun, Store, WORKFLOW_BATCH,
@@ -102,6 +104,7 @@ impl Outbox {
         sweep_interval: Duration,
         lookahead: Duration,
         stop: CancellationToken,
+        control: Broker,
     ) -> Outbox {
         let marks_done = Arc::new(AtomicU64::new(0));
         let (published_tx, published_rx) = mpsc::unbounded_channel::<Published>();
@@ -116,8 +119,11 @@ impl Outbox {
             marked_tx,
         ));
         let sweep = tokio::spawn(sweep_loop(
-            store,
-            fence,
+            Sweeper {
+                store,
+                fence,
+                control,
+            },
             sweep_interval,
             lookahead,
             stop,
@@ -302,15 +308,27 @@ async fn mark(store: &Store, fence: &Fence, stop: &CancellationToken, runs: &[Co
 /// The sweep: every `sweep_interval`, and at once on `NOTIFY chime_outbox` (notifications that
 /// arrive during a sweep are served by one more sweep). Hands over the pending runs due by the
 /// horizon with the marker's count of committed batches taken before the query.
-async fn sweep_loop(
+/// What the sweep works with: the database, the fence, and the control messages that tell the
+/// workers of a timed-out workflow run's running nodes to stop.
+struct Sweeper {
     store: Store,
     fence: Fence,
+    control: Broker,
+}
+
+async fn sweep_loop(
+    sweeper: Sweeper,
     sweep_interval: Duration,
     lookahead: Duration,
     stop: CancellationToken,
     marks_done: Arc<AtomicU64>,
     swept: mpsc::Sender<Swept>,
 ) {
+    let Sweeper {
+        store,
+        fence,
+        control,
+    } = sweeper;
     let mut outbox_wake = store.listen(OUTBOX_CHANNEL).await;
     let mut sweep = tokio::time::interval(sweep_interval);
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -327,7 +345,7 @@ async fn sweep_loop(
             }
         };
         // Child runs first, so this sweep publishes them.
-        if advance_due && !advance(&store, &fence, &stop).await {
+        if advance_due && !advance(&store, &fence, &control, &stop).await {
             return;
         }
         let marks_before = marks_done.load(Ordering::SeqCst);
@@ -357,7 +375,7 @@ async fn sweep_loop(
 /// `advance more`, which wakes the next sweep for the rest. Returns false when the fence no
 /// longer holds (the leadership stops); a database failure is logged and left to the next
 /// sweep (the queue keeps the runs).
-async fn advance(store: &Store, fence: &Fence, stop: &CancellationToken) -> bool {
+async fn advance(store: &Store, fence: &Fence, control: &Broker, stop: &CancellationToken) -> bool {
     let made = tokio::select! {
         () = stop.cancelled() => return false,
         made = store.advance(fence, ADVANCE_BATCH) => made,
@@ -386,12 +404,17 @@ async fn advance(store: &Store, fence: &Fence, stop: &CancellationToken) -> bool
             warn!(error = %format!("{e:#}"), "making child runs failed; the next sweep retries");
         }
     }
-    advance_workflows(store, fence, stop).await
+    advance_workflows(store, fence, control, stop).await
 }
 
 /// Advances one batch of queued workflow runs (`Store::advance_workflows`): their next node
 /// runs are made `pending`, for this sweep to publish. As [`advance`] for the fence and errors.
-async fn advance_workflows(store: &Store, fence: &Fence, stop: &CancellationToken) -> bool {
+async fn advance_workflows(
+    store: &Store,
+    fence: &Fence,
+    control: &Broker,
+    stop: &CancellationToken,
+) -> bool {
     let steps = tokio::select! {
         () = stop.cancelled() => return false,
         steps = store.advance_workflows(fence, &[], WORKFLOW_BATCH) => steps,
@@ -408,6 +431,17 @@ async fn advance_workflows(store: &Store, fence: &Fence, stop: &CancellationToke
                 );
                 if let Some(state) = &step.ended {
                     info!(workflow_run = step.run_id, %state, "workflow run ended");
+                }
+                for &run_id in &step.stopped {
+                    // The cancel is recorded; a worker that misses the message finishes the
+                    // run, and the workflow run ends when it does.
+                    if let Err(e) = control
+                        .publish_control(&ControlMessage::CancelRun { run_id })
+                        .await
+                    {
+                        warn!(workflow_run = step.run_id, run_id, error = %format!("{e:#}"),
+                              "could not tell the workers to stop a timed-out workflow's node");
+                    }
                 }
             }
             true

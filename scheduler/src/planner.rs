@@ -115,6 +115,7 @@ pub async fn lead(
         ctx.timings.sweep_interval,
         ctx.timings.lookahead,
         stop.clone(),
+        ctx.broker.clone(),
     );
     let triggers = Triggers {
         store: ctx.store.clone(),

@@ -368,6 +368,19 @@ async fn apply(store: &Store, jobs: &[JobSpec]) -> anyhow::Result<JobDiff> {
         }
         Err(e) => warn!(error = %format!("{e:#}"), "could not check the removed jobs' links"),
     }
+    match store.workflows_naming(&diff.removed).await {
+        Ok(dangling) => {
+            for (workflow, job) in dangling {
+                warn!(
+                    workflow,
+                    job,
+                    "a removed job is still a workflow's node; the workflow's runs fail when it \
+                     is due"
+                );
+            }
+        }
+        Err(e) => warn!(error = %format!("{e:#}"), "could not check the removed jobs' workflows"),
+    }
     Ok(diff)
 }
 
@@ -375,7 +388,12 @@ async fn apply(store: &Store, jobs: &[JobSpec]) -> anyhow::Result<JobDiff> {
 /// triggers published before any worker ran are kept; several groups at once
 /// ([`Publisher::declare_groups`]). A broker that is down is not fatal.
 async fn declare_groups(publisher: &Publisher, jobs: &[JobSpec]) {
-    let mut groups: Vec<&str> = jobs.iter().map(|j| j.group.as_str()).collect();
+    // A workflow has no group (its nodes' jobs have theirs).
+    let mut groups: Vec<&str> = jobs
+        .iter()
+        .map(|j| j.group.as_str())
+        .filter(|g| !g.is_empty())
+        .collect();
     groups.sort_unstable();
     groups.dedup();
     let declared =

@@ -206,3 +206,51 @@ async fn workflows_are_created_listed_shown_and_rerun(pool: PgPool) {
         "a node run is no workflow run: {body}"
     );
 }
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_job_a_workflow_runs_cannot_be_deleted_and_a_workflow_trigger_warns_of_no_group(
+    pool: PgPool,
+) {
+    let app = app(pool.clone()).await;
+    let admin = app.token(Role::Admin).await;
+    for body in [
+        json!({"name": "node-job", "group": "g"}),
+        json!({"name": "wf", "kind": "workflow", "nodes": [{"name": "n", "job": "node-job"}]}),
+    ] {
+        let (status, body) = app
+            .call(Method::POST, "/api/jobs", Some(&admin), Some(body))
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+    }
+    let (status, body) = app
+        .call(Method::DELETE, "/api/jobs/node-job", Some(&admin), None)
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("a node's job in workflow wf")),
+        "{body}"
+    );
+    let (status, body) = app
+        .call(
+            Method::POST,
+            "/api/jobs/wf/trigger",
+            Some(&admin),
+            Some(json!({})),
+        )
+        .await;
+    assert!(status.is_success(), "{body}");
+    assert!(
+        !body.to_string().contains("no online worker"),
+        "a workflow has no handler to miss: {body}"
+    );
+    let (status, body) = app
+        .call(Method::DELETE, "/api/jobs/wf", Some(&admin), None)
+        .await;
+    assert!(status.is_success(), "the workflow itself goes: {body}");
+    let (status, body) = app
+        .call(Method::DELETE, "/api/jobs/node-job", Some(&admin), None)
+        .await;
+    assert!(status.is_success(), "then its node's job: {body}");
+}

@@ -228,10 +228,13 @@ impl Store {
 
     /// Every executor group that has a job, by name.
     pub async fn groups(&self) -> anyhow::Result<Vec<String>> {
-        sqlx::query_scalar("SELECT DISTINCT group_name FROM chime_jobs ORDER BY group_name")
-            .fetch_all(&self.pool)
-            .await
-            .context("listing executor groups")
+        // A workflow's group is empty: it has no queues.
+        sqlx::query_scalar(
+            "SELECT DISTINCT group_name FROM chime_jobs WHERE group_name <> '' ORDER BY group_name",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .context("listing executor groups")
     }
 
     /// Rescues up to `limit` runs whose worker has been lost for longer than `rescue_after`,

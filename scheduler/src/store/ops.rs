@@ -767,11 +767,12 @@ impl Store {
     }
 
     /// The group of `job` when no online worker of that group declares a handler for it (online
-    /// as [`Store::workers`] counts it); `None` when one does, or there is no such job.
+    /// as [`Store::workers`] counts it); `None` when one does, there is no such job, or it is a
+    /// workflow (no handler runs it: its nodes' jobs are checked when they run).
     pub async fn unhandled_job_group(&self, job: &str) -> anyhow::Result<Option<String>> {
         sqlx::query_scalar(
             "SELECT j.group_name FROM chime_jobs j
-             WHERE j.name = $1 AND NOT EXISTS (
+             WHERE j.name = $1 AND chime_job_kind(j.spec) <> 'workflow' AND NOT EXISTS (
                  SELECT 1 FROM chime_workers w
                  WHERE w.group_name = j.group_name AND j.name = ANY (w.jobs)
                    AND chime_worker_online(w.stopped_at, w.heartbeat_at,

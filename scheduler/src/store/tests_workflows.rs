@@ -365,6 +365,57 @@ async fn a_run_past_its_deadline_fails_with_the_timeout(pool: PgPool) {
 }
 
 #[sqlx::test(migrations = "../migrations")]
+async fn a_timeout_stops_running_nodes_and_names_them_for_their_workers(pool: PgPool) {
+    let store = Store::from_pool(pool.clone());
+    setup(&pool, &["a", "b", "c", "d"], diamond()).await;
+    let fence = store.lead_for_test("t").await;
+    let wf = workflow_run(&pool, Value::Null).await;
+    start(&store, &fence, wf).await;
+    let extract = node_run(&pool, wf, "extract").await;
+    sqlx::query("UPDATE chime_runs SET state = 'running', attempt = 1 WHERE id = $1;")
+        .bind(extract)
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE chime_runs SET deadline_at = now() - interval '1s' WHERE id = $1")
+        .bind(wf)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let steps = advance(&store, &fence).await;
+    assert_eq!(steps[0].stopped, [extract], "its worker is to be told");
+    let asked: Option<String> =
+        sqlx::query_scalar("SELECT cancel_requested_by FROM chime_runs WHERE id = $1")
+            .bind(extract)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(asked.as_deref(), Some("timeout"));
+    assert_eq!(
+        state(&pool, wf).await.0,
+        "running",
+        "until its running node ends"
+    );
+    // A later advance does not stop it again.
+    sqlx::query("INSERT INTO chime_workflow_advances (run_id) VALUES ($1) ON CONFLICT DO NOTHING")
+        .bind(wf)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let steps = advance(&store, &fence).await;
+    assert!(steps.iter().all(|s| s.stopped.is_empty()), "{steps:?}");
+    end(&pool, wf, "extract", "cancelled", Value::Null).await;
+    advance(&store, &fence).await;
+    assert_eq!(
+        state(&pool, wf).await,
+        (
+            "failed".to_owned(),
+            Some("exceeded its timeout of 1h".to_owned())
+        )
+    );
+}
+
+#[sqlx::test(migrations = "../migrations")]
 async fn a_rerun_from_a_failed_node_runs_it_and_what_follows_in_a_new_round(pool: PgPool) {
     let store = Store::from_pool(pool.clone());
     setup(&pool, &["a", "b", "c", "d"], diamond()).await;

@@ -42,6 +42,9 @@ pub struct WorkflowStep {
     /// Seconds from the latest end among its `after` nodes to each started node's making, for
     /// nodes after others (the advance latency's first half).
     pub waits: Vec<f64>,
+    /// Running node runs this advance stopped (the workflow run timed out): their workers are
+    /// to be told (a cancel control message each).
+    pub stopped: Vec<i64>,
 }
 
 /// A node run to insert.
@@ -392,7 +395,14 @@ impl Store {
             .filter(|(_, _, _, state)| state != "pending")
             .map(|(wr, _, _, _)| *wr)
             .collect();
-        write_states(&mut tx, &begun, &timeouts, &ends, &again).await?;
+        let stopped = write_states(&mut tx, &begun, &timeouts, &ends, &again).await?;
+        for step in &mut steps {
+            step.stopped = stopped
+                .iter()
+                .filter(|(wr, _)| *wr == step.run_id)
+                .map(|(_, id)| *id)
+                .collect();
+        }
         if !start.is_empty() && !made.is_empty() {
             sqlx::query("SELECT pg_notify('chime_outbox', 'nodes')")
                 .execute(&mut *tx)
@@ -598,14 +608,15 @@ async fn insert_nodes(
 
 /// Writes the workflow runs' new states: started (running, with a deadline), timed out (a
 /// cancel by `timeout`, which the cancel trigger passes on to the nodes), ended; and queues
-/// again the runs in `again`.
+/// again the runs in `again`. Returns the running node runs the timeouts stopped, as
+/// (workflow run, node run).
 async fn write_states(
     tx: &mut Tx<'_>,
     begun: &[(i64, Option<DateTime<Utc>>)],
     timeouts: &[(i64, String)],
     ends: &[(i64, &'static str, Option<String>)],
     again: &[i64],
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<(i64, i64)>> {
     if !begun.is_empty() {
         sqlx::query(
             "UPDATE chime_runs r SET state = 'running', started_at = coalesce(r.started_at, now()),
@@ -633,6 +644,19 @@ async fn write_states(
         .await
         .context("stopping workflow runs past their timeout")?;
     }
+    let timed_out: Vec<i64> = timeouts.iter().map(|t| t.0).collect();
+    let stopped: Vec<(i64, i64)> = if timed_out.is_empty() {
+        Vec::new()
+    } else {
+        sqlx::query_as(
+            "SELECT workflow_run_id, id FROM chime_runs
+              WHERE workflow_run_id = ANY ($1) AND state = 'running' ORDER BY id",
+        )
+        .bind(&timed_out)
+        .fetch_all(&mut **tx)
+        .await
+        .context("reading the running nodes of timed-out workflow runs")?
+    };
     if !ends.is_empty() {
         sqlx::query(
             "UPDATE chime_runs r SET state = u.state, reason = coalesce(u.reason, r.reason),
@@ -666,7 +690,7 @@ async fn write_states(
             .execute(&mut **tx)
             .await?;
     }
-    Ok(())
+    Ok(stopped)
 }
 
 /// A node of a workflow run as operators see it: its definition and its current run.
@@ -973,6 +997,25 @@ impl Store {
         .await
         .context("loading workflows")?;
         rows.into_iter().map(super::job_record).collect()
+    }
+
+    /// The workflows whose nodes run one of `jobs`, as (workflow, job) pairs, at most 100: what
+    /// a delete or a reload's removal leaves dangling.
+    pub async fn workflows_naming(&self, jobs: &[String]) -> anyhow::Result<Vec<(String, String)>> {
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        sqlx::query_as(
+            "SELECT DISTINCT j.name, n.node->>'job' AS job
+               FROM chime_jobs j
+              CROSS JOIN LATERAL jsonb_array_elements(j.spec->'nodes') AS n(node)
+              WHERE chime_job_kind(j.spec) = 'workflow' AND n.node->>'job' = ANY ($1)
+              ORDER BY j.name, job LIMIT 100",
+        )
+        .bind(jobs)
+        .fetch_all(&self.pool)
+        .await
+        .context("finding the workflows whose nodes run these jobs")
     }
 
     /// The kinds of the stored jobs among `names`, by name (what an API workflow's nodes are
