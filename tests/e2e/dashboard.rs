@@ -8,7 +8,10 @@
 //! console error; user-supplied strings show as text, never as markup; an admin creates, edits
 //! and deletes an Asia/Shanghai job through the form, triggers it through the params dialog, and
 //! reads its times in its zone, its job page, its report and a readable workers page; an operator
-//! previews, starts and cancels a backfill from a job's page (a viewer only previews).
+//! previews, starts and cancels a backfill from a job's page (a viewer only previews); the
+//! workflows pages list workflows, draw a workflow's DAG and a workflow run's live DAG coloured
+//! by its node runs' states, and an operator reruns a failed node and cancels a run (a viewer
+//! sees neither button).
 //! Screenshots of every page go to `target/dashboard-screenshots/` for a person to look at.
 //!
 //! chromedriver and chromium come from the Debian packages of those names
@@ -2100,4 +2103,849 @@ async fn scroll_to(browser: &Browser, id: &str) {
             json!([id]),
         )
         .await;
+}
+
+/// The jobs of `nightly-etl`'s nodes (docs/workflows.md's example), in its nodes' order.
+const WORKFLOW_JOBS: [&str; 7] = [
+    "extract-orders",
+    "extract-payments",
+    "join-orders",
+    "load-warehouse",
+    "mail-report",
+    "rollback-warehouse",
+    "drop-staging",
+];
+
+/// Script: the DAG's nodes as [node, state, class, href, x, y] (x and y of the box's corner).
+const DAG_NODES: &str = "return [...document.querySelectorAll('#wf-dag a.wf-node')].map(n => { \
+    const m = n.transform.baseVal.consolidate().matrix; \
+    return [n.dataset.node, n.dataset.state, n.getAttribute('class'), n.getAttribute('href'), m.e, m.f]; });";
+
+/// Script: the DAG's edges as [from, to, when].
+const DAG_EDGES: &str = "return [...document.querySelectorAll('#wf-dag path.wf-edge')]\
+    .map(e => [e.dataset.from, e.dataset.to, e.dataset.when]);";
+
+/// A manual run of workflow `workflow` in `state`, started two minutes ago (and ended now when
+/// `state` is an end), as the leader leaves one: a run of the workflow job with no group.
+async fn workflow_run_row(
+    pool: &PgPool,
+    workflow: &str,
+    state: &str,
+    reason: Option<&str>,
+    params: Value,
+) -> i64 {
+    sqlx::query_scalar(
+        "INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, state, reason, params,
+                                 started_at, finished_at)
+         VALUES ($1, '', now() - interval '2 minutes', 'manual', $2, $3, $4,
+                 now() - interval '2 minutes', CASE WHEN chime_run_ended($2) THEN now() END)
+         RETURNING id",
+    )
+    .bind(workflow)
+    .bind(state)
+    .bind(reason)
+    .bind(params)
+    .fetch_one(pool)
+    .await
+    .expect("workflow run")
+}
+
+/// A screenshot of the page from its top (a hash change keeps the scroll position).
+async fn screenshot_from_top(browser: &Browser, name: &str) {
+    browser
+        .eval("window.scrollTo(0, 0); return true;", json!([]))
+        .await;
+    browser.screenshot(name).await;
+}
+
+/// Round-0 node runs of workflow run `wf`, each (node, job, state, reason), as the leader's
+/// advance makes them and workers end them; their ids by node.
+async fn node_run_rows(
+    pool: &PgPool,
+    wf: i64,
+    group: &str,
+    nodes: &[(String, String, &str, Option<&str>)],
+) -> std::collections::HashMap<String, i64> {
+    let names: Vec<&str> = nodes.iter().map(|n| n.0.as_str()).collect();
+    let jobs: Vec<&str> = nodes.iter().map(|n| n.1.as_str()).collect();
+    let states: Vec<&str> = nodes.iter().map(|n| n.2).collect();
+    let reasons: Vec<Option<&str>> = nodes.iter().map(|n| n.3).collect();
+    let rows: Vec<(i64, String)> = sqlx::query_as(
+        "INSERT INTO chime_runs (job_name, group_name, scheduled_at, trigger, state, reason,
+                                 workflow_run_id, node, node_round, attempt, worker_id,
+                                 started_at, finished_at)
+         SELECT n.job, $2, now() - interval '2 minutes', 'workflow', n.state, n.reason, $1,
+                n.node, 0, CASE WHEN n.state IN ('skipped', 'pending', 'queued') THEN 0 ELSE 1 END,
+                CASE WHEN n.state IN ('skipped', 'pending', 'queued') THEN NULL ELSE 'w1' END,
+                CASE WHEN n.state IN ('skipped', 'pending', 'queued') THEN NULL
+                     ELSE now() - interval '90 seconds' END,
+                CASE WHEN chime_run_ended(n.state) THEN now() - interval '30 seconds' END
+           FROM unnest($3::text[], $4::text[], $5::text[], $6::text[]) AS n(node, job, state, reason)
+         RETURNING id, node",
+    )
+    .bind(wf)
+    .bind(group)
+    .bind(&names)
+    .bind(&jobs)
+    .bind(&states)
+    .bind(&reasons)
+    .fetch_all(pool)
+    .await
+    .expect("node runs");
+    rows.into_iter().map(|(id, node)| (node, id)).collect()
+}
+
+/// `nightly-etl`'s nodes in `states` (in its nodes' order; `None`: waiting, no run yet).
+fn etl_nodes<'a>(
+    states: [Option<(&'a str, Option<&'a str>)>; 7],
+) -> Vec<(String, String, &'a str, Option<&'a str>)> {
+    const NODES: [&str; 7] = [
+        "orders", "payments", "join", "load", "report", "rollback", "cleanup",
+    ];
+    NODES
+        .iter()
+        .zip(WORKFLOW_JOBS)
+        .zip(states)
+        .filter_map(|((node, job), s)| {
+            s.map(|(state, reason)| ((*node).to_owned(), job.to_owned(), state, reason))
+        })
+        .collect()
+}
+
+/// A layered workflow over job `step`: `widths[k]` nodes `sK-J` in layer k, each after one or
+/// two nodes of the layer before (some of those edges `failure` or `always`).
+fn grid(widths: &[usize]) -> Vec<Value> {
+    let mut nodes = Vec::new();
+    for (k, &width) in widths.iter().enumerate() {
+        for j in 0..width {
+            let mut node = json!({"name": format!("s{k}-{j}"), "job": "step"});
+            if k > 0 {
+                let before = widths[k - 1];
+                let mut after = vec![json!(format!("s{}-{}", k - 1, j % before))];
+                if before > 1 {
+                    let when = match j % 7 {
+                        3 => "always",
+                        5 => "failure",
+                        _ => "success",
+                    };
+                    after.push(
+                        json!({"node": format!("s{}-{}", k - 1, (j + 1) % before), "when": when}),
+                    );
+                }
+                node["after"] = json!(after);
+            }
+            nodes.push(node);
+        }
+    }
+    nodes
+}
+
+/// The edges of `nodes` (what the DAG draws).
+fn edge_count(nodes: &[Value]) -> usize {
+    nodes
+        .iter()
+        .map(|n| n["after"].as_array().map_or(0, Vec::len))
+        .sum()
+}
+
+/// The DAG's nodes as (node, state), after checking that each has its state's class and, with
+/// a run, the link to its run page.
+async fn dag_states(browser: &Browser) -> Vec<(String, String)> {
+    let nodes = browser.eval(DAG_NODES, json!([])).await;
+    nodes
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .map(|n| {
+            let (node, state) = (n[0].as_str().expect("node"), n[1].as_str().expect("state"));
+            assert_eq!(n[2], format!("wf-node state-{state}"), "{n}");
+            if state == "waiting" {
+                assert_eq!(n[3], Value::Null, "a waiting node links nowhere: {n}");
+            } else {
+                assert!(n[3].as_str().is_some_and(|h| h.starts_with("#/")), "{n}");
+            }
+            (node.to_owned(), state.to_owned())
+        })
+        .collect()
+}
+
+fn pairs(expected: &[(&str, &str)]) -> Vec<(String, String)> {
+    expected
+        .iter()
+        .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+        .collect()
+}
+
+/// Workflows on the dashboard: the list links to a workflow's page (its definition as a DAG, its
+/// runs); a workflow run's page draws the DAG in layers (a column per layer, an edge per
+/// `after`, dashed by condition), each node coloured by its run's state and opening its run's
+/// page; a running run's page follows its nodes in place; an operator reruns a failed run from
+/// a failed node and sees the new round, and cancels a running one; a viewer sees neither
+/// button; the job and run pages of a workflow link to it; 50- and 1,000-node DAGs draw, scroll
+/// and follow too. The test holds the leader's lease, so the serving instance stays a follower
+/// and the runs keep the states the test writes (a rerun needs no leader).
+#[sqlx::test(migrations = "../migrations")]
+async fn workflow_runs_draw_their_dag_live_and_an_operator_reruns_a_failed_node(pool: PgPool) {
+    let group = "dashwf";
+    let t = Setup::new(&pool).with_groups(&[group]);
+    sqlx::query(
+        "UPDATE chime_leader SET holder = 't', term = 1, expires_at = now() + interval '1 hour'",
+    )
+    .execute(&pool)
+    .await
+    .expect("lease");
+    let ops = Operations::new(Store::from_pool(pool.clone()), None);
+    let cli = Caller::cli();
+    for name in WORKFLOW_JOBS.iter().chain(&["step"]) {
+        ops.create_job(&cli, json!({"name": name, "group": group}))
+            .await
+            .expect("a node's job");
+    }
+    ops.create_job(
+        &cli,
+        json!({
+            "name": "nightly-etl", "kind": "workflow",
+            "description": "Orders and payments into the warehouse",
+            "nodes": [
+                {"name": "orders", "job": "extract-orders"},
+                {"name": "payments", "job": "extract-payments"},
+                {"name": "join", "job": "join-orders", "after": ["orders", "payments"]},
+                {"name": "load", "job": "load-warehouse", "after": ["join"]},
+                {"name": "report", "job": "mail-report", "after": ["load"], "on_failure": "continue"},
+                {"name": "rollback", "job": "rollback-warehouse",
+                 "after": [{"node": "load", "when": "failure"}]},
+                {"name": "cleanup", "job": "drop-staging", "after": ["load"], "when": "always"},
+            ],
+        }),
+    )
+    .await
+    .expect("the workflow");
+    let fifty = grid(&[3, 6, 10, 12, 10, 6, 3]);
+    let thousand = grid(&[50; 20]);
+    for (name, nodes) in [("fifty", &fifty), ("thousand", &thousand)] {
+        ops.create_job(
+            &cli,
+            json!({"name": name, "kind": "workflow", "nodes": nodes}),
+        )
+        .await
+        .expect("a large workflow");
+    }
+
+    // Three runs of nightly-etl: one running (join runs, load and after wait), one failed
+    // (load failed, report skipped, the failure handlers ran), one succeeded.
+    let markup = "<img id=injected src=x onerror=document.title='owned'>";
+    let ok = Some(("succeeded", None));
+    let running = workflow_run_row(
+        &pool,
+        "nightly-etl",
+        "running",
+        None,
+        json!({"note": markup}),
+    )
+    .await;
+    let running_nodes = node_run_rows(
+        &pool,
+        running,
+        group,
+        &etl_nodes([ok, ok, Some(("running", None)), None, None, None, None]),
+    )
+    .await;
+    let failed = workflow_run_row(
+        &pool,
+        "nightly-etl",
+        "failed",
+        Some("node load failed"),
+        json!({}),
+    )
+    .await;
+    node_run_rows(
+        &pool,
+        failed,
+        group,
+        &etl_nodes([
+            ok,
+            ok,
+            ok,
+            Some(("failed", None)),
+            Some((
+                "skipped",
+                Some("edge from node load (when = \"success\") not met: it failed"),
+            )),
+            ok,
+            ok,
+        ]),
+    )
+    .await;
+    let finished = workflow_run_row(&pool, "nightly-etl", "succeeded", None, json!({})).await;
+    node_run_rows(
+        &pool,
+        finished,
+        group,
+        &etl_nodes([
+            ok,
+            ok,
+            ok,
+            ok,
+            ok,
+            Some((
+                "skipped",
+                Some("edge from node load (when = \"failure\") not met: it succeeded"),
+            )),
+            ok,
+        ]),
+    )
+    .await;
+
+    let instance = ServingInstance::start(&pool, &t.prefix, group).await;
+    let (base, operator, viewer) = (
+        instance.base.clone(),
+        instance.operator.clone(),
+        instance.viewer.clone(),
+    );
+    let browser = Browser::start().await;
+    login(&browser, &base, &operator, "token:alice (operator)").await;
+
+    // The list: each workflow's size and latest run; the nav has the page.
+    browser.open(&base, "#/workflows").await;
+    let row = "tr[data-workflow=\"nightly-etl\"]";
+    browser.wait_text(row, |t| t.contains("nightly-etl")).await;
+    let cells = "return ['nightly-etl', 'fifty', 'thousand'].map(w => { \
+        const r = document.querySelector('tr[data-workflow=\"' + w + '\"]'); \
+        return [r.children[1].textContent, r.children[2].textContent, \
+                r.querySelector('a.workflow-run-link') && r.querySelector('a.workflow-run-link').getAttribute('href')]; });";
+    assert_eq!(
+        browser.eval(cells, json!([])).await,
+        json!([
+            ["7", "4", format!("#/workflows/runs/{finished}")],
+            ["50", "7", null],
+            ["1000", "20", null]
+        ])
+    );
+    assert_eq!(
+        browser
+            .eval(
+                "return document.querySelector('nav a.current').getAttribute('href');",
+                json!([])
+            )
+            .await,
+        "#/workflows"
+    );
+    screenshot_from_top(&browser, "workflows").await;
+
+    // The workflow's page: its definition as a DAG (a node opens its job) and its runs, each
+    // opening its workflow run page.
+    browser.click(&format!("{row} td a")).await;
+    browser
+        .wait_text(
+            "#page[data-page=\"workflows/nightly-etl\"][data-loaded]",
+            |_| true,
+        )
+        .await;
+    let nodes = browser.eval(DAG_NODES, json!([])).await;
+    let nodes = nodes.as_array().expect("nodes");
+    assert_eq!(nodes.len(), 7, "{nodes:?}");
+    for (n, job) in nodes.iter().zip(WORKFLOW_JOBS) {
+        assert_eq!(n[1], "definition", "{n}");
+        assert_eq!(n[3], format!("#/jobs/{job}"), "{n}");
+    }
+    assert_eq!(
+        browser
+            .eval(DAG_EDGES, json!([]))
+            .await
+            .as_array()
+            .map(Vec::len),
+        Some(6)
+    );
+    let runs = "return [...document.querySelectorAll('#workflow-runs tbody tr')]\
+        .map(r => [Number(r.dataset.runId), r.dataset.state, r.querySelector('a').getAttribute('href')]);";
+    assert_eq!(
+        browser.eval(runs, json!([])).await,
+        json!([
+            [
+                finished,
+                "succeeded",
+                format!("#/workflows/runs/{finished}")
+            ],
+            [failed, "failed", format!("#/workflows/runs/{failed}")],
+            [running, "running", format!("#/workflows/runs/{running}")],
+        ])
+    );
+    screenshot_from_top(&browser, "workflow").await;
+
+    // The running run: a column per layer, a row per node of the layer, an edge per `after`
+    // (dashed for failure, dotted for always), each node in its run's state; Cancel, no Rerun.
+    browser
+        .click(&format!(
+            "#workflow-runs a[href=\"#/workflows/runs/{running}\"]"
+        ))
+        .await;
+    browser
+        .wait_text(
+            &format!("#page[data-page=\"workflows/runs/{running}\"][data-loaded]"),
+            |_| true,
+        )
+        .await;
+    browser.wait_text("#wf-run-state", |t| t == "running").await;
+    assert_eq!(
+        dag_states(&browser).await,
+        pairs(&[
+            ("orders", "succeeded"),
+            ("payments", "succeeded"),
+            ("join", "running"),
+            ("load", "waiting"),
+            ("report", "waiting"),
+            ("rollback", "waiting"),
+            ("cleanup", "waiting"),
+        ])
+    );
+    let nodes = browser.eval(DAG_NODES, json!([])).await;
+    let x: Vec<f64> = nodes
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .map(|n| n[4].as_f64().expect("x"))
+        .collect();
+    assert_eq!(
+        x,
+        [12.0, 12.0, 242.0, 472.0, 702.0, 702.0, 702.0],
+        "x is the layer"
+    );
+    let y = |i: usize| nodes[i][5].as_f64().expect("y");
+    assert!(
+        y(0) < y(1) && y(4) < y(5) && y(5) < y(6),
+        "y is the place in the layer: {nodes}"
+    );
+    assert_eq!(
+        browser.eval(DAG_EDGES, json!([])).await,
+        json!([
+            ["orders", "join", "success"],
+            ["payments", "join", "success"],
+            ["join", "load", "success"],
+            ["load", "report", "success"],
+            ["load", "rollback", "failure"],
+            ["load", "cleanup", "always"],
+        ])
+    );
+    let dashes = browser
+        .eval(
+            "return ['success', 'failure', 'always'].map(w => getComputedStyle(\
+             document.querySelector('#wf-dag path.when-' + w)).strokeDasharray);",
+            json!([]),
+        )
+        .await;
+    assert_eq!(dashes[0], "none", "{dashes}");
+    assert_ne!(dashes[1], "none", "{dashes}");
+    assert_ne!(dashes[2], "none", "{dashes}");
+    browser
+        .wait_text("#wf-progress", |t| {
+            t == "2 of 7 nodes ended: 1 running, 2 succeeded, 4 waiting"
+        })
+        .await;
+    let buttons = "return [document.querySelectorAll('button.cancel-workflow').length, \
+        document.querySelectorAll('button.rerun').length];";
+    assert_eq!(browser.eval(buttons, json!([])).await, json!([1, 0]));
+    // The params' markup is text.
+    browser
+        .wait_text("#wf-params", |t| t.contains(markup))
+        .await;
+    assert_eq!(
+        browser
+            .eval(
+                "return document.getElementById('injected') === null && document.title === 'Chime';",
+                json!([]),
+            )
+            .await,
+        true
+    );
+    screenshot_from_top(&browser, "workflow-run-running").await;
+
+    // Live: join ends and load starts; the page follows in place (the same SVG, no reload).
+    browser
+        .eval(
+            "window.notReloaded = true; document.getElementById('wf-dag').kept = true; return true;",
+            json!([]),
+        )
+        .await;
+    sqlx::query("UPDATE chime_runs SET state = 'succeeded', finished_at = now() WHERE id = $1")
+        .bind(running_nodes["join"])
+        .execute(&pool)
+        .await
+        .expect("join ends");
+    let load = node_run_rows(
+        &pool,
+        running,
+        group,
+        &etl_nodes([None, None, None, Some(("running", None)), None, None, None]),
+    )
+    .await["load"];
+    browser
+        .wait_text(
+            "#wf-dag a.wf-node[data-node=\"load\"][data-state=\"running\"]",
+            |_| true,
+        )
+        .await;
+    browser
+        .wait_text(
+            "#wf-nodes tr[data-node=\"join\"][data-state=\"succeeded\"]",
+            |_| true,
+        )
+        .await;
+    browser
+        .wait_text("#wf-progress", |t| t.starts_with("3 of 7 nodes ended"))
+        .await;
+    assert_eq!(
+        browser
+            .eval(
+                "return [window.notReloaded === true, document.getElementById('wf-dag').kept === true];",
+                json!([])
+            )
+            .await,
+        json!([true, true]),
+        "updated in place"
+    );
+
+    // A node opens its run's page.
+    browser.click("#wf-dag a.wf-node[data-node=\"load\"]").await;
+    browser
+        .wait_text(
+            &format!("#page[data-page=\"runs/{load}\"][data-loaded]"),
+            |_| true,
+        )
+        .await;
+    browser.wait_text("#run-state", |t| t == "running").await;
+    let fields = browser
+        .wait_text("table.fields", |t| t.contains("load-warehouse"))
+        .await;
+    assert!(fields.contains("workflow"), "{fields}");
+    // The workflow run's page stopped polling: while the run page refreshes itself twice (once
+    // a second), nothing asks for the workflow run.
+    browser
+        .eval(
+            "window.calls = {workflow: 0, run: 0}; const fetch = window.fetch; \
+             window.fetch = (url, init) => { const u = String(url); \
+               if (u.startsWith('/api/workflows/runs/')) window.calls.workflow += 1; \
+               if (u.startsWith('/api/runs/')) window.calls.run += 1; \
+               return fetch(url, init); }; \
+             return true;",
+            json!([]),
+        )
+        .await;
+    let calls = browser
+        .wait_eval(
+            "two refreshes of the run page",
+            "return window.calls;",
+            |c| c["run"].as_i64().is_some_and(|n| n >= 2),
+        )
+        .await;
+    assert_eq!(calls["workflow"], 0, "{calls}");
+
+    // The failed run: Rerun on every node, no Cancel.
+    browser
+        .open(&base, &format!("#/workflows/runs/{failed}"))
+        .await;
+    browser.wait_text("#wf-run-state", |t| t == "failed").await;
+    assert_eq!(
+        dag_states(&browser).await,
+        pairs(&[
+            ("orders", "succeeded"),
+            ("payments", "succeeded"),
+            ("join", "succeeded"),
+            ("load", "failed"),
+            ("report", "skipped"),
+            ("rollback", "succeeded"),
+            ("cleanup", "succeeded"),
+        ])
+    );
+    browser
+        .wait_text("#wf-run-fields", |t| t.contains("node load failed"))
+        .await;
+    browser
+        .wait_text("#wf-nodes tr[data-node=\"report\"]", |t| {
+            t.contains("not met: it failed")
+        })
+        .await;
+    assert_eq!(browser.eval(buttons, json!([])).await, json!([0, 7]));
+    screenshot_from_top(&browser, "workflow-run-failed").await;
+    scroll_to(&browser, "wf-nodes").await;
+    browser.screenshot("workflow-run-nodes").await;
+
+    // An operator reruns it from load: the round changes, load and the nodes after it wait
+    // again, the run is running (Cancel instead of Rerun), and the page follows it.
+    browser
+        .click("#wf-nodes tr[data-node=\"load\"] button.rerun:not([disabled])")
+        .await;
+    let notice = browser
+        .wait_text("#notice", |t| t.starts_with("Rerunning"))
+        .await;
+    assert!(
+        notice.starts_with(&format!(
+            "Rerunning workflow run #{failed} from load in round 1: load, "
+        )),
+        "{notice}"
+    );
+    browser.wait_text("#wf-round", |t| t == "1").await;
+    browser.wait_text("#wf-run-state", |t| t == "running").await;
+    browser
+        .wait_text(
+            "#wf-dag a.wf-node[data-node=\"report\"][data-state=\"waiting\"]",
+            |_| true,
+        )
+        .await;
+    assert_eq!(
+        dag_states(&browser).await,
+        pairs(&[
+            ("orders", "succeeded"),
+            ("payments", "succeeded"),
+            ("join", "succeeded"),
+            ("load", "waiting"),
+            ("report", "waiting"),
+            ("rollback", "waiting"),
+            ("cleanup", "waiting"),
+        ])
+    );
+    browser
+        .wait_eval("Cancel instead of Rerun", buttons, |v| *v == json!([1, 0]))
+        .await;
+    let earlier = browser
+        .eval(
+            "return document.querySelector('#wf-nodes tr[data-node=\"load\"] .earlier-runs').textContent;",
+            json!([]),
+        )
+        .await;
+    assert_eq!(earlier, "1", "load's failed run is an earlier round's");
+    let rerun: (i32, String, Vec<String>, String) = sqlx::query_as(
+        "SELECT round, node, nodes, actor FROM chime_workflow_reruns WHERE run_id = $1",
+    )
+    .bind(failed)
+    .fetch_one(&pool)
+    .await
+    .expect("the rerun is recorded");
+    assert_eq!(
+        (rerun.0, rerun.1.as_str(), rerun.3.as_str()),
+        (1, "load", "token:alice")
+    );
+    assert_eq!(rerun.2.len(), 4, "{rerun:?}");
+    screenshot_from_top(&browser, "workflow-run-rerun").await;
+
+    // The finished run.
+    browser
+        .open(&base, &format!("#/workflows/runs/{finished}"))
+        .await;
+    browser
+        .wait_text("#wf-run-state", |t| t == "succeeded")
+        .await;
+    assert_eq!(
+        dag_states(&browser).await,
+        pairs(&[
+            ("orders", "succeeded"),
+            ("payments", "succeeded"),
+            ("join", "succeeded"),
+            ("load", "succeeded"),
+            ("report", "succeeded"),
+            ("rollback", "skipped"),
+            ("cleanup", "succeeded"),
+        ])
+    );
+    browser
+        .wait_text("#wf-progress", |t| {
+            t == "7 of 7 nodes ended: 6 succeeded, 1 skipped"
+        })
+        .await;
+    screenshot_from_top(&browser, "workflow-run-finished").await;
+
+    // The workflow's job: the jobs list and its page link to the workflow; its run's page
+    // links to the workflow run's.
+    browser.open(&base, "#/jobs").await;
+    let href = |css: &'static str| {
+        let browser = &browser;
+        async move {
+            browser
+                .eval(
+                    "const a = document.querySelector(arguments[0]); return a && a.getAttribute('href');",
+                    json!([css]),
+                )
+                .await
+        }
+    };
+    assert_eq!(
+        href("tr[data-job=\"nightly-etl\"] a.workflow-link").await,
+        "#/workflows/nightly-etl"
+    );
+    browser.open(&base, "#/jobs/nightly-etl").await;
+    assert_eq!(href("#workflow-link").await, "#/workflows/nightly-etl");
+    browser.open(&base, &format!("#/runs/{finished}")).await;
+    browser.wait_text("#run-state", |t| t == "succeeded").await;
+    assert_eq!(
+        href("#workflow-run-link").await,
+        format!("#/workflows/runs/{finished}")
+    );
+
+    // 50 nodes: drawn readably (at least 60%, scrolling where wider), running.
+    let fifty_run = workflow_run_row(&pool, "fifty", "running", None, json!({})).await;
+    let states = |nodes: &[Value], state: &dyn Fn(usize) -> Option<&'static str>| {
+        nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, n)| {
+                state(i).map(|s| {
+                    (
+                        n["name"].as_str().expect("name").to_owned(),
+                        "step".to_owned(),
+                        s,
+                        None,
+                    )
+                })
+            })
+            .collect::<Vec<_>>()
+    };
+    node_run_rows(
+        &pool,
+        fifty_run,
+        group,
+        &states(&fifty, &|i| match i {
+            0..19 => Some("succeeded"),
+            19..24 => Some("succeeded"),
+            24..28 => Some("running"),
+            28 => Some("retrying"),
+            29 | 30 => Some("queued"),
+            _ => None,
+        }),
+    )
+    .await;
+    browser
+        .open(&base, &format!("#/workflows/runs/{fifty_run}"))
+        .await;
+    browser.wait_text("#wf-run-state", |t| t == "running").await;
+    let drawn = dag_states(&browser).await;
+    assert_eq!(drawn.len(), 50);
+    assert_eq!(drawn.iter().filter(|(_, s)| s == "waiting").count(), 19);
+    assert_eq!(
+        browser
+            .eval(DAG_EDGES, json!([]))
+            .await
+            .as_array()
+            .map(Vec::len),
+        Some(edge_count(&fifty))
+    );
+    let scale = browser
+        .eval(
+            "return Number(document.getElementById('wf-dag').getAttribute('data-scale'));",
+            json!([]),
+        )
+        .await;
+    assert!(
+        scale.as_f64().is_some_and(|s| (0.6..=1.0).contains(&s)),
+        "{scale}"
+    );
+    screenshot_from_top(&browser, "workflow-run-50").await;
+
+    // 1,000 nodes: the page opens and follows a node's change in place without freezing.
+    let big = workflow_run_row(&pool, "thousand", "running", None, json!({})).await;
+    node_run_rows(
+        &pool,
+        big,
+        group,
+        &states(&thousand, &|i| match i {
+            0..500 => Some("succeeded"),
+            500..550 => Some("running"),
+            _ => None,
+        }),
+    )
+    .await;
+    let started = std::time::Instant::now();
+    browser
+        .open(&base, &format!("#/workflows/runs/{big}"))
+        .await;
+    let opened = started.elapsed();
+    assert_eq!(
+        browser
+            .eval(
+                "return [document.querySelectorAll('#wf-dag a.wf-node').length, \
+                 document.querySelectorAll('#wf-dag path.wf-edge').length, \
+                 document.querySelectorAll('#wf-nodes tbody tr').length];",
+                json!([])
+            )
+            .await,
+        json!([1000, edge_count(&thousand), 1000])
+    );
+    browser
+        .eval(
+            "document.getElementById('wf-dag').kept = true; return true;",
+            json!([]),
+        )
+        .await;
+    let changed = std::time::Instant::now();
+    node_run_rows(
+        &pool,
+        big,
+        group,
+        &[("s11-0".to_owned(), "step".to_owned(), "running", None)],
+    )
+    .await;
+    browser
+        .wait_text(
+            "#wf-dag a.wf-node[data-node=\"s11-0\"][data-state=\"running\"]",
+            |_| true,
+        )
+        .await;
+    let followed = changed.elapsed();
+    assert_eq!(
+        browser
+            .eval(
+                "return document.getElementById('wf-dag').kept === true;",
+                json!([])
+            )
+            .await,
+        true
+    );
+    eprintln!("1,000 nodes: the page opened in {opened:?}, followed a change in {followed:?}");
+    assert!(
+        opened < Duration::from_secs(15) && followed < Duration::from_secs(10),
+        "opened in {opened:?}, followed in {followed:?}"
+    );
+    screenshot_from_top(&browser, "workflow-run-1000").await;
+
+    // Cancel of the running run, from its page.
+    browser
+        .open(&base, &format!("#/workflows/runs/{running}"))
+        .await;
+    browser
+        .click("button.cancel-workflow:not([disabled])")
+        .await;
+    browser
+        .wait_text("#notice", |t| {
+            t == format!("Cancel of workflow run #{running}: cancel_requested")
+        })
+        .await;
+    browser
+        .wait_text("#wf-run-fields", |t| t.contains("requested"))
+        .await;
+    let errors = browser.console_errors().await;
+    assert!(errors.is_empty(), "console errors: {errors:?}");
+
+    // A viewer reads the same pages without Rerun or Cancel.
+    browser.click("#logout").await;
+    login(&browser, &base, &viewer, "token:grafana (viewer)").await;
+    browser
+        .open(&base, &format!("#/workflows/runs/{finished}"))
+        .await;
+    browser
+        .wait_text("#wf-run-state", |t| t == "succeeded")
+        .await;
+    assert_eq!(dag_states(&browser).await.len(), 7);
+    assert_eq!(browser.eval(buttons, json!([])).await, json!([0, 0]));
+    browser
+        .open(&base, &format!("#/workflows/runs/{failed}"))
+        .await;
+    browser.wait_text("#wf-run-state", |t| t == "running").await;
+    assert_eq!(browser.eval(buttons, json!([])).await, json!([0, 0]));
+    browser.open(&base, "#/workflows/nightly-etl").await;
+    screenshot_from_top(&browser, "workflow-viewer").await;
+    let errors = browser.console_errors().await;
+    assert!(errors.is_empty(), "console errors: {errors:?}");
+
+    browser.quit().await;
+    drop(browser);
+    instance.stop().await;
+    t.finish().await;
 }

@@ -95,11 +95,15 @@ function actionButton(label, cls, action, after) {
 function table(columns, rows, rowAttrs) {
   return el("table", {},
     el("thead", {}, el("tr", {}, columns.map(([label]) => el("th", {}, label)))),
-    el("tbody", {}, rows.map((row) => el("tr", rowAttrs ? rowAttrs(row) : {},
-      columns.map(([, cell]) => {
-        const value = cell(row);
-        return el("td", {}, value instanceof Node || Array.isArray(value) ? value : show(value));
-      })))));
+    el("tbody", {}, rows.map((row) => tableRow(columns, row, rowAttrs ? rowAttrs(row) : {}))));
+}
+
+// One row of table(): a cell per column, a value that is no element shown as text.
+function tableRow(columns, row, attrs) {
+  return el("tr", attrs, columns.map(([, cell]) => {
+    const value = cell(row);
+    return el("td", {}, value instanceof Node || Array.isArray(value) ? value : show(value));
+  }));
 }
 
 function runLink(id) {
@@ -303,7 +307,9 @@ async function jobs(page) {
       : null),
     table([
       ["name", (j) => el("a", { class: "clip", title: j.name, href: jobHref(j.name) }, j.name)],
-      ["group", (j) => clipped(j.group)], ["schedule", (j) => el("code", { class: "nowrap" }, j.schedule)],
+      ["group", (j) => (isWorkflow(j) ? el("a", { class: "workflow-link", href: workflowHref(j.name),
+        title: "a workflow: its DAG and runs" }, "workflow") : clipped(j.group))],
+      ["schedule", (j) => el("code", { class: "nowrap" }, j.schedule)],
       ["time zone", (j) => j.timezone],
       ["next fire", (j) => zoned(j.next_fire_local || j.next_fire, j.timezone)],
       ["state", pauseBadge],
@@ -314,6 +320,11 @@ async function jobs(page) {
 
 function jobHref(name, sub) {
   return "#/jobs/" + encodeURIComponent(name) + (sub ? "/" + sub : "");
+}
+
+// Whether job record `j` is a workflow (a job of kind workflow: docs/workflows.md).
+function isWorkflow(j) {
+  return Boolean(j.spec) && j.spec.kind === "workflow";
 }
 
 // Trigger (through its dialog) and pause or resume.
@@ -433,6 +444,7 @@ async function job(page, name) {
     el("h1", {}, "Job " + j.name + " ", j.source === "api" ? badge("created through the API", "info") : badge("job file", "muted"),
       " ", pauseBadge(j)),
     el("p", { class: "toolbar" }, jobActions(j),
+      isWorkflow(j) ? el("a", { id: "workflow-link", class: "button", href: workflowHref(name) }, "Workflow DAG") : null,
       el("a", { id: "report-link", class: "button", href: jobHref(name, "report") }, "Report"),
       editable ? el("a", { id: "edit-job", class: "button", href: jobHref(name, "edit") }, "Edit") : null,
       del, confirm),
@@ -446,14 +458,17 @@ async function job(page, name) {
     el("table", { class: "fields", id: "definition" }, [
       ["schedule", el("code", {}, j.schedule)], ["time zone", zone],
       ["next fire", zoned(j.next_fire_local || j.next_fire, zone)],
-      ["group", spec.group], ["description", spec.description],
-      ["retry", retryText(spec.retry)], ["timeout", spec.timeout || "none"],
+      ["group", spec.group],
+      isWorkflow(j) ? ["workflow", el("a", { href: workflowHref(name) },
+        (spec.nodes || []).length + " node" + ((spec.nodes || []).length === 1 ? "" : "s") + ": its DAG and runs")] : null,
+      ["description", spec.description],
+      isWorkflow(j) ? null : ["retry", retryText(spec.retry)], ["timeout", spec.timeout || "none"],
       ["concurrency", CONCURRENCY[spec.concurrency] || spec.concurrency],
       ["misfire", (MISFIRE[spec.misfire] || spec.misfire) + " (grace " + spec.misfire_grace + ")"],
       ["params", el("pre", { id: "job-params-view", class: "payload" }, JSON.stringify(spec.params, null, 2))],
       ["secret params", spec.secret_params && spec.secret_params.length ? spec.secret_params.join(", ") : null],
       ["source", j.source === "api" ? "created through the API" : "job file"],
-    ].filter(([, v]) => v !== undefined).map(([k, v]) =>
+    ].filter((f) => f !== null && f[1] !== undefined).map(([k, v]) =>
       el("tr", {}, el("th", {}, k), el("td", {}, v instanceof Node ? v : show(v))))),
     el("h2", {}, "Next fire times (" + zone + ")"),
     j.upcoming.length
@@ -1107,29 +1122,40 @@ async function runs(page, query) {
   page.refresh = [3000, () => edited || form.contains(document.activeElement)];
 }
 
-// A job's time zone, read once per job while the page lives (UTC for a job that is gone).
-const jobZoneCache = new Map();
-async function jobZone(name) {
-  if (!jobZoneCache.has(name)) {
-    let zone = "UTC";
+// A job's time zone and kind, read once per job while the page lives (UTC and no kind for a
+// job that is gone).
+const jobInfoCache = new Map();
+async function jobInfo(name) {
+  if (!jobInfoCache.has(name)) {
+    let info = { zone: "UTC", kind: null };
     try {
-      zone = (await api("GET", "/api/jobs/" + encodeURIComponent(name))).timezone || "UTC";
+      const j = await api("GET", "/api/jobs/" + encodeURIComponent(name));
+      info = { zone: j.timezone || "UTC", kind: (j.spec && j.spec.kind) || "single" };
     } catch (e) {
       // Deleted jobs keep their runs; their times show in UTC.
     }
-    jobZoneCache.set(name, zone);
+    jobInfoCache.set(name, info);
   }
-  return jobZoneCache.get(name);
+  return jobInfoCache.get(name);
+}
+
+async function jobZone(name) {
+  return (await jobInfo(name)).zone;
 }
 
 async function run(page, id) {
   const r = await api("GET", "/api/runs/" + encodeURIComponent(id));
-  const [zone, tasks] = await Promise.all([jobZone(r.job),
+  const [info, tasks] = await Promise.all([jobInfo(r.job),
     r.tasks_total > 0 ? api("GET", "/api/runs/" + r.id + "/tasks?limit=" + TASK_GRID_MAX) : null]);
+  const zone = info.zone;
   const at = (iso) => zoned(iso, zone);
   const parent = r.parent;
+  // A run of a workflow is a workflow run: its nodes are on its own page.
+  const workflowRun = info.kind === "workflow" && !parent && r.trigger !== "workflow";
   const fields = [
     ["job", r.job], ["group", r.group], ["trigger", r.trigger], ["requested by", r.requested_by],
+    workflowRun ? ["workflow run", el("a", { id: "workflow-run-link", href: workflowRunHref(r.id) },
+      "its nodes and DAG")] : null,
     r.backfill_id !== null && r.backfill_id !== undefined ? ["backfill", backfillLink(r.backfill_id)] : null,
     r.upstream_run_id !== null && r.upstream_run_id !== undefined ? ["after run", runLink(r.upstream_run_id)] : null,
     r.children && r.children.length > 0 ? ["child runs", el("span", { class: "stack", id: "run-children" },
@@ -1236,6 +1262,438 @@ function logBox(r, zone) {
   const follow = !same || old.scrollTop + old.clientHeight >= old.scrollHeight - 4;
   const top = same ? old.scrollTop : 0;
   return { box, shown: () => { box.scrollTop = follow ? box.scrollHeight : top; } };
+}
+
+// ---- workflows ------------------------------------------------------------------------------
+
+// A workflow (docs/workflows.md) is a job of kind workflow; each fire is a workflow run, whose
+// nodes' runs are ordinary runs of their jobs (with their own run pages, attempts and logs).
+
+function workflowHref(name) {
+  return "#/workflows/" + encodeURIComponent(name);
+}
+
+function workflowRunHref(id) {
+  return "#/workflows/runs/" + id;
+}
+
+function workflowRunLink(id) {
+  return el("a", { class: "workflow-run-link", href: workflowRunHref(id) }, "#" + id);
+}
+
+// A field table's rows from [label, value] pairs (null pairs left out).
+function fieldRows(fields) {
+  return fields.filter((f) => f !== null).map(([k, v]) =>
+    el("tr", {}, el("th", {}, k), el("td", {}, v instanceof Node ? v : show(v))));
+}
+
+// The workflows: size, schedule, state and latest run of each, by name.
+async function workflows(page) {
+  const { workflows } = await api("GET", "/api/workflows");
+  const last = await Promise.all(workflows.map((w) =>
+    api("GET", workflowRunsPath(w.name, 1)).then((p) => p.runs[0])));
+  const lastRun = new Map(workflows.map((w, i) => [w.name, last[i]]));
+  page.append(el("h1", {}, "Workflows"), workflows.length
+    ? table([
+      ["name", (w) => el("a", { class: "clip", title: w.name, href: workflowHref(w.name) }, w.name)],
+      ["nodes", (w) => w.nodes], ["layers", (w) => w.layers],
+      ["schedule", (w) => el("code", { class: "nowrap" }, w.schedule)],
+      ["state", pauseBadge],
+      ["last run", (w) => { const r = lastRun.get(w.name); return r ? el("span", { class: "nowrap" }, workflowRunLink(r.id), " ", stateCell(r.state)) : "—"; }],
+      ["description", (w) => (w.description ? el("span", { class: "clip wide", title: w.description }, w.description) : "—")],
+    ], workflows, (w) => ({ "data-workflow": w.name }))
+    : el("p", { id: "workflows-none", class: "muted" },
+      "No workflows. A workflow is declared under [[workflows]] in a job file, or created as a job of kind workflow."));
+}
+
+// Runs of a workflow the workflow page lists, newest first.
+const WORKFLOW_RUNS_SHOWN = 20;
+
+function workflowRunsPath(name, limit) {
+  return "/api/workflows/" + encodeURIComponent(name) + "/runs?limit=" + (limit || WORKFLOW_RUNS_SHOWN);
+}
+
+// One workflow: its definition, its DAG (a node opens its job), and its recent runs, each
+// opening its workflow run page; the list follows new runs and their states in place.
+async function workflow(page, name) {
+  const enc = encodeURIComponent(name);
+  const [w, j, recent] = await Promise.all([api("GET", "/api/workflows/" + enc),
+    api("GET", "/api/jobs/" + enc), api("GET", workflowRunsPath(name))]);
+  const zone = j.timezone;
+  const spec = j.spec;
+  const dag = dagView(w.nodes, null);
+  page.append(
+    el("h1", {}, "Workflow " + w.name + " ", pauseBadge(j)),
+    el("p", { class: "toolbar" }, jobActions(j),
+      el("a", { id: "workflow-job", class: "button", href: jobHref(name) }, "Job page")),
+    dag.element,
+    el("h2", {}, "Definition"),
+    el("table", { class: "fields", id: "workflow-definition" }, fieldRows([
+      ["schedule", el("code", {}, j.schedule)], ["time zone", zone],
+      ["next fire", zoned(j.next_fire_local || j.next_fire, zone)],
+      ["nodes", w.nodes.length + " in " + w.layers + " layer" + (w.layers === 1 ? "" : "s")],
+      ["description", w.description], ["timeout", spec.timeout || "none"],
+      ["concurrency", CONCURRENCY[spec.concurrency] || spec.concurrency],
+      ["params", spec.params === undefined || spec.params === null ? "none"
+        : el("pre", { class: "payload" }, JSON.stringify(spec.params, null, 2))],
+      ["source", w.source === "api" ? "created through the API" : "job file"],
+    ])),
+    el("h2", {}, "Recent runs"),
+    workflowRunList(recent.runs, zone));
+  page.shown = dag.fit;
+  page.refresh = [3000, null, () => redrawWorkflowRuns(name, zone)];
+}
+
+function workflowRunList(runs, zone) {
+  const box = el("div", { id: "workflow-runs", "data-sig": JSON.stringify(runs) });
+  if (!runs.length) box.append(el("p", { class: "muted" }, "No runs yet."));
+  else {
+    box.append(table([
+      ["run", (r) => workflowRunLink(r.id)], ["state", (r) => stateCell(r.state)], ["trigger", runTrigger],
+      ["scheduled", (r) => zoned(r.scheduled_at, zone)], ["started", (r) => zoned(r.started_at, zone)],
+      ["finished", (r) => zoned(r.finished_at, zone)],
+      ["duration", (r) => el("span", { class: "nowrap" }, duration(runMs(r)))],
+      ["reason", (r) => (r.reason ? el("span", { class: "clip wide", title: r.reason }, r.reason) : "—")],
+    ], runs, (r) => ({ "data-run-id": r.id, "data-state": r.state })));
+  }
+  return box;
+}
+
+// Reads the workflow's runs again and redraws their list in place when it changed; every 3 s
+// while the page is open (new runs come from its schedule).
+async function redrawWorkflowRuns(name, zone) {
+  const mine = rendering;
+  const again = () => refreshIn(3000, null, () => redrawWorkflowRuns(name, zone));
+  let recent;
+  try {
+    recent = await api("GET", workflowRunsPath(name));
+  } catch (e) {
+    if (e.message === "unauthenticated" || mine !== rendering) return;
+    notice(e.message, true);
+    again();
+    return;
+  }
+  const old = document.getElementById("workflow-runs");
+  if (mine !== rendering || !old) return;
+  if (old.dataset.sig !== JSON.stringify(recent.runs)) old.replaceWith(workflowRunList(recent.runs, zone));
+  again();
+}
+
+// A node's state in a workflow run: its current run's, or `waiting` while it has none.
+function nodeState(n) {
+  return n.run ? n.run.state : "waiting";
+}
+
+// One workflow run: its state and times, Cancel (operators, while it has not ended), its DAG
+// with each node coloured by its run's state (a node opens its run's page), and its nodes as a
+// table with a Rerun from each (operators, once the run has ended). While the run has not
+// ended the page reads it every second and updates what changed in place: the DAG is drawn
+// once, only its nodes' states change.
+async function workflowRun(page, id) {
+  const v = await api("GET", "/api/workflows/runs/" + encodeURIComponent(id));
+  const zone = await jobZone(v.workflow);
+  const dag = dagView(v.nodes, v);
+  page.append(workflowRunHead(v, zone), dag.element, el("h2", {}, "Details"), workflowRunFields(v, zone),
+    el("h2", {}, "Nodes"), nodeTable(v, zone));
+  page.shown = dag.fit;
+  if (!TERMINAL.has(v.state)) page.refresh = [1000, null, () => redrawWorkflowRun(v.id, zone)];
+}
+
+async function redrawWorkflowRun(id, zone) {
+  const mine = rendering;
+  let v;
+  try {
+    v = await api("GET", "/api/workflows/runs/" + id);
+  } catch (e) {
+    if (e.message === "unauthenticated" || mine !== rendering) return;
+    notice(e.message, true);
+    refreshIn(1000, null, () => redrawWorkflowRun(id, zone));
+    return;
+  }
+  const graph = document.getElementById("wf-dag");
+  if (mine !== rendering || !graph || graph.getAttribute("data-run-id") !== String(id)) return;
+  for (const fresh of [workflowRunHead(v, zone), workflowRunFields(v, zone)]) {
+    const old = document.getElementById(fresh.id);
+    if (old && old.dataset.sig !== fresh.dataset.sig) old.replaceWith(fresh);
+  }
+  if (graph.getAttribute("data-shape") === dagShape(v.nodes)) paintDag(graph, v.nodes, v);
+  else document.getElementById("wf-dag-section").replaceWith(dagView(v.nodes, v).element);
+  updateNodeTable(v, zone);
+  if (!TERMINAL.has(v.state)) refreshIn(1000, null, () => redrawWorkflowRun(id, zone));
+}
+
+// How many of the nodes are in each state, in words: `3 of 7 nodes ended: 2 succeeded, …`.
+function nodeProgress(nodes) {
+  const counts = new Map();
+  for (const n of nodes) counts.set(nodeState(n), (counts.get(nodeState(n)) || 0) + 1);
+  const ended = nodes.filter((n) => TERMINAL.has(nodeState(n))).length;
+  const parts = RUN_STATES.concat(["waiting"]).filter((s) => counts.has(s)).map((s) => counts.get(s) + " " + s);
+  return ended + " of " + nodes.length + " node" + (nodes.length === 1 ? "" : "s") + " ended: " + parts.join(", ");
+}
+
+// The workflow run's heading: its state, Cancel (operators, while it has not ended), links and
+// its nodes' states in words. `data-sig` says what it shows, so a poll that changed none of it
+// leaves it as it is (and a button under the pointer where it is).
+function workflowRunHead(v, zone) {
+  const live = !TERMINAL.has(v.state);
+  const progress = nodeProgress(v.nodes);
+  const cancel = live && mayOperate() ? actionButton("Cancel", "cancel-workflow", async () => {
+    const c = await api("POST", "/api/workflows/runs/" + v.id + "/cancel");
+    return "Cancel of workflow run #" + v.id + ": " + c.outcome;
+  }, () => redrawWorkflowRun(v.id, zone)) : null;
+  return el("div", { id: "wf-run-head", "data-state": v.state,
+    "data-sig": JSON.stringify([v.state, v.workflow, progress, mayOperate()]) },
+  el("h1", {}, "Workflow run #" + v.id + " ",
+    el("span", { id: "wf-run-state", class: "state state-" + v.state }, v.state)),
+  el("p", { class: "toolbar" }, cancel,
+    el("a", { id: "wf-workflow-link", class: "button", href: workflowHref(v.workflow) }, "Workflow " + v.workflow),
+    el("a", { id: "wf-run-link", class: "button", href: "#/runs/" + v.id }, "Run page"),
+    el("span", { id: "wf-progress" }, progress)));
+}
+
+// The workflow run's fields: reason, trigger, round, times and params.
+function workflowRunFields(v, zone) {
+  const at = (iso) => zoned(iso, zone);
+  return el("table", { class: "fields", id: "wf-run-fields",
+    "data-sig": JSON.stringify(Object.assign({}, v, { nodes: null })) }, fieldRows([
+    ["workflow", el("a", { href: workflowHref(v.workflow) }, v.workflow)],
+    ["state", stateCell(v.state)],
+    ["reason", v.reason],
+    ["trigger", v.trigger],
+    ["round", el("span", { id: "wf-round", title: "0, one more per rerun" }, String(v.round))],
+    ["scheduled", at(v.scheduled_at)], ["started", at(v.started_at)],
+    ["finished", at(v.finished_at)], ["took", duration(runMs(v))],
+    ["deadline", at(v.deadline_at)],
+    ["cancel", v.cancel_requested ? "requested" : "not requested"],
+    ["params", el("pre", { id: "wf-params", class: "payload" }, JSON.stringify(v.params, null, 2))],
+  ]));
+}
+
+// The nodes as a table, one row per node (`data-node`), updated row by row.
+function nodeColumns(v, zone) {
+  const at = (iso) => zoned(iso, zone);
+  const rerun = TERMINAL.has(v.state) && mayOperate();
+  const when = (e) => e.node + (e.when === "success" ? "" : " (" + e.when + ")");
+  return [
+    ["node", (n) => el("span", { class: "clip", title: n.name }, n.name)],
+    ["job", (n) => el("a", { class: "clip", title: n.job, href: jobHref(n.job) }, n.job)],
+    ["state", (n) => stateCell(nodeState(n))],
+    ["run", (n) => (n.run ? runLink(n.run.id) : "—")],
+    rerun ? ["", (n) => rerunButton(v, n, zone)] : null,
+    ["attempt", (n) => (n.run ? n.run.attempt : "—")],
+    ["after", (n) => (n.after.length ? clipped(n.after.map(when).join(", ")) : "—")],
+    ["on failure", (n) => n.on_failure],
+    ["layer", (n) => n.layer],
+    ["started", (n) => at(n.run && n.run.started_at)],
+    ["finished", (n) => at(n.run && n.run.finished_at)],
+    ["duration", (n) => el("span", { class: "nowrap" }, duration(n.run ? runMs(n.run) : null))],
+    ["reason", (n) => (n.run && n.run.reason ? el("span", { class: "clip wide", title: n.run.reason }, n.run.reason) : "—")],
+    ["earlier rounds", (n) => el("span", { class: "earlier-runs" }, String(n.earlier_runs))],
+  ].filter((c) => c !== null);
+}
+
+function nodeRow(columns, n) {
+  return tableRow(columns, n, { "data-node": n.name, "data-state": nodeState(n),
+    "data-sig": JSON.stringify([n.run, n.earlier_runs]) });
+}
+
+function nodeTable(v, zone) {
+  const columns = nodeColumns(v, zone);
+  return el("div", { id: "wf-nodes", "data-columns": columns.length },
+    el("table", {},
+      el("thead", {}, el("tr", {}, columns.map(([label]) => el("th", {}, label)))),
+      el("tbody", {}, v.nodes.map((n) => nodeRow(columns, n)))));
+}
+
+// Redraws the rows whose node changed (all of them when the columns did: Rerun comes with the
+// run's end).
+function updateNodeTable(v, zone) {
+  const old = document.getElementById("wf-nodes");
+  const columns = nodeColumns(v, zone);
+  const rows = old ? old.querySelectorAll("tbody tr") : [];
+  if (!old || old.dataset.columns !== String(columns.length) || rows.length !== v.nodes.length) {
+    if (old) old.replaceWith(nodeTable(v, zone));
+    return;
+  }
+  v.nodes.forEach((n, i) => {
+    const row = rows[i];
+    if (row.dataset.node !== n.name || row.dataset.sig !== JSON.stringify([n.run, n.earlier_runs])) {
+      row.replaceWith(nodeRow(columns, n));
+    }
+  });
+}
+
+function rerunButton(v, n, zone) {
+  const button = actionButton("Rerun from here", "rerun", async () => {
+    const x = await api("POST", "/api/workflows/runs/" + v.id + "/rerun", { node: n.name });
+    const named = x.nodes.length > 10 ? x.nodes.slice(0, 10).join(", ") + " and " + (x.nodes.length - 10) + " more"
+      : x.nodes.join(", ");
+    return "Rerunning workflow run #" + x.run_id + " from " + n.name + " in round " + x.round + ": " + named;
+  }, () => redrawWorkflowRun(v.id, zone));
+  button.setAttribute("data-node", n.name);
+  button.setAttribute("aria-label", "Rerun workflow run #" + v.id + " from node " + n.name);
+  return button;
+}
+
+// ---- the DAG: SVG built here, no library -----------------------------------------------------
+
+// Node boxes and the gaps between them, in SVG units (pixels at 100%).
+const DAG = { w: 160, h: 40, gapX: 70, gapY: 16, pad: 12 };
+
+// The layered layout: a column per layer (the API's `layer`: 0 for the nodes after none, else
+// the longest path from those), and in each column the nodes one under the other, each column
+// centred on the tallest. Layer 0 keeps the definition's order; each next layer is ordered by
+// the mean row of the nodes its nodes come after, which keeps edges short and crossings few.
+// Linear in nodes and edges: a 1,000-node DAG lays out in milliseconds.
+function dagLayout(nodes) {
+  const index = new Map(nodes.map((n, i) => [n.name, i]));
+  const layers = [];
+  nodes.forEach((n, i) => {
+    if (!layers[n.layer]) layers[n.layer] = [];
+    layers[n.layer].push(i);
+  });
+  let tallest = 1;
+  for (const members of layers) tallest = Math.max(tallest, members ? members.length : 0);
+  const row = new Float64Array(nodes.length);
+  const pos = new Array(nodes.length);
+  layers.forEach((members, depth) => {
+    if (depth > 0) {
+      const mean = new Map(members.map((i) => {
+        const ups = nodes[i].after.map((e) => index.get(e.node)).filter((u) => u !== undefined);
+        return [i, ups.length ? ups.reduce((sum, u) => sum + row[u], 0) / ups.length : tallest];
+      }));
+      members.sort((a, b) => mean.get(a) - mean.get(b) || a - b);
+    }
+    const offset = (tallest - members.length) / 2;
+    members.forEach((i, r) => {
+      row[i] = offset + r;
+      pos[i] = { x: DAG.pad + depth * (DAG.w + DAG.gapX), y: DAG.pad + (offset + r) * (DAG.h + DAG.gapY) };
+    });
+  });
+  return { index, pos,
+    width: 2 * DAG.pad + layers.length * (DAG.w + DAG.gapX) - DAG.gapX,
+    height: 2 * DAG.pad + tallest * (DAG.h + DAG.gapY) - DAG.gapY };
+}
+
+// What the drawing depends on (names, layers, edges): a poll redraws the DAG only if it changed.
+function dagShape(nodes) {
+  return JSON.stringify(nodes.map((n) => [n.name, n.layer, n.after.map((e) => e.node + " " + e.when)]));
+}
+
+// `text` cut to `max` characters with an ellipsis (the whole of it is in the node's tooltip).
+function cut(text, max) {
+  return text.length > max ? text.slice(0, max - 1) + "…" : text;
+}
+
+const EDGE_WHENS = ["success", "failure", "always"];
+
+// The DAG of `nodes` as SVG: an edge (`path.wf-edge`, dashed for `failure`, dotted for
+// `always`) from each node in a node's `after` to it, and a rounded box per node
+// (`a.wf-node`) with its name and job. With `v` (a workflow run) a box is coloured by its
+// node's run state and opens that run's page; without, it is the definition's and opens the
+// node's job. Returns the drawing with its zoom buttons and legend, and `fit`, which sizes it
+// to the page's width once it is shown (no smaller than 60%, then it scrolls).
+function dagView(nodes, v) {
+  const layout = dagLayout(nodes);
+  const { width, height } = layout;
+  const graph = svg("svg", { id: "wf-dag", class: "dag", width, height, viewBox: "0 0 " + width + " " + height,
+    role: "group", "data-run-id": v ? v.id : null, "data-shape": dagShape(nodes),
+    "aria-label": "the DAG: " + nodes.length + " nodes, a column per layer" });
+  graph.append(svg("defs", {}, ...EDGE_WHENS.map((when) =>
+    svg("marker", { id: "wf-arrow-" + when, class: "wf-arrow when-" + when, viewBox: "0 0 8 8", refX: 8, refY: 4,
+      markerWidth: 7, markerHeight: 7, orient: "auto" }, svg("path", { d: "M0 0L8 4L0 8z" })))));
+  const edges = svg("g", { class: "wf-edges" });
+  const boxes = svg("g", { class: "wf-nodes" });
+  const elements = new Map();
+  nodes.forEach((n, i) => {
+    const to = layout.pos[i];
+    for (const e of n.after) {
+      const u = layout.index.get(e.node);
+      if (u === undefined) continue;
+      const from = layout.pos[u];
+      const [x1, y1, x2, y2] = [from.x + DAG.w, from.y + DAG.h / 2, to.x - 1, to.y + DAG.h / 2];
+      const c = Math.max(24, (x2 - x1) / 2);
+      edges.append(svg("path", { class: "wf-edge when-" + e.when, "data-from": e.node, "data-to": n.name,
+        "data-when": e.when, "marker-end": "url(#wf-arrow-" + e.when + ")",
+        d: "M" + x1 + " " + y1 + "C" + (x1 + c) + " " + y1 + " " + (x2 - c) + " " + y2 + " " + x2 + " " + y2 },
+      svg("title", {}, e.node + " → " + n.name + " (when = " + e.when + ")")));
+    }
+    const node = svg("a", { class: "wf-node", "data-node": n.name, transform: "translate(" + to.x + " " + to.y + ")" },
+      svg("rect", { class: "wf-box", width: DAG.w, height: DAG.h, rx: 6, ry: 6 }),
+      svg("text", { class: "wf-name", x: 8, y: 16 }, cut(n.name, 21)),
+      svg("text", { class: "wf-job", x: 8, y: 31 }, cut(n.job, 24)),
+      svg("title", {}, ""));
+    elements.set(n.name, node);
+    boxes.append(node);
+  });
+  graph.append(edges, boxes);
+  graph.nodeElements = elements;
+  const legend = el("ul", { id: "wf-legend", class: "legend" });
+  graph.legend = legend;
+  paintDag(graph, nodes, v);
+
+  const box = el("div", { id: "wf-dag-box", class: "dag-box" }, graph);
+  const level = el("span", { id: "wf-zoom", class: "muted" });
+  const zoom = (scale) => {
+    const s = Math.min(2, Math.max(0.1, scale));
+    graph.setAttribute("width", Math.round(width * s));
+    graph.setAttribute("height", Math.round(height * s));
+    graph.setAttribute("data-scale", s.toFixed(3));
+    level.textContent = Math.round(s * 100) + "%";
+  };
+  const scale = () => Number(graph.getAttribute("data-scale"));
+  const room = () => Math.max(1, box.clientWidth - 2);
+  zoom(1);
+  const button = (id, label, title, onclick) => el("button", { type: "button", id, title, onclick }, label);
+  const element = el("div", { id: "wf-dag-section" },
+    el("p", { class: "toolbar" },
+      button("wf-zoom-out", "−", "zoom out", () => zoom(scale() / 1.25)),
+      button("wf-zoom-in", "+", "zoom in", () => zoom(scale() * 1.25)),
+      button("wf-zoom-reset", "100%", "actual size", () => zoom(1)),
+      button("wf-zoom-all", "Whole DAG", "fit the whole DAG in view", () =>
+        zoom(Math.min(1, room() / width, Math.max(1, window.innerHeight * 0.75 - 2) / height))),
+      level,
+      el("span", { class: "muted" }, " " + nodes.length + " node" + (nodes.length === 1 ? "" : "s") +
+        (v ? "; a node opens its run" : "; a node opens its job"))),
+    box, legend);
+  return { element, fit: () => zoom(Math.min(1, Math.max(0.6, room() / width))) };
+}
+
+// Sets each node's state (class `state-STATE`, `data-state`), link and tooltip, touching only
+// the nodes that changed, and the legend of the states shown.
+function paintDag(graph, nodes, v) {
+  const seen = new Set();
+  for (const n of nodes) {
+    const node = graph.nodeElements.get(n.name);
+    const state = v ? nodeState(n) : "definition";
+    seen.add(state);
+    const sig = JSON.stringify([state, n.run, n.earlier_runs]);
+    if (!node || node.getAttribute("data-sig") === sig) continue;
+    node.setAttribute("data-sig", sig);
+    node.setAttribute("class", "wf-node state-" + state);
+    node.setAttribute("data-state", state);
+    const href = v ? (n.run ? "#/runs/" + n.run.id : null) : jobHref(n.job);
+    if (href) node.setAttribute("href", href);
+    else node.removeAttribute("href");
+    if (n.run) node.setAttribute("data-run-id", n.run.id);
+    else node.removeAttribute("data-run-id");
+    node.querySelector("rect").setAttribute("class", "wf-box " + (v && n.run ? "bar-" + state : "wf-box-" + state));
+    const r = n.run;
+    node.querySelector("title").textContent = [n.name, "job " + n.job,
+      v ? state + (r ? " (run #" + r.id + ", attempt " + r.attempt + ", round " + r.round + ")" : ": no run yet") : null,
+      r && r.reason ? r.reason : null,
+      n.earlier_runs ? n.earlier_runs + " earlier round" + (n.earlier_runs === 1 ? "" : "s") : null,
+      n.after.length ? "after " + n.after.map((e) => e.node + (e.when === "success" ? "" : " (" + e.when + ")")).join(", ") : null,
+      "on failure: " + n.on_failure,
+    ].filter((line) => line !== null).join("\n");
+  }
+  const states = v ? RUN_STATES.concat(["waiting"]).filter((s) => seen.has(s)) : [];
+  const key = JSON.stringify(states);
+  if (graph.legend.getAttribute("data-key") === key) return;
+  graph.legend.setAttribute("data-key", key);
+  graph.legend.replaceChildren(
+    ...states.map((s) => el("li", {}, el("span", { class: "swatch " + (s === "waiting" ? "swatch-waiting" : "bar-" + s) }), " " + s)),
+    ...EDGE_WHENS.map((when) => el("li", {}, el("span", { class: "edge-key when-" + when }), " after, when = " + when)));
 }
 
 // Workers, online first: state as a badge, load against capacity, the jobs each handles as a
@@ -1427,7 +1885,7 @@ async function route() {
   if (!sessionStorage.getItem(TOKEN_KEY)) return logout("");
   const [path, query] = (location.hash.slice(1) || "/overview").split("?");
   const parts = path.split("/").filter(Boolean);
-  const pages = { overview, jobs, runs, workers, queues, "dead-letters": deadLetters, audit };
+  const pages = { overview, jobs, workflows, runs, workers, queues, "dead-letters": deadLetters, audit };
   for (const a of document.querySelectorAll("nav a")) {
     a.classList.toggle("current", a.getAttribute("href") === "#/" + parts[0]);
   }
@@ -1438,6 +1896,8 @@ async function route() {
     else if (parts[0] === "jobs" && parts[1] && parts[2] === "report") await jobReport(page, decodeURIComponent(parts[1]), query || "");
     else if (parts[0] === "jobs" && parts[1]) await job(page, decodeURIComponent(parts[1]));
     else if (parts[0] === "new-job") await jobForm(page, null);
+    else if (parts[0] === "workflows" && parts[1] === "runs" && parts[2]) await workflowRun(page, parts[2]);
+    else if (parts[0] === "workflows" && parts[1]) await workflow(page, decodeURIComponent(parts[1]));
     else if (parts[0] === "dead-letters" && parts[1]) await deadLetter(page, parts[1]);
     else if (pages[parts[0]]) await pages[parts[0]](page, query || "");
     else page.append(el("h1", {}, "No such page"));
