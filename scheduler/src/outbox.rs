@@ -415,10 +415,21 @@ async fn advance_workflows(
     control: &Broker,
     stop: &CancellationToken,
 ) -> bool {
+    let began = std::time::Instant::now();
     let steps = tokio::select! {
         () = stop.cancelled() => return false,
         steps = store.advance_workflows(fence, &[], WORKFLOW_BATCH) => steps,
     };
+    if let Ok(Some(steps)) = &steps
+        && !steps.is_empty()
+    {
+        debug!(
+            runs = steps.len(),
+            took_ms = began.elapsed().as_secs_f64() * 1e3,
+            started = steps.iter().map(|s| s.started.len()).sum::<usize>(),
+            "workflow advance"
+        );
+    }
     match steps {
         Ok(Some(steps)) => {
             for step in &steps {

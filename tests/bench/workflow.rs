@@ -1,5 +1,6 @@
-//! `workflow`: one run of a layered DAG of N nodes (default 1,000: 20 layers of 50), each node
-//! after two of the layer before (fan-in) and so each before two of the next (fan-out), with
+//! `workflow`: one run of a layered DAG of N nodes in 20 layers (default 1,000: 20 layers of 50;
+//! 20 nodes: a chain), each node after two of the layer before (fan-in) and so each before two
+//! of the next (fan-out), with
 //! in-process workers and the scheduler in process. Per node, from the database: the latest end
 //! among the nodes it comes after → its run made, → its handler started (the advance latency,
 //! judged against issue 18's p99 ≤ 50 ms); the workflow run's total time; and the checks that
@@ -24,15 +25,15 @@ use crate::stats::Summary;
 
 /// The advance latency's 99th percentile must stay within this (issue 18), ms.
 const TARGET_P99_MS: f64 = 50.0;
-/// Nodes per layer.
-const WIDTH: usize = 50;
+/// Layers of the DAG (fewer when there are fewer nodes).
+const LAYERS: usize = 20;
 /// The job every node runs.
 const NODE_JOB: &str = "wf-bench-node";
 
 /// Parameters of the workflow scenario.
 #[derive(Debug, Clone, Serialize)]
 pub struct Params {
-    /// Nodes in the DAG (a multiple of the layer width, 50, or fewer than 50: one layer).
+    /// Nodes in the DAG, in layers of `nodes / 20` (at least 1).
     pub nodes: usize,
     /// In-process workers.
     pub workers: usize,
@@ -72,9 +73,14 @@ pub struct Outcome {
     pub total_ms: f64,
 }
 
+/// Nodes per layer: 20 layers when there are at least 20 nodes.
+fn width(nodes: usize) -> usize {
+    (nodes / LAYERS).max(1)
+}
+
 /// The DAG: node `l-i` after `(l-1)-i` and `(l-1)-(i+1 mod width)`.
 fn dag(nodes: usize) -> Vec<(String, Vec<String>)> {
-    let width = nodes.clamp(1, WIDTH);
+    let width = width(nodes);
     let layers = nodes.div_ceil(width);
     let mut out = Vec::with_capacity(nodes);
     for layer in 0..layers {
@@ -188,6 +194,14 @@ fn start_workers(
     )
 }
 
+/// A node run as read back.
+struct NodeRow {
+    id: i64,
+    created_at: chrono::DateTime<chrono::Utc>,
+    started_at: Option<chrono::DateTime<chrono::Utc>>,
+    finished_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
 async fn read_outcome(
     sandbox: &Sandbox,
     id: i64,
@@ -210,18 +224,14 @@ async fn read_outcome(
     .fetch_all(pool)
     .await
     .context("reading the node runs")?;
-    type At = chrono::DateTime<chrono::Utc>;
-    let mut by_node: HashMap<String, Vec<(i64, String, i32, At, Option<At>, Option<At>)>> =
-        HashMap::new();
+    let mut by_node: HashMap<String, Vec<NodeRow>> = HashMap::new();
     for r in &rows {
-        by_node.entry(r.get("node")).or_default().push((
-            r.get("id"),
-            r.get("state"),
-            r.get("attempt"),
-            r.get("created_at"),
-            r.get("started_at"),
-            r.get("finished_at"),
-        ));
+        by_node.entry(r.get("node")).or_default().push(NodeRow {
+            id: r.get("id"),
+            created_at: r.get("created_at"),
+            started_at: r.get("started_at"),
+            finished_at: r.get("finished_at"),
+        });
     }
     let ms = |d: chrono::TimeDelta| d.num_microseconds().map_or(f64::NAN, |us| us as f64 / 1e3);
     let mut timings = Vec::with_capacity(nodes.len());
@@ -232,18 +242,23 @@ async fn read_outcome(
         };
         let latest = after
             .iter()
-            .filter_map(|a| by_node.get(a).and_then(|r| r.first()).and_then(|r| r.5))
+            .filter_map(|a| {
+                by_node
+                    .get(a)
+                    .and_then(|r| r.first())
+                    .and_then(|r| r.finished_at)
+            })
             .max();
         if let Some(latest) = latest
-            && (run.3 < latest || run.4.is_some_and(|s| s < latest))
+            && (run.created_at < latest || run.started_at.is_some_and(|s| s < latest))
         {
             early += 1;
         }
         timings.push(NodeTiming {
             node: name.clone(),
-            run_id: run.0,
-            made_ms: latest.map(|l| ms(run.3 - l)),
-            started_ms: latest.and_then(|l| run.4.map(|s| ms(s - l))),
+            run_id: run.id,
+            made_ms: latest.map(|l| ms(run.created_at - l)),
+            started_ms: latest.and_then(|l| run.started_at.map(|s| ms(s - l))),
         });
     }
     Ok(Outcome {
@@ -272,7 +287,8 @@ fn report(params: &Params, outcome: &Outcome) -> Report {
         && outcome.succeeded_once == nodes
         && outcome.doubled == 0
         && outcome.early == 0;
-    let layers = params.nodes.div_ceil(params.nodes.clamp(1, WIDTH));
+    let width = width(params.nodes);
+    let layers = params.nodes.div_ceil(width);
     let rows = vec![
         Row::judged(
             "workflow run",
@@ -317,7 +333,7 @@ fn report(params: &Params, outcome: &Outcome) -> Report {
         results: serde_json::to_value(outcome).unwrap_or_default(),
         table: rows,
         notes: vec![format!(
-            "one workflow run of {} nodes in {layers} layers of up to {WIDTH}, each node after two \
+            "one workflow run of {} nodes in {layers} layers of up to {width}, each node after two \
              of the layer before, started by a manual trigger; each handler stores an output; \
              {} Rust SDK workers in this process (capacity {}); the scheduler in this process; \
              times from the database (a node's finished_at is its worker's record of the \
