@@ -78,7 +78,8 @@ pub use ops::{
 pub use overdue::Overdue;
 pub use report::ReportRow;
 pub use workflows::{
-    EdgeView, NodeRunView, NodeView, Rerun, WORKFLOW_BATCH, WorkflowRunView, WorkflowStep,
+    EdgeView, NodeRunView, NodeShape, NodeView, Rerun, WORKFLOW_BATCH, WorkflowRunView,
+    WorkflowStep,
 };
 
 /// Migrations embedded from `migrations/`; `run` takes an advisory lock, so several instances

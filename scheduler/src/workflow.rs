@@ -337,6 +337,17 @@ fn topological(nodes: &[Node], index: &HashMap<&str, usize>) -> Vec<usize> {
     order
 }
 
+/// Each node's layer (see [`layers`]), by the nodes' index.
+pub fn layer_of(nodes: &[Node]) -> Vec<usize> {
+    let mut layer = vec![0usize; nodes.len()];
+    for (depth, members) in layers(nodes).iter().enumerate() {
+        for &i in members {
+            layer[i] = depth;
+        }
+    }
+    layer
+}
+
 /// The nodes downstream of `from` (by any edge, transitively), `from` included: what a rerun
 /// from `from` runs again.
 pub fn downstream_of(nodes: &[Node], from: &str) -> Vec<String> {

@@ -119,8 +119,8 @@ fn show_run(run: &WorkflowRunView, out: &mut dyn Write) -> std::io::Result<()> {
         )?;
     }
     let mut nodes: Vec<_> = run.nodes.iter().collect();
-    nodes.sort_by_key(|n| n.layer);
-    let width = nodes.iter().map(|n| n.name.len()).max().unwrap_or(0);
+    nodes.sort_by_key(|n| n.shape.layer);
+    let width = nodes.iter().map(|n| n.shape.name.len()).max().unwrap_or(0);
     for node in nodes {
         let state = match &node.run {
             None => "waiting".to_owned(),
@@ -139,7 +139,7 @@ fn show_run(run: &WorkflowRunView, out: &mut dyn Write) -> std::io::Result<()> {
         writeln!(
             out,
             "  layer {}  {:<width$}  {}",
-            node.layer, node.name, state
+            node.shape.layer, node.shape.name, state
         )?;
     }
     Ok(())
@@ -152,15 +152,17 @@ mod tests {
 
     use super::*;
     use crate::cli::{Cli, Command};
-    use crate::store::{NodeRunView, NodeView};
+    use crate::store::{NodeRunView, NodeShape, NodeView};
 
     fn node(name: &str, layer: usize, run: Option<(i64, &str, i32, Option<&str>)>) -> NodeView {
         NodeView {
-            name: name.into(),
-            job: format!("{name}-job"),
-            after: Vec::new(),
-            on_failure: "fail_workflow",
-            layer,
+            shape: NodeShape {
+                name: name.into(),
+                job: format!("{name}-job"),
+                after: Vec::new(),
+                on_failure: "fail_workflow",
+                layer,
+            },
             run: run.map(|(id, state, round, reason)| NodeRunView {
                 id,
                 state: state.into(),

@@ -9,7 +9,7 @@ use super::audit::Entry;
 use super::{Action, Cancelled, Operations, OpsError, OpsResult, no_such_job};
 use crate::auth::Caller;
 use crate::job::{JobSpec, Kind};
-use crate::store::{EdgeView, Rerun, WorkflowRunView};
+use crate::store::{NodeShape, Rerun, WorkflowRunView};
 use crate::workflow;
 
 /// A workflow in a listing.
@@ -34,16 +34,9 @@ pub struct WorkflowSummary {
 /// A node of a workflow's definition.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct NodeDefinition {
-    /// The node's name.
-    pub name: String,
-    /// Its job.
-    pub job: String,
-    /// The nodes it comes after.
-    pub after: Vec<EdgeView>,
-    /// Its failure policy.
-    pub on_failure: &'static str,
-    /// Its layer (0: after none).
-    pub layer: usize,
+    /// What it is.
+    #[serde(flatten)]
+    pub shape: NodeShape,
     /// Its params template, if any.
     pub params: Option<serde_json::Value>,
 }
@@ -125,30 +118,13 @@ impl Operations {
                 job.spec.kind.as_str()
             )));
         };
-        let mut layer = vec![0usize; nodes.len()];
-        for (depth, members) in workflow::layers(nodes).iter().enumerate() {
-            for &i in members {
-                layer[i] = depth;
-            }
-        }
         Ok(WorkflowDetail {
             summary: summary(&job.spec, job.paused, &job.source).unwrap_or_else(|| unreachable!()),
-            nodes: nodes
-                .iter()
-                .enumerate()
-                .map(|(i, n)| NodeDefinition {
-                    name: n.name.clone(),
-                    job: n.job.clone(),
-                    after: n
-                        .after
-                        .iter()
-                        .map(|e| EdgeView {
-                            node: e.node.clone(),
-                            when: e.when.as_str(),
-                        })
-                        .collect(),
-                    on_failure: n.on_failure.as_str(),
-                    layer: layer[i],
+            nodes: NodeShape::of(nodes)
+                .into_iter()
+                .zip(nodes)
+                .map(|(shape, n)| NodeDefinition {
+                    shape,
                     params: n.params.clone(),
                 })
                 .collect(),

@@ -468,11 +468,11 @@ async fn a_rerun_from_a_failed_node_runs_it_and_what_follows_in_a_new_round(pool
         .unwrap()
         .expect("a workflow run");
     assert_eq!(view.round, 1);
-    let left = view.nodes.iter().find(|n| n.name == "left").unwrap();
+    let left = view.nodes.iter().find(|n| n.shape.name == "left").unwrap();
     assert_eq!(left.earlier_runs, 1);
     assert_eq!(left.run.as_ref().map(|r| r.round), Some(1));
     assert_eq!(
-        view.nodes.iter().map(|n| n.layer).collect::<Vec<_>>(),
+        view.nodes.iter().map(|n| n.shape.layer).collect::<Vec<_>>(),
         [0, 1, 1, 2]
     );
 }

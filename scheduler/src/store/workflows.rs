@@ -699,9 +699,9 @@ async fn write_states(
     Ok(stopped)
 }
 
-/// A node of a workflow run as operators see it: its definition and its current run.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct NodeView {
+/// A node as operators see it: its name, job, edges, failure policy and layer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NodeShape {
     /// The node's name.
     pub name: String,
     /// Its job.
@@ -712,6 +712,39 @@ pub struct NodeView {
     pub on_failure: &'static str,
     /// Its layer in the drawing (0: after none).
     pub layer: usize,
+}
+
+impl NodeShape {
+    /// The shapes of `nodes`, in their order.
+    pub fn of(nodes: &[Node]) -> Vec<NodeShape> {
+        let layer = workflow::layer_of(nodes);
+        nodes
+            .iter()
+            .zip(layer)
+            .map(|(n, layer)| NodeShape {
+                name: n.name.clone(),
+                job: n.job.clone(),
+                after: n
+                    .after
+                    .iter()
+                    .map(|e| EdgeView {
+                        node: e.node.clone(),
+                        when: e.when.as_str(),
+                    })
+                    .collect(),
+                on_failure: n.on_failure.as_str(),
+                layer,
+            })
+            .collect()
+    }
+}
+
+/// A node of a workflow run as operators see it: its definition and its current run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NodeView {
+    /// What it is.
+    #[serde(flatten)]
+    pub shape: NodeShape,
     /// Its run in the current round, if made: id, state, reason, attempt, times.
     pub run: Option<NodeRunView>,
     /// How many earlier rounds' runs it has (reruns).
@@ -859,33 +892,15 @@ impl Store {
         {
             since.insert(s.get("node"), s.get("round"));
         }
-        let mut layer = vec![0usize; nodes.len()];
-        for (d, l) in workflow::layers(&nodes).iter().enumerate() {
-            for &i in l {
-                layer[i] = d;
-            }
-        }
-        let views = nodes
-            .iter()
-            .enumerate()
-            .map(|(i, n)| {
-                let mine = runs.remove(&n.name).unwrap_or_default();
-                let current_round = since.get(&n.name).copied().unwrap_or(0);
+        let views = NodeShape::of(&nodes)
+            .into_iter()
+            .map(|shape| {
+                let mine = runs.remove(&shape.name).unwrap_or_default();
+                let current_round = since.get(&shape.name).copied().unwrap_or(0);
                 let (current, earlier): (Vec<_>, Vec<_>) =
                     mine.into_iter().partition(|run| run.round == current_round);
                 NodeView {
-                    name: n.name.clone(),
-                    job: n.job.clone(),
-                    after: n
-                        .after
-                        .iter()
-                        .map(|e| EdgeView {
-                            node: e.node.clone(),
-                            when: e.when.as_str(),
-                        })
-                        .collect(),
-                    on_failure: n.on_failure.as_str(),
-                    layer: layer[i],
+                    shape,
                     run: current.into_iter().next(),
                     earlier_runs: earlier.len(),
                 }
