@@ -112,6 +112,9 @@ struct RunArgs {
     /// scale: executor groups the jobs are spread over.
     #[arg(long, default_value_t = 10)]
     groups: usize,
+    /// workflow: layers of the DAG (default 20), each of nodes / layers nodes.
+    #[arg(long)]
+    layers: Option<usize>,
     /// In-process workers (precision, burst, throughput, failover, fanout, children,
     /// workflow); default 4
     /// for burst,
@@ -382,6 +385,7 @@ async fn run(scenario: &str, args: &RunArgs, services: &Services) -> anyhow::Res
         "workflow" => {
             let params = workflow::Params {
                 nodes: args.jobs.unwrap_or(1_000),
+                layers: args.layers.unwrap_or(workflow::DEFAULT_LAYERS),
                 workers: args.workers.unwrap_or(1),
                 capacity: args.capacity,
             };

@@ -1,5 +1,5 @@
-//! `workflow`: one run of a layered DAG of N nodes in 20 layers (default 1,000: 20 layers of 50;
-//! 20 nodes: a chain), each node after two of the layer before (fan-in) and so each before two
+//! `workflow`: one run of a layered DAG of N nodes in L layers (default 1,000 nodes in 20
+//! layers of 50; as many layers as nodes: a chain), each node after two of the layer before (fan-in) and so each before two
 //! of the next (fan-out), with
 //! in-process workers and the scheduler in process. Per node, from the database: the latest end
 //! among the nodes it comes after → its run made, → its handler started (the advance latency,
@@ -25,16 +25,18 @@ use crate::stats::Summary;
 
 /// The advance latency's 99th percentile must stay within this (issue 18), ms.
 const TARGET_P99_MS: f64 = 50.0;
-/// Layers of the DAG (fewer when there are fewer nodes).
-const LAYERS: usize = 20;
+/// Layers of the DAG when `--layers` is not given (fewer when there are fewer nodes).
+pub const DEFAULT_LAYERS: usize = 20;
 /// The job every node runs.
 const NODE_JOB: &str = "wf-bench-node";
 
 /// Parameters of the workflow scenario.
 #[derive(Debug, Clone, Serialize)]
 pub struct Params {
-    /// Nodes in the DAG, in layers of `nodes / 20` (at least 1).
+    /// Nodes in the DAG, in layers of `nodes / layers` (at least 1).
     pub nodes: usize,
+    /// Layers of the DAG (default 20; more than the nodes makes a chain).
+    pub layers: usize,
     /// In-process workers.
     pub workers: usize,
     /// Handlers per worker.
@@ -73,14 +75,14 @@ pub struct Outcome {
     pub total_ms: f64,
 }
 
-/// Nodes per layer: 20 layers when there are at least 20 nodes.
-fn width(nodes: usize) -> usize {
-    (nodes / LAYERS).max(1)
+/// Nodes per layer: `layers` layers when there are at least that many nodes.
+fn width(nodes: usize, layers: usize) -> usize {
+    (nodes / layers.max(1)).max(1)
 }
 
 /// The DAG: node `l-i` after `(l-1)-i` and `(l-1)-(i+1 mod width)`.
-fn dag(nodes: usize) -> Vec<(String, Vec<String>)> {
-    let width = width(nodes);
+fn dag(nodes: usize, layers: usize) -> Vec<(String, Vec<String>)> {
+    let width = width(nodes, layers);
     let layers = nodes.div_ceil(width);
     let mut out = Vec::with_capacity(nodes);
     for layer in 0..layers {
@@ -111,6 +113,10 @@ pub async fn run(services: &Services, params: &Params) -> anyhow::Result<Report>
         "workflow needs --jobs between 1 and {} (the DAG's nodes)",
         chime_protocol::limits::MAX_WORKFLOW_NODES
     );
+    anyhow::ensure!(
+        params.layers >= 1,
+        "workflow needs --layers of 1 or more (more than the nodes makes a chain)"
+    );
     within(services, "workflow", async |sandbox| {
         measure(sandbox, params).await
     })
@@ -119,7 +125,7 @@ pub async fn run(services: &Services, params: &Params) -> anyhow::Result<Report>
 
 async fn measure(sandbox: &Sandbox, params: &Params) -> anyhow::Result<Report> {
     let group = sandbox.group("workflow");
-    let nodes = dag(params.nodes);
+    let nodes = dag(params.nodes, params.layers);
     let definition: Vec<Value> = nodes
         .iter()
         .map(|(name, after)| json!({"name": name, "job": NODE_JOB, "after": after}))
@@ -287,7 +293,7 @@ fn report(params: &Params, outcome: &Outcome) -> Report {
         && outcome.succeeded_once == nodes
         && outcome.doubled == 0
         && outcome.early == 0;
-    let width = width(params.nodes);
+    let width = width(params.nodes, params.layers);
     let layers = params.nodes.div_ceil(width);
     let rows = vec![
         Row::judged(
