@@ -211,18 +211,26 @@ impl Triggers {
                       "run cancelled before it started (concurrency replace)");
                 continue;
             }
-            match self
-                .broker
-                .publish_control(&ControlMessage::CancelRun { run_id: id })
-                .await
-            {
-                Ok(delivery) => info!(run_id = id, job = %run.job, replaced_by = run.id, ?delivery,
-                                      "asked the worker to cancel the running run (concurrency replace)"),
-                // The cancel request is recorded: if the worker is lost the rescuer finishes it
-                // as cancelled; otherwise the old run may overlap the new one.
-                Err(e) => warn!(run_id = id, job = %run.job, replaced_by = run.id,
-                                error = %format!("{e:#}"),
-                                "could not send the cancel control message (concurrency replace)"),
+            // A running workflow run's running nodes are runs of their own: each is told too.
+            let nodes = if run.workflow {
+                self.store.running_nodes(id).await?
+            } else {
+                Vec::new()
+            };
+            for run_id in std::iter::once(id).chain(nodes) {
+                match self
+                    .broker
+                    .publish_control(&ControlMessage::CancelRun { run_id })
+                    .await
+                {
+                    Ok(delivery) => info!(run_id, job = %run.job, replaced_by = run.id, ?delivery,
+                                          "asked the worker to cancel the running run (concurrency replace)"),
+                    // The cancel request is recorded: if the worker is lost the rescuer finishes
+                    // it as cancelled; otherwise the old run may overlap the new one.
+                    Err(e) => warn!(run_id, job = %run.job, replaced_by = run.id,
+                                    error = %format!("{e:#}"),
+                                    "could not send the cancel control message (concurrency replace)"),
+                }
             }
         }
         Ok(())

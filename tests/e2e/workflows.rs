@@ -604,3 +604,73 @@ async fn fifty_nodes_run_once_each_in_order_while_the_leader_is_killed_twice(poo
     }
     t.finish().await;
 }
+
+/// A workflow with `concurrency = "replace"`: a second run cancels the first, whose running
+/// node's handler is told through its cancellation token; the first run ends `cancelled`, its
+/// waiting node skipped, and the second runs to the end.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_replaced_workflow_run_stops_its_running_node(pool: PgPool) {
+    let t = Setup::new(&pool);
+    let specs = vec![
+        job(json!({"name": "wf-hold", "group": t.group, "retry": {"max_attempts": 1}})),
+        job(json!({"name": "wf-after", "group": t.group})),
+        job(json!({
+            "name": "replaced", "kind": "workflow", "concurrency": "replace",
+            "nodes": [
+                {"name": "hold", "job": "wf-hold"},
+                {"name": "after", "job": "wf-after", "after": ["hold"]},
+            ],
+        })),
+    ];
+    let scheduler = Scheduler::on(&t, "s1", specs);
+    let cancelled = Events::new();
+    let worker = {
+        let cancelled = cancelled.clone();
+        KindWorker::start(&t, "wf-replace-worker", move |builder| {
+            builder
+                .handle("wf-hold", move |ctx: JobContext, params: Value| {
+                    let cancelled = cancelled.clone();
+                    async move {
+                        if params["hold"] == json!(true) {
+                            ctx.cancelled().await;
+                            cancelled.record(ctx.run_id());
+                            return Err(JobError::fail("cancelled"));
+                        }
+                        Ok::<(), JobError>(())
+                    }
+                })
+                .handle("wf-after", |_: JobContext, _: Value| async {
+                    Ok::<(), JobError>(())
+                })
+        })
+    };
+
+    let first = trigger(&pool, "replaced", json!({"hold": true})).await;
+    let held = wait_for(PATIENCE, "the first run's node to be running", || async {
+        node_runs(&pool, first)
+            .await
+            .into_iter()
+            .find(|r| r.node == "hold" && r.state == "running")
+            .map(|r| r.id)
+    })
+    .await;
+    let second = trigger(&pool, "replaced", json!({"hold": false})).await;
+    assert_eq!(ended(&pool, second).await, "succeeded");
+    assert_eq!(ended(&pool, first).await, "cancelled");
+    wait_for(PATIENCE, "the held handler to see its cancel", || async {
+        cancelled.all().contains(&held).then_some(())
+    })
+    .await;
+    let outline: Vec<(String, String)> = node_runs(&pool, first)
+        .await
+        .into_iter()
+        .map(|r| (r.node, r.state))
+        .collect();
+    assert_eq!(outline[0], ("after".to_owned(), "skipped".to_owned()));
+    assert_eq!(outline[1].0, "hold");
+    assert_ne!(outline[1].1, "succeeded", "{outline:?}");
+
+    worker.stop().await;
+    scheduler.stop().await.expect("graceful stop");
+    t.finish().await;
+}
